@@ -1,0 +1,24 @@
+"""The HyTopK contract in pure NumPy: DESIGN.md made executable.
+
+Brute force (`topk`) defines the answer; `hytopk` runs the kernels' stages one
+by one and must equal it bit for bit. Every backend copies this public API.
+"""
+from .capacity import default_capacity
+from .candidates import stage_check, stage_filter
+from .indexer import indexer_kl_loss, indexer_scores, replay_scores
+from .order import order_keys, rank_order, topk
+from .pipeline import HyTopKResult, hytopk, hytopk_indexer, run_stages
+from .radix import exact_topk_of_entries, select_kth_key, select_positions, sort_rank_order
+from .sampling import num_samples, sample_plan, sample_positions, stage_threshold, threshold_rank
+from .select import fallback_all, stage_recover, stage_select
+from .sources import IndexerSource, TableSource, indexer_score_block
+
+__all__ = [
+    "order_keys", "topk", "hytopk", "hytopk_indexer", "HyTopKResult",
+    "indexer_scores", "replay_scores", "indexer_kl_loss", "default_capacity",
+    "TableSource", "IndexerSource", "indexer_score_block",
+    "num_samples", "threshold_rank", "sample_plan", "sample_positions",
+    "stage_threshold", "stage_filter", "stage_check", "stage_select",
+    "stage_recover", "fallback_all", "run_stages", "rank_order",
+    "select_kth_key", "select_positions", "sort_rank_order", "exact_topk_of_entries",
+]

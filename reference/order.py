@@ -1,0 +1,57 @@
+"""The contract's order (DESIGN.md §2) and the brute-force top-k that defines the answer."""
+from __future__ import annotations
+
+import numpy as np
+
+from .validate import check_array, check_k, check_ranges
+
+SIGN = np.uint32(0x80000000)
+PAD_IDX = -1
+PAD_VAL = np.float32(-np.inf)
+
+
+def order_keys(x) -> np.ndarray:
+    """uint32 order key of float32 scores: bigger key = better score.
+
+    -0.0 ranks as +0.0, every NaN gets key 0 (below -inf), otherwise
+    ``bits ^ 0x80000000`` for sign 0 and ``~bits`` for sign 1.
+    """
+    x = np.asarray(x)
+    if x.dtype != np.float32:
+        raise TypeError(f"argument 'x' must be float32, got {x.dtype}")
+    b = x.view(np.uint32)
+    key = np.where(b & SIGN, ~b, b ^ SIGN).astype(np.uint32)
+    key[b == SIGN] = SIGN              # -0.0 -> key of +0.0
+    key[np.isnan(x)] = 0
+    return key
+
+
+def rank_order(keys: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """Permutation putting (pos, key) entries in rank order: key desc, then pos asc."""
+    return np.lexsort((pos, ~keys.astype(np.uint32)))
+
+
+def empty_selection(n: int, k: int):
+    return np.full((n, k), PAD_IDX, np.int32), np.full((n, k), PAD_VAL, np.float32)
+
+
+def topk(scores, lo, hi, k):
+    """Brute-force top-k per query over its context [lo, hi): the definition.
+
+    Returns idx [n, k] int32 and val [n, k] float32 in rank order, padded with
+    -1 / -inf when the context is shorter than k.
+    """
+    n, L = check_array("scores", scores, ndim=2, dtypes=("float32",))
+    lo_h, hi_h = check_ranges(lo, hi, n, L)
+    k = check_k(k)
+    scores = np.asarray(scores)
+    idx, val = empty_selection(n, k)
+    for t in range(n):
+        a, b = int(lo_h[t]), int(hi_h[t])
+        if a == b:
+            continue
+        row = scores[t, a:b]
+        order = rank_order(order_keys(row), np.arange(a, b))[:k]
+        idx[t, :order.size] = order + a
+        val[t, :order.size] = row[order]
+    return idx, val

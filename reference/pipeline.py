@@ -1,0 +1,61 @@
+"""HyTopK end to end, stage by stage exactly as the kernels run it (DESIGN.md §3)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import validate as V
+from .candidates import stage_check, stage_filter
+from .capacity import default_capacity
+from .sampling import sample_plan, stage_threshold
+from .select import fallback_all, stage_recover, stage_select
+from .sources import IndexerSource, Source, TableSource
+
+
+@dataclass
+class HyTopKResult:
+    idx: np.ndarray          # [n, k] int32, rank order, -1 padding
+    val: np.ndarray          # [n, k] float32, -inf padding
+    threshold: np.ndarray    # [n] float32 (NaN where c <= k: every key passes)
+    count: np.ndarray        # [n] int32 true candidate count
+    failed: np.ndarray       # [n] bool: overflow or underflow
+    fell_back: bool          # more than max_failed failed: exact path for all
+    num_samples: np.ndarray  # [n] int32 M (0 where c <= k)
+    rank: np.ndarray         # [n] int32 r (0 where c <= k)
+    capacity: int = 0
+
+
+def run_stages(source: Source, lo, hi, k, capacity, oversample, max_failed) -> HyTopKResult:
+    """The pipeline on already-validated arguments (host int64 lo/hi)."""
+    if capacity is None:
+        capacity = default_capacity(k, lo, hi, oversample)
+    M, r = sample_plan(lo, hi, k, oversample)
+    T = stage_threshold(source, lo, hi, M, r)
+    cand_idx, cand_val, count = stage_filter(source, lo, hi, T, capacity)
+    failed, rows = stage_check(count, lo, hi, k, capacity)
+    fell_back = rows.size > max_failed
+    if fell_back:
+        idx, val = fallback_all(source, lo, hi, k, chunk=max(1, max_failed))
+    else:
+        idx, val = stage_select(cand_idx, cand_val, count, k)
+        if rows.size:
+            idx[rows], val[rows] = stage_recover(source, lo, hi, rows, k)
+    return HyTopKResult(idx, val, T, count, failed, bool(fell_back), M, r, int(capacity))
+
+
+def hytopk(scores, lo, hi, k, *, capacity=None, oversample=3.0, max_failed=64) -> HyTopKResult:
+    """HyTopK on a given [n, L] float32 score table (table source)."""
+    shape = V.check_array("scores", scores, ndim=2, dtypes=V.SCORE_DTYPES)
+    lo_h, hi_h = V.check_selection_args(shape, lo, hi, k, capacity, oversample, max_failed)
+    return run_stages(TableSource(np.asarray(scores)), lo_h, hi_h, k, capacity,
+                      oversample, max_failed)
+
+
+def hytopk_indexer(q, w, keys, lo, hi, k, *, capacity=None, oversample=3.0,
+                   max_failed=64) -> HyTopKResult:
+    """HyTopK with scores computed on the fly from the lightning indexer."""
+    n, H, D, L = V.check_indexer_inputs(q, w, keys, dtypes=("float32",))
+    lo_h, hi_h = V.check_selection_args((n, L), lo, hi, k, capacity, oversample, max_failed)
+    src = IndexerSource(np.asarray(q), np.asarray(w), np.asarray(keys))
+    return run_stages(src, lo_h, hi_h, k, capacity, oversample, max_failed)

@@ -1,0 +1,61 @@
+"""Stage 1-4: sample count M, sample positions, threshold rank r, threshold T."""
+from __future__ import annotations
+
+import numpy as np
+
+from .order import order_keys, rank_order
+from .sources import Source
+
+MIN_SAMPLES = 4096
+MAX_SAMPLES = 8192
+SAMPLE_STRIDE = 128
+
+
+def num_samples(c):
+    """M = min(c, clamp(c // 128, 4096, 8192)), elementwise (int64)."""
+    c = np.asarray(c, dtype=np.int64)
+    return np.minimum(c, np.clip(c // SAMPLE_STRIDE, MIN_SAMPLES, MAX_SAMPLES))
+
+
+def threshold_rank(c, M, k, oversample):
+    """r = min(M, ceil(((oversample * k) * M) / c)) in float64, in exactly that order."""
+    c = np.asarray(c, dtype=np.int64)
+    M = np.asarray(M, dtype=np.int64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.ceil(((np.float64(oversample) * np.float64(k)) * M.astype(np.float64))
+                    / c.astype(np.float64))
+    r = np.where(c > 0, r, 0)
+    return np.minimum(M, r.astype(np.int64))
+
+
+def sample_plan(lo, hi, k, oversample):
+    """(M, r) per query as int32; both 0 where the context has c <= k keys (no sampling)."""
+    c = np.asarray(hi, np.int64) - np.asarray(lo, np.int64)
+    M = num_samples(c)
+    r = threshold_rank(c, M, k, oversample)
+    sampled = c > k
+    return (np.where(sampled, M, 0).astype(np.int32),
+            np.where(sampled, r, 0).astype(np.int32))
+
+
+def sample_positions(lo: int, c: int, M: int) -> np.ndarray:
+    """p_j = lo + (j * c) // M for j in [0, M), in 64-bit integers."""
+    j = np.arange(M, dtype=np.int64)
+    return np.int64(lo) + (j * np.int64(c)) // np.int64(M)
+
+
+def stage_threshold(source: Source, lo, hi, M, r) -> np.ndarray:
+    """T[t] = the r-th best sample score of query t (float32[n]).
+
+    Queries with M = 0 (c <= k) get NaN, whose key 0 lets every key through.
+    """
+    n = len(lo)
+    T = np.full(n, np.nan, np.float32)
+    for t in range(n):
+        if M[t] == 0:
+            continue
+        pos = sample_positions(lo[t], hi[t] - lo[t], M[t])
+        vals = source.at(t, pos)
+        best = rank_order(order_keys(vals), pos)
+        T[t] = vals[best[r[t] - 1]]
+    return T

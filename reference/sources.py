@@ -1,0 +1,51 @@
+"""Score sources: where a selection stage gets the score of (query t, key s).
+
+A *table source* reads a given [n, L] float32 table (used to drive adversarial
+distributions through the selection logic); the *indexer source* computes the
+lightning-indexer score on the fly from q, w, keys (the real use). Kernels
+take the same two as a template parameter / variant flag.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Union
+
+import numpy as np
+
+
+class TableSource(NamedTuple):
+    scores: object          # [n, L] float32
+
+    @property
+    def shape(self):
+        return tuple(self.scores.shape)
+
+    def row(self, t, a, b):
+        return np.asarray(self.scores[t, a:b])
+
+    def at(self, t, pos):
+        return np.asarray(self.scores[t])[pos]
+
+
+class IndexerSource(NamedTuple):
+    q: object               # [n, H, D]
+    w: object               # [n, H]
+    keys: object            # [L, D]
+
+    @property
+    def shape(self):
+        return (self.q.shape[0], self.keys.shape[0])
+
+    def at(self, t, pos):
+        return indexer_score_block(self.q[t], self.w[t], np.asarray(self.keys)[pos])
+
+    def row(self, t, a, b):
+        return indexer_score_block(self.q[t], self.w[t], np.asarray(self.keys)[a:b])
+
+
+Source = Union[TableSource, IndexerSource]
+
+
+def indexer_score_block(q_t, w_t, keys_blk) -> np.ndarray:
+    """I[s] = sum_h w[h] * relu(q[h] . keys[s]) in float64, rounded once to float32."""
+    dots = np.asarray(keys_blk, np.float64) @ np.asarray(q_t, np.float64).T   # [B, H]
+    return (np.maximum(dots, 0.0) @ np.asarray(w_t, np.float64)).astype(np.float32)

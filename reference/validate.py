@@ -1,0 +1,185 @@
+"""Argument checks shared by every backend (reference, Numba, CuPy, torch).
+
+Each check reads only shapes, dtypes and (for context ranges) a host copy of
+``lo``/``hi``, so GPU backends call the very same functions on device arrays.
+Every error names the argument and says what was expected.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+__all__ = [
+    "dtype_name", "check_array", "check_ranges", "check_k", "check_capacity",
+    "check_oversample", "check_max_failed", "check_indexer_inputs",
+    "check_idx", "check_target", "check_selection_args", "check_contiguous",
+]
+
+
+def dtype_name(x) -> str:
+    """'float32', 'int32', 'bfloat16', ... for numpy, cupy, torch and numba arrays."""
+    dt = getattr(x, "dtype", None)
+    if dt is None:
+        return type(x).__name__
+    name = str(dt)
+    return name[len("torch."):] if name.startswith("torch.") else name
+
+
+def _shape(x):
+    shp = getattr(x, "shape", None)
+    if shp is None:
+        raise TypeError(f"expected an array, got {type(x).__name__}")
+    return tuple(int(s) for s in shp)
+
+
+def check_array(name, x, *, ndim=None, dtypes=None, shape=None):
+    """Check ``x`` is an array of the given rank, dtype(s) and (partial) shape.
+
+    ``shape`` entries that are None are free. Returns the shape as a tuple.
+    """
+    try:
+        shp = _shape(x)
+    except TypeError as e:
+        raise TypeError(f"argument '{name}': {e}") from None
+    if ndim is not None and len(shp) != ndim:
+        raise ValueError(f"argument '{name}' must be {ndim}-D, got shape {shp}")
+    if dtypes is not None:
+        dn = dtype_name(x)
+        if dn not in dtypes:
+            raise TypeError(
+                f"argument '{name}' must have dtype {' or '.join(dtypes)}, got {dn}")
+    if shape is not None:
+        for i, (want, got) in enumerate(zip(shape, shp)):
+            if want is not None and want != got:
+                raise ValueError(
+                    f"argument '{name}' has shape {shp}; dimension {i} must be {want}")
+    return shp
+
+
+INT_DTYPES = ("int32", "int64")
+
+
+def _host_ints(x):
+    """A small host copy of an integer array (lo/hi/idx rows) from any array kind."""
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "get"):                      # cupy
+        return x.get()
+    if hasattr(x, "copy_to_host"):             # numba device array
+        return x.copy_to_host()
+    if hasattr(x, "detach"):                   # torch
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def check_ranges(lo, hi, n: int, L: int):
+    """Context ranges: 1-D int arrays of length n with 0 <= lo <= hi <= L.
+
+    Returns host int64 copies (lo, hi)."""
+    check_array("lo", lo, ndim=1, dtypes=INT_DTYPES, shape=(n,))
+    check_array("hi", hi, ndim=1, dtypes=INT_DTYPES, shape=(n,))
+    lo_h = _host_ints(lo).astype(np.int64)
+    hi_h = _host_ints(hi).astype(np.int64)
+    if n:
+        if lo_h.min() < 0:
+            t = int(np.argmin(lo_h))
+            raise ValueError(f"argument 'lo': lo[{t}] = {lo_h[t]} is negative; need 0 <= lo <= hi <= L = {L}")
+        if hi_h.max() > L:
+            t = int(np.argmax(hi_h))
+            raise ValueError(f"argument 'hi': hi[{t}] = {hi_h[t]} exceeds L = {L}; need 0 <= lo <= hi <= L")
+        bad = np.nonzero(lo_h > hi_h)[0]
+        if bad.size:
+            t = int(bad[0])
+            raise ValueError(f"arguments 'lo'/'hi': lo[{t}] = {lo_h[t]} > hi[{t}] = {hi_h[t]}; need lo <= hi")
+    return lo_h, hi_h
+
+
+def _is_int(v):
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def check_k(k):
+    if not _is_int(k):
+        raise TypeError(f"argument 'k' must be an int, got {type(k).__name__}")
+    if k < 1:
+        raise ValueError(f"argument 'k' must be >= 1, got {k}")
+    return int(k)
+
+
+def check_capacity(capacity, k):
+    if capacity is None:
+        return None
+    if not _is_int(capacity):
+        raise TypeError(f"argument 'capacity' must be an int or None, got {type(capacity).__name__}")
+    if capacity < k:
+        raise ValueError(f"argument 'capacity' must be >= k = {k}, got {capacity}")
+    return int(capacity)
+
+
+def check_oversample(oversample):
+    if isinstance(oversample, bool) or not isinstance(oversample, numbers.Real):
+        raise TypeError(f"argument 'oversample' must be a real number, got {type(oversample).__name__}")
+    if not math.isfinite(oversample) or oversample <= 0:
+        raise ValueError(f"argument 'oversample' must be finite and > 0, got {oversample}")
+    return float(oversample)
+
+
+def check_max_failed(max_failed):
+    if not _is_int(max_failed):
+        raise TypeError(f"argument 'max_failed' must be an int, got {type(max_failed).__name__}")
+    if max_failed < 0:
+        raise ValueError(f"argument 'max_failed' must be >= 0, got {max_failed}")
+    return int(max_failed)
+
+
+def check_contiguous(name, x):
+    """Device kernels index raw pointers: demand C-contiguous arrays."""
+    flags = getattr(x, "flags", None)
+    ok = None
+    if flags is not None and hasattr(flags, "c_contiguous"):
+        ok = bool(flags.c_contiguous)
+    elif hasattr(x, "is_contiguous"):
+        ok = bool(x.is_contiguous())
+    elif hasattr(x, "is_c_contiguous"):
+        ok = bool(x.is_c_contiguous())
+    if ok is False:
+        raise ValueError(f"argument '{name}' must be C-contiguous (call .contiguous()/ascontiguousarray first)")
+
+
+SCORE_DTYPES = ("float32",)
+INPUT_DTYPES = ("float32", "bfloat16")
+
+
+def check_indexer_inputs(q, w, keys, *, dtypes=INPUT_DTYPES):
+    """q[n,H,D], w[n,H], keys[L,D]. Returns (n, H, D, L)."""
+    n, H, D = check_array("q", q, ndim=3, dtypes=dtypes)
+    check_array("w", w, ndim=2, dtypes=dtypes, shape=(n, H))
+    L, _ = check_array("keys", keys, ndim=2, dtypes=dtypes, shape=(None, D))
+    return n, H, D, L
+
+
+def check_idx(idx, n: int, L: int):
+    """Selected indices [n, k] int32 in [-1, L). Returns k."""
+    _, k = check_array("idx", idx, ndim=2, dtypes=("int32",), shape=(n, None))
+    h = _host_ints(idx)
+    if h.size and (h.min() < -1 or h.max() >= L):
+        raise ValueError(f"argument 'idx': entries must lie in [-1, L = {L}), got range [{h.min()}, {h.max()}]")
+    return k
+
+
+def check_target(target, idx):
+    shp = _shape(idx)
+    check_array("target", target, ndim=2, dtypes=("float32", "float64"), shape=shp)
+
+
+def check_selection_args(scores_shape, lo, hi, k, capacity, oversample, max_failed):
+    """Everything a selection needs, checked in one call. Returns host (lo, hi)."""
+    n, L = scores_shape
+    lo_h, hi_h = check_ranges(lo, hi, n, L)
+    k = check_k(k)
+    check_capacity(capacity, k)
+    check_oversample(oversample)
+    check_max_failed(max_failed)
+    return lo_h, hi_h

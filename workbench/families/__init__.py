@@ -1,0 +1,39 @@
+"""Kernel families: how each moves arrays to and from its device.
+
+A family module (reference.py, numba/, cupy/) registers its stage variants in
+`workbench.registry` on import and exposes `FAMILY`, a `Family` instance.
+"""
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+
+
+class Family:
+    name = "?"
+
+    def available(self) -> tuple[bool, str]:
+        """(usable here, reason if not)."""
+        return True, ""
+
+    def to_device(self, x):
+        """Any host or device array -> this family's device array (zero-copy when already on the GPU)."""
+        return x
+
+    def to_host(self, x) -> np.ndarray:
+        return np.asarray(x)
+
+    def synchronize(self):
+        pass
+
+    def scatter_rows(self, dst_idx, dst_val, rows, src_idx, src_val):
+        """dst[rows[j]] = src[j] for the recovery results (in place)."""
+        raise NotImplementedError
+
+
+def get_family(name: str) -> Family:
+    from .. import registry
+    if not registry.load_family(name):
+        raise RuntimeError(f"backend {name!r} is unavailable here: {registry.load_error(name)}")
+    return importlib.import_module(registry.FAMILY_MODULES[name]).FAMILY

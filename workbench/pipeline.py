@@ -1,0 +1,160 @@
+"""One HyTopK driver for every family: the stages of DESIGN.md §3 wired together.
+
+Each family supplies stage variants (see `registry.STAGES`) and array moves
+(`families.Family`); this module runs them in order, exactly like
+`reference.run_stages`, so a family never re-implements the control flow.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+import reference as R
+from reference import validate as V
+
+from . import registry
+from .arrays import common_kind, to_kind
+from .families import Family, get_family
+
+STAGE_ORDER = ("threshold", "filter", "check", "select", "recover")
+
+
+@dataclass
+class StageSet:
+    family: Family
+    threshold: registry.Variant
+    filter: registry.Variant
+    check: registry.Variant
+    select: registry.Variant
+    recover: registry.Variant
+    dense: registry.Variant | None = None
+    replay: registry.Variant | None = None
+
+
+def stage_set(family: str, chosen: dict | None = None) -> StageSet:
+    """The family's default variant per stage (its module's DEFAULTS), overridden by ``chosen``."""
+    fam = get_family(family)
+    import importlib
+    defaults = dict(getattr(importlib.import_module(registry.FAMILY_MODULES[family]), "DEFAULTS", {}))
+    defaults.update(chosen or {})
+    picked = {}
+    for stage in registry.STAGES:
+        name = defaults.get(stage)
+        if name is None:
+            cands = [v for v in registry.variants(stage, family) if not v.gpu_only] or \
+                registry.variants(stage, family)
+            picked[stage] = cands[0] if cands else None
+        else:
+            picked[stage] = registry.get(name)
+    return StageSet(fam, **picked)
+
+
+def run_hytopk(st: StageSet, source, lo, hi, lo_h, hi_h, k, capacity, oversample, max_failed):
+    """Run the pipeline on family-native device arrays. Returns a reference.HyTopKResult
+    whose idx/val are family-native and whose statistics are host NumPy arrays."""
+    fam = st.family
+    if capacity is None:
+        capacity = R.default_capacity(k, lo_h, hi_h, oversample)
+    M, r = R.sample_plan(lo_h, hi_h, k, oversample)
+    T = st.threshold(source, lo, hi, fam.to_device(M), fam.to_device(r))
+    cand_idx, cand_val, count = st.filter(source, lo, hi, T, capacity)
+    failed, rows = st.check(count, lo, hi, k, capacity)
+    n = len(lo_h)
+    nf = int(rows.shape[0])
+    fell_back = nf > max_failed
+    if fell_back:
+        chunk = max(1, max_failed)
+        idx = val = None
+        for s in range(0, n, chunk):
+            part = fam.to_device(np.arange(s, min(n, s + chunk), dtype=np.int32))
+            ridx, rval = st.recover(source, lo, hi, part, k)
+            if idx is None:
+                idx, val = st.select(cand_idx, cand_val, count, k)   # right shape/kind; all rows overwritten
+            fam.scatter_rows(idx, val, part, ridx, rval)
+    else:
+        idx, val = st.select(cand_idx, cand_val, count, k)
+        if nf:
+            ridx, rval = st.recover(source, lo, hi, rows, k)
+            fam.scatter_rows(idx, val, rows, ridx, rval)
+    return R.HyTopKResult(idx, val, fam.to_host(T).astype(np.float32), fam.to_host(count).astype(np.int32),
+                          fam.to_host(failed).astype(bool), bool(fell_back), M, r, int(capacity))
+
+
+class Backend:
+    """The reference's public API on one family's kernels.
+
+    Accepts host NumPy arrays (copied in, results copied back) or device
+    arrays (CuPy, torch CUDA tensors, Numba device arrays: zero-copy) and
+    returns results of the same kind as its inputs.
+    """
+
+    def __init__(self, family: str, chosen: dict | None = None):
+        self.name = family
+        self.stages = stage_set(family, chosen)
+        self.family = self.stages.family
+
+    order_keys = staticmethod(R.order_keys)
+
+    def __repr__(self):
+        picked = {s: getattr(self.stages, s).name for s in registry.STAGES if getattr(self.stages, s)}
+        return f"Backend({self.name!r}, {picked})"
+
+    def _dev(self, *xs):
+        for name, x in xs:
+            if hasattr(x, "__cuda_array_interface__") or type(x).__module__.startswith("cupy"):
+                V.check_contiguous(name, x)
+        return [self.family.to_device(x) for _, x in xs]
+
+    def _select(self, source, shape, lo, hi, k, capacity, oversample, max_failed, kind):
+        lo_h, hi_h = V.check_selection_args(shape, lo, hi, k, capacity, oversample, max_failed)
+        lo_d, hi_d = self._dev(("lo", lo_h.astype(np.int32)), ("hi", hi_h.astype(np.int32)))
+        res = run_hytopk(self.stages, source, lo_d, hi_d, lo_h, hi_h, k, capacity, oversample, max_failed)
+        res.idx, res.val = to_kind(res.idx, kind), to_kind(res.val, kind)
+        return res
+
+    def hytopk(self, scores, lo, hi, k, *, capacity=None, oversample=3.0, max_failed=64):
+        shape = V.check_array("scores", scores, ndim=2, dtypes=V.SCORE_DTYPES)
+        kind = common_kind(scores, lo, hi)
+        (s,) = self._dev(("scores", scores))
+        return self._select(R.TableSource(s), shape, lo, hi, k, capacity, oversample, max_failed, kind)
+
+    def hytopk_indexer(self, q, w, keys, lo, hi, k, *, capacity=None, oversample=3.0, max_failed=64):
+        n, H, D, L = V.check_indexer_inputs(q, w, keys)
+        kind = common_kind(q, w, keys, lo, hi)
+        src = R.IndexerSource(*self._dev(("q", q), ("w", w), ("keys", keys)))
+        return self._select(src, (n, L), lo, hi, k, capacity, oversample, max_failed, kind)
+
+    def topk(self, scores, lo, hi, k):
+        """Exact top-k of every query (the recovery path over all rows)."""
+        n, L = V.check_array("scores", scores, ndim=2, dtypes=V.SCORE_DTYPES)
+        lo_h, hi_h = V.check_ranges(lo, hi, n, L)
+        k = V.check_k(k)
+        kind = common_kind(scores, lo, hi)
+        s, lo_d, hi_d, rows = self._dev(("scores", scores), ("lo", lo_h.astype(np.int32)),
+                                        ("hi", hi_h.astype(np.int32)),
+                                        ("rows", np.arange(n, dtype=np.int32)))
+        idx, val = self.stages.recover(R.TableSource(s), lo_d, hi_d, rows, k)
+        return to_kind(idx, kind), to_kind(val, kind)
+
+    def indexer_scores(self, q, w, keys, lo, hi):
+        n, H, D, L = V.check_indexer_inputs(q, w, keys)
+        lo_h, hi_h = V.check_ranges(lo, hi, n, L)
+        kind = common_kind(q, w, keys, lo, hi)
+        args = self._dev(("q", q), ("w", w), ("keys", keys), ("lo", lo_h.astype(np.int32)),
+                         ("hi", hi_h.astype(np.int32)))
+        return to_kind(self.stages.dense(*args), kind)
+
+    def replay_scores(self, q, w, keys, idx):
+        n, H, D, L = V.check_indexer_inputs(q, w, keys)
+        V.check_idx(idx, n, L)
+        kind = common_kind(q, w, keys, idx)
+        return to_kind(self.stages.replay(*self._dev(("q", q), ("w", w), ("keys", keys), ("idx", idx))), kind)
+
+
+def backend(name: str = "reference", variants: dict | None = None) -> Backend:
+    """``workbench.backend("reference" | "numba" | "cupy")``; ``variants`` picks a
+    variant per stage by name (default: the family's DEFAULTS)."""
+    if name not in registry.FAMILY_MODULES:
+        raise ValueError(f"argument 'name': unknown backend {name!r}; choose from {sorted(registry.FAMILY_MODULES)}")
+    return Backend(name, variants)
