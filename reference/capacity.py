@@ -34,3 +34,47 @@ def default_capacity(k: int, lo, hi, oversample: float = 3.0) -> int:
     cap = float(np.max(expect * (1.0 + SIGMAS / np.sqrt(r))))
     cap = int(math.ceil(cap / ROUND_TO) * ROUND_TO)
     return int(max(k, min(cap, int(c.max()))))
+
+
+def failure_rates_iid(c: int, k: int, capacity: int, oversample: float = 3.0,
+                      draws: int = 2_000_000, seed: int = 0):
+    """(P(overflow), P(underflow)) per query for i.i.d. continuous scores.
+
+    The r-th best of M i.i.d. samples leaves a fraction U ~ Beta(r, M - r + 1)
+    of the distribution above it, so count = r + Binomial(c - M, U) exactly;
+    this draws that law instead of scoring c keys per query.
+    """
+    M, r = sample_plan(np.array([0]), np.array([c]), k, oversample)
+    M, r = int(M[0]), int(r[0])
+    if M == 0:
+        return 0.0, 0.0
+    rng = np.random.default_rng(seed)
+    u = rng.beta(r, M - r + 1, size=draws)
+    count = r + rng.binomial(c - M, u)
+    return float(np.mean(count > capacity)), float(np.mean(count < k))
+
+
+def calibration_table(k: int = 2048, contexts=(1 << 17, 1 << 20), draws: int = 20_000_000,
+                      queries: int = 8192):
+    """Rows (c, M, r, capacity, P(overflow), P(underflow), failing per `queries`,
+    buffer bytes / table bytes) for a few capacities around the default."""
+    rows = []
+    for c in contexts:
+        M, r = sample_plan(np.array([0]), np.array([c]), k, 3.0)
+        default = default_capacity(k, np.array([0]), np.array([c]))
+        for cap in sorted({7 * k // 2, 4 * k, 5 * k, default, 6 * k}):
+            po, pu = failure_rates_iid(c, k, cap, draws=draws)
+            rows.append((c, int(M[0]), int(r[0]), cap, cap == default, po, pu,
+                         queries * (po + pu), cap * 8 / (c * 4)))
+    return rows
+
+
+
+def print_calibration_table(**kw):
+    print(f"{'c':>8} {'M':>5} {'r':>4} {'capacity':>9} {'P(over)':>9} {'P(under)':>9} "
+          f"{'fail/8192q':>10} {'buffer/table':>12}")
+    for c, M, r, cap, is_default, po, pu, nf, ratio in calibration_table(**kw):
+        mark = "*" if is_default else " "
+        print(f"{c:>8} {M:>5} {r:>4} {cap:>8}{mark} {po:>9.2e} {pu:>9.2e} {nf:>10.4f} {ratio:>12.4f}")
+    print("* = default_capacity; i.i.d. continuous scores; buffer = 8 B/slot (int32 idx + float32 val),"
+          " table = 4 B/key")

@@ -1,0 +1,37 @@
+// Order keys (DESIGN.md §2) and small integer helpers shared by every kernel.
+// Every comparison of scores goes through the 32-bit key: integer compares are
+// immune to flush-to-zero, NaN and signed zero.
+#pragma once
+
+namespace hytopk {
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+// bits of a float32 score -> order key (bigger key = better score).
+// -0.0 ranks as +0.0; every NaN gets key 0 (below -inf).
+__device__ __forceinline__ u32 order_key_bits(u32 bits) {
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return 0u;      // NaN, any payload
+    if (bits == 0x80000000u) return 0x80000000u;             // -0.0 -> key of +0.0
+    return (bits & 0x80000000u) ? ~bits : (bits ^ 0x80000000u);
+}
+
+__device__ __forceinline__ u32 order_key(float x) { return order_key_bits(__float_as_uint(x)); }
+
+__device__ __forceinline__ u32 lane_id() { return threadIdx.x & 31u; }
+
+__device__ __forceinline__ u32 lanes_below_mask() { return (1u << lane_id()) - 1u; }
+
+// Warp-aggregated append: every lane with `take` gets a distinct slot from one
+// atomicAdd on *counter. All 32 lanes of the warp must call it together.
+__device__ __forceinline__ int warp_append_slot(bool take, int* counter) {
+    const u32 mask = __ballot_sync(0xffffffffu, take);
+    if (mask == 0u) return -1;
+    const int leader = __ffs(mask) - 1;
+    int base = 0;
+    if ((int)lane_id() == leader) base = atomicAdd(counter, __popc(mask));
+    base = __shfl_sync(0xffffffffu, base, leader);
+    return take ? base + __popc(mask & lanes_below_mask()) : -1;
+}
+
+}  // namespace hytopk

@@ -1,0 +1,199 @@
+// Block-wide radix helpers (8-bit digits), all bitwise deterministic:
+//   block_radix_select  MSB-first histogram select of the rank-th largest or
+//                       smallest 32-bit value among the active entries
+//   block_radix_sort    stable LSD sort of (key desc, position asc)
+//   block_exact_topk    the exact top-k of a set of (position, score) entries:
+//                       key select, position select for the ties, radix sort
+// Histograms count with shared atomics; counts do not depend on the order the
+// atomics land in, and every scatter is a stable function of the input, so the
+// output is the same bytes on every run.
+#pragma once
+#include "hytopk_order.cuh"
+
+namespace hytopk {
+
+constexpr int RADIX = 256;
+
+// Shared scratch of the select: histogram + a few broadcast scalars.
+struct SelectScalars {
+    u32 prefix;      // digits fixed so far
+    u32 remaining;   // rank still to go inside the current prefix
+    u32 equal;       // entries equal to the final value
+    u32 kept;        // compaction counter
+};
+
+// The rank-th (1-based) largest (LARGEST) or smallest value among the entries
+// i in [0, m) for which get(i, &v) returns true. Returns the value; on return
+// sc->remaining = rank - #{strictly better values}, sc->equal = #{== value}.
+// Every thread of the block must call it.
+template <bool LARGEST, class Get>
+__device__ u32 block_radix_select(const Get& get, long long m, u32 rank, u32* hist, SelectScalars* sc) {
+    if (threadIdx.x == 0) { sc->prefix = 0u; sc->remaining = rank; }
+    u32 mask = 0u;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = threadIdx.x; b < RADIX; b += blockDim.x) hist[b] = 0u;
+        __syncthreads();
+        const u32 prefix = sc->prefix;
+        for (long long i = threadIdx.x; i < m; i += blockDim.x) {
+            u32 v;
+            if (get(i, &v) && (v & mask) == prefix) atomicAdd(&hist[(v >> shift) & 0xffu], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            u32 before = 0u, rem = sc->remaining;
+            int digit = LARGEST ? RADIX - 1 : 0;
+            for (int j = 0; j < RADIX; ++j) {           // best digit first
+                digit = LARGEST ? RADIX - 1 - j : j;
+                if (before + hist[digit] >= rem) break;
+                before += hist[digit];
+            }
+            sc->remaining = rem - before;
+            sc->prefix = prefix | ((u32)digit << shift);
+            sc->equal = hist[digit];
+        }
+        mask |= 0xffu << shift;
+        __syncthreads();
+    }
+    return sc->prefix;
+}
+
+// Sort buffers for up to `cap` kept entries (two copies for ping-pong).
+struct SortBuffers {
+    u32* key[2];
+    u32* pos[2];
+    u32* val[2];
+};
+
+// Shared memory layout of block_exact_topk, in u32 words.
+__host__ __device__ constexpr long long exact_topk_smem_words(int k, int warps) {
+    return RADIX + 4 + (long long)warps * RADIX + 6LL * k;
+}
+
+// Stable LSD radix sort of cnt entries into rank order: ascending position
+// digits first, then ascending digits of ~key. A pass whose digit is the same
+// for every entry is skipped (it would not move anything). Returns which
+// buffer holds the result.
+template <int WARPS>
+__device__ int block_radix_sort(SortBuffers& b, int cnt, u32* hist, u32* warp_cnt) {
+    int src = 0;
+    for (int pass = 0; pass < 8; ++pass) {
+        const int shift = (pass & 3) * 8;
+        const bool by_pos = pass < 4;
+        const u32* word = by_pos ? b.pos[src] : b.key[src];
+        const u32 flip = by_pos ? 0u : 0xffffffffu;
+        for (int j = threadIdx.x; j < RADIX; j += blockDim.x) hist[j] = 0u;
+        __syncthreads();
+        for (int i = threadIdx.x; i < cnt; i += blockDim.x) atomicAdd(&hist[((word[i] ^ flip) >> shift) & 0xffu], 1u);
+        __syncthreads();
+        const bool trivial = cnt == 0 || hist[((word[0] ^ flip) >> shift) & 0xffu] == (u32)cnt;
+        __syncthreads();
+        if (trivial) continue;
+        if (threadIdx.x == 0) {                          // exclusive scan -> bucket bases
+            u32 run = 0u;
+            for (int j = 0; j < RADIX; ++j) { const u32 h = hist[j]; hist[j] = run; run += h; }
+        }
+        __syncthreads();
+        const int dst = src ^ 1;
+        const int warp = threadIdx.x >> 5;
+        for (int t0 = 0; t0 < cnt; t0 += blockDim.x) {
+            for (int j = threadIdx.x; j < WARPS * RADIX; j += blockDim.x) warp_cnt[j] = 0u;
+            __syncthreads();
+            const int i = t0 + threadIdx.x;
+            const bool valid = i < cnt;
+            const u32 dg = valid ? ((word[i] ^ flip) >> shift) & 0xffu : 0x100u;
+            const u32 peers = __match_any_sync(0xffffffffu, dg);
+            const u32 rank = __popc(peers & lanes_below_mask());
+            if (valid && rank == 0u) warp_cnt[warp * RADIX + dg] = __popc(peers);
+            __syncthreads();
+            if (valid) {
+                u32 off = hist[dg] + rank;
+                for (int w = 0; w < warp; ++w) off += warp_cnt[w * RADIX + dg];
+                b.key[dst][off] = b.key[src][i];
+                b.pos[dst][off] = b.pos[src][i];
+                b.val[dst][off] = b.val[src][i];
+            }
+            __syncthreads();
+            for (int j = threadIdx.x; j < RADIX; j += blockDim.x) {
+                u32 add = 0u;
+                for (int w = 0; w < WARPS; ++w) add += warp_cnt[w * RADIX + j];
+                hist[j] += add;
+            }
+            __syncthreads();
+        }
+        src = dst;
+    }
+    return src;
+}
+
+// Exact top-k (rank order) of m entries given by e.pos(i) (distinct, >= 0) and
+// e.bits(i) (float32 score bits). Writes k slots of out_idx/out_val; slots past
+// min(m, k) get -1 / -inf. smem holds exact_topk_smem_words(k, WARPS) words.
+// blockDim.x must be WARPS * 32. Every thread of the block must call it.
+template <int WARPS, class Entries>
+__device__ void block_exact_topk(const Entries& e, long long m, int k, int* out_idx, float* out_val, u32* smem) {
+    u32* hist = smem;
+    SelectScalars* sc = reinterpret_cast<SelectScalars*>(smem + RADIX);
+    u32* warp_cnt = smem + RADIX + 4;
+    u32* bufs = warp_cnt + WARPS * RADIX;
+    SortBuffers b = {{bufs, bufs + k}, {bufs + 2 * k, bufs + 3 * k}, {bufs + 4 * k, bufs + 5 * k}};
+
+    int kept;
+    if (m <= k) {                                        // everything is kept
+        kept = (int)m;
+        for (int i = threadIdx.x; i < kept; i += blockDim.x) {
+            const u32 v = e.bits(i);
+            b.key[0][i] = order_key_bits(v);
+            b.pos[0][i] = e.pos(i);
+            b.val[0][i] = v;
+        }
+    } else {
+        auto key_of = [&](long long i, u32* out) { *out = order_key_bits(e.bits(i)); return true; };
+        const u32 kstar = block_radix_select<true>(key_of, m, (u32)k, hist, sc);
+        const u32 need = sc->remaining;
+        u32 pstar = 0xffffffffu;                         // keep every tie unless too many
+        if (need < sc->equal) {
+            __syncthreads();
+            auto tie_pos = [&](long long i, u32* out) {
+                if (order_key_bits(e.bits(i)) != kstar) return false;
+                *out = e.pos(i);
+                return true;
+            };
+            pstar = block_radix_select<false>(tie_pos, m, need, hist, sc);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) sc->kept = 0u;
+        __syncthreads();
+        // Compaction order is arbitrary (atomics); the sort below makes it irrelevant.
+        const long long m_round = (m + blockDim.x - 1) / blockDim.x * blockDim.x;
+        for (long long i = threadIdx.x; i < m_round; i += blockDim.x) {
+            u32 v = 0u, key = 0u;
+            bool keep = false;
+            if (i < m) {
+                v = e.bits(i);
+                key = order_key_bits(v);
+                keep = key > kstar || (key == kstar && e.pos(i) <= pstar);
+            }
+            const int slot = warp_append_slot(keep, reinterpret_cast<int*>(&sc->kept));
+            if (keep && slot < k) {                      // slot < k always holds; never write past it
+                b.key[0][slot] = key;
+                b.pos[0][slot] = e.pos(i);
+                b.val[0][slot] = v;
+            }
+        }
+        __syncthreads();
+        kept = min((int)sc->kept, k);
+    }
+    __syncthreads();
+    const int res = block_radix_sort<WARPS>(b, kept, hist, warp_cnt);
+    for (int j = threadIdx.x; j < k; j += blockDim.x) {
+        if (j < kept) {
+            out_idx[j] = (int)b.pos[res][j];
+            out_val[j] = __uint_as_float(b.val[res][j]);
+        } else {
+            out_idx[j] = -1;
+            out_val[j] = __uint_as_float(0xff800000u);
+        }
+    }
+}
+
+}  // namespace hytopk

@@ -1,0 +1,305 @@
+"""Device building blocks shared by every Numba stage kernel.
+
+* the contract's order key (DESIGN.md §2) and its inverse, as integer math;
+* the ONE indexer scoring routine: filter, dense, recovery and replay all call
+  `indexer_score`, so their scores agree bit for bit within this family;
+* score sources as device functions (`table_score`, `indexer_at`) with one
+  argument shape (a, b, c, t, s), so a kernel is written once and built per source;
+* block-level 8-bit MSB-first radix select and a stable LSD radix sort;
+* launch helpers: block size, stream choice (PyTorch's current stream), fills.
+
+Order keys are carried as int64 in [0, 2**32) inside kernels: plain integer
+compares, no unsigned wrap-around surprises in either the GPU or the simulator.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+from numba import config, cuda
+
+SIM = bool(config.ENABLE_CUDASIM)
+RADIX = 256
+BLOCK = 32 if SIM else 256          # threads per block (simulator: one Python thread each)
+WARPS = BLOCK // 32
+FULL_MASK = 0xFFFFFFFF
+NEG_INF = np.float32(-np.inf)
+NAN_BITS = 0x7FC00000
+SIGN = 0x80000000
+LOW32 = 0xFFFFFFFF
+
+# ---------------------------------------------------------------- bit casts
+if SIM:
+    @cuda.jit(device=True)
+    def f32_bits(x):
+        """float32 -> its bit pattern as a non-negative int."""
+        return int(np.float32(x).view(np.uint32))
+
+    @cuda.jit(device=True)
+    def bits_f32(b):
+        """bit pattern (0 <= b < 2**32) -> float32."""
+        return np.uint32(b).view(np.float32)
+else:
+    from numba.cuda import libdevice
+
+    @cuda.jit(device=True)
+    def f32_bits(x):
+        return np.int64(libdevice.float_as_int(np.float32(x))) & LOW32
+
+    @cuda.jit(device=True)
+    def bits_f32(b):
+        return libdevice.int_as_float(np.int32(b))
+
+
+@cuda.jit(device=True)
+def order_key(x):
+    """Order key of a float32 score (bigger = better); NaN -> 0, -0.0 -> key(+0.0)."""
+    if x != x:
+        return 0
+    b = f32_bits(x)
+    if b == SIGN:
+        return SIGN
+    if b >= SIGN:
+        return LOW32 - b
+    return b + SIGN
+
+
+@cuda.jit(device=True)
+def key_value(key):
+    """A float32 whose order key is ``key`` (key 0 -> NaN)."""
+    if key == 0:
+        return bits_f32(NAN_BITS)
+    if key >= SIGN:
+        return bits_f32(key - SIGN)
+    return bits_f32(LOW32 - key)
+
+
+# ---------------------------------------------------------------- scores
+@cuda.jit(device=True)
+def indexer_score(qrow, wrow, keys, s, H, D):
+    """I = sum_h w[h] * relu(q[h] . keys[s]) in float32, h then d in order.
+
+    ``qrow`` is one query flattened to [H*D] (global or shared memory), ``wrow``
+    its [H] weights. NaN dots propagate like the reference's np.maximum."""
+    acc = np.float32(0.0)
+    for h in range(H):
+        dot = np.float32(0.0)
+        base = h * D
+        for d in range(D):
+            dot += qrow[base + d] * keys[s, d]
+        if not (dot > np.float32(0.0)) and dot == dot:
+            dot = np.float32(0.0)
+        acc += wrow[h] * dot
+    return acc
+
+
+@cuda.jit(device=True)
+def table_score(a, b, c, t, s):
+    """Table source: a = scores[n, L]; b, c unused."""
+    return a[t, s]
+
+
+@cuda.jit(device=True)
+def indexer_at(a, b, c, t, s):
+    """Indexer source: a = q flattened [n, H*D], b = w [n, H], c = keys [L, D]."""
+    return indexer_score(a[t], b[t], c, s, b.shape[1], c.shape[1])
+
+
+SCORE_FNS = {"table": table_score, "indexer": indexer_at}
+
+
+# ---------------------------------------------------------------- block radix select
+@cuda.jit(device=True)
+def select_value(vals, pos, t, i, match_key):
+    """The radix-select operand of entry i of row t: its order key when
+    match_key < 0, else its position when its key equals match_key.
+    Returns (active, value)."""
+    kk = order_key(vals[t, i])
+    if match_key < 0:
+        return True, kk
+    if kk == match_key:
+        return True, np.int64(pos[t, i]) & LOW32
+    return False, 0
+
+
+@cuda.jit(device=True)
+def pick_digit(hist, remaining, largest):
+    """Scan 256 bins best-first; return (digit, count of entries before it)."""
+    before = 0
+    for j in range(RADIX):
+        d = RADIX - 1 - j if largest else j
+        h = hist[d]
+        if before + h >= remaining:
+            return d, before
+        before += h
+    return 0, before
+
+
+@cuda.jit(device=True)
+def block_msb_select(vals, pos, t, m, rank, largest, match_key, hist, state):
+    """Block-wide: the rank-th largest (or smallest) select_value over entries
+    [0, m) of row t, by four 8-bit MSB-first histogram passes in shared memory.
+    Every thread of the block must call it. Returns (value, still-needed count
+    among the entries equal to it)."""
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    if tid == 0:
+        state[0] = 0
+        state[1] = rank
+    for p in range(4):
+        shift = 24 - 8 * p
+        hmask = 0 if p == 0 else (1 << 32) - (1 << (shift + 8))
+        for i in range(tid, RADIX, nt):
+            hist[i] = 0
+        cuda.syncthreads()
+        prefix = state[0]
+        for i in range(tid, m, nt):
+            act, v = select_value(vals, pos, t, i, match_key)
+            if act and (v & hmask) == prefix:
+                cuda.atomic.add(hist, (v >> shift) & 255, 1)
+        cuda.syncthreads()
+        if tid == 0:
+            d, before = pick_digit(hist, state[1], largest)
+            state[1] = state[1] - before
+            state[0] = prefix | (d << shift)
+        cuda.syncthreads()
+    value = state[0]
+    need = state[1]
+    cuda.syncthreads()          # everyone has read state before it is reused
+    return value, need
+
+
+@cuda.jit(device=True)
+def sort_digit(vals, pos, t, slot, p):
+    """Digit p (0..7) of the LSD sort word (pos, ~key): positions first."""
+    if p < 4:
+        w = np.int64(pos[t, slot]) & LOW32
+        shift = 8 * p
+    else:
+        w = LOW32 - order_key(vals[t, slot])
+        shift = 8 * (p - 4)
+    return (w >> shift) & 255
+
+
+@cuda.jit(device=True)
+def keep_entry(vals, pos, t, i, kstar, pstar):
+    """Is entry i among the exact top-k? (kstar < 0: keep everything)."""
+    if kstar < 0:
+        return True
+    kk = order_key(vals[t, i])
+    return kk > kstar or (kk == kstar and pos[t, i] <= pstar)
+
+
+@cuda.jit(device=True)
+def write_rank_order(vals, pos, t, src, nk, k, out_idx, out_val, orow):
+    """out[orow, j] = entry src[t, j] for j < nk, padding (-1, -inf) after."""
+    for j in range(cuda.threadIdx.x, k, cuda.blockDim.x):
+        if j < nk:
+            slot = src[t, j]
+            out_idx[orow, j] = pos[t, slot]
+            out_val[orow, j] = vals[t, slot]
+        else:
+            out_idx[orow, j] = -1
+            out_val[orow, j] = NEG_INF
+
+
+# ---------------------------------------------------------------- small kernels
+@cuda.jit
+def fill_1d(a, v):
+    i = cuda.grid(1)
+    if i < a.shape[0]:
+        a[i] = v
+
+
+@cuda.jit
+def fill_2d(a, v):
+    i, j = cuda.grid(2)
+    if i < a.shape[0] and j < a.shape[1]:
+        a[i, j] = v
+
+
+@cuda.jit
+def scatter_rows_kernel(dst_idx, dst_val, rows, src_idx, src_val):
+    """dst[rows[j], :] = src[j, :]; rows outside dst are ignored."""
+    j, c = cuda.grid(2)
+    if j < rows.shape[0] and c < src_idx.shape[1]:
+        r = rows[j]
+        if 0 <= r < dst_idx.shape[0] and c < dst_idx.shape[1]:
+            dst_idx[r, c] = src_idx[j, c]
+            dst_val[r, c] = src_val[j, c]
+
+
+# ---------------------------------------------------------------- launch helpers
+_EXTERNAL = {}
+
+
+def stream():
+    """The stream to launch on: PyTorch's current stream when torch has touched
+    CUDA in this process (so torch tensors see our writes in order), else the
+    default stream. Read at every launch."""
+    if SIM:
+        return cuda.default_stream()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        ptr = torch.cuda.current_stream().cuda_stream
+        if ptr:
+            s = _EXTERNAL.get(ptr)
+            if s is None:
+                s = _EXTERNAL[ptr] = cuda.external_stream(ptr)
+            return s
+    return cuda.default_stream()
+
+
+def blocks(total, per):
+    return max(1, (int(total) + per - 1) // per)
+
+
+def empty(shape, dtype, s=None):
+    return cuda.device_array(shape, dtype=dtype, stream=s or stream())
+
+
+def full(shape, dtype, value, s=None):
+    s = s or stream()
+    a = cuda.device_array(shape, dtype=dtype, stream=s)
+    if a.size == 0:
+        return a
+    v = np.dtype(dtype).type(value)
+    if a.ndim == 1:
+        fill_1d[blocks(shape[0], BLOCK), BLOCK, s](a, v)
+    else:
+        fill_2d[(blocks(shape[0], 8), blocks(shape[1], 32)), (8, 32), s](a, v)
+    return a
+
+
+def host(a, s=None):
+    """Copy a device array to host and wait for it."""
+    s = s or stream()
+    h = a.copy_to_host(stream=s)
+    s.synchronize()
+    return h
+
+
+def source_args(source):
+    """(a, b, c, kind) device-function arguments for a TableSource / IndexerSource."""
+    fields = getattr(source, "_fields", ())
+    if fields == ("scores",):
+        d = _dummy()
+        return source.scores, d, d, "table"
+    if fields == ("q", "w", "keys"):
+        n, H, D = source.q.shape
+        return source.q.reshape(n, H * D), source.w, source.keys, "indexer"
+    raise TypeError(f"argument 'source' must be a TableSource or IndexerSource, got {type(source).__name__}")
+
+
+_DUMMY = []
+
+
+def _dummy():
+    if not _DUMMY:
+        _DUMMY.append(cuda.to_device(np.zeros((1, 1), np.float32)))
+    return _DUMMY[0]
+
+
+def source_dims(source):
+    """(n, L) of a source."""
+    return tuple(int(x) for x in source.shape)

@@ -1,0 +1,119 @@
+"""Which kernels the CUDA implementations of the ops launch.
+
+Preference: the winners file's variants of the "cupy" family, then "numba",
+then the pure-torch path (workbench.torch.scoring). ``HYTOPK_TORCH_BACKEND``
+(cupy | numba | torch) forces one. Families are handed torch CUDA tensors and
+return torch tensors (zero-copy through DLPack / __cuda_array_interface__).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+PREFERENCE = ("cupy", "numba")
+_chosen: dict[str, object] = {}
+_reasons: dict[str, str] = {}
+
+
+def _winners(family: str) -> dict | None:
+    """Variant names per stage for ``family`` from the winners file, or None (the family's DEFAULTS)."""
+    try:
+        from workbench.harness import winners
+    except ImportError:
+        return None
+    try:
+        table = winners.load()
+    except Exception as e:          # no winners file yet, or unreadable: say why, use DEFAULTS
+        _reasons[f"winners:{family}"] = f"{type(e).__name__}: {e}"
+        return None
+    if not isinstance(table, dict):
+        return None
+    if isinstance(table.get(family), dict):
+        table = table[family]
+    picked = {stage: name for stage, name in table.items()
+              if isinstance(name, str) and name.startswith(family + ".")}
+    return picked or None
+
+
+def _load(family: str, need_replay: bool):
+    from workbench import backend, registry
+    if not registry.load_family(family):
+        _reasons[family] = registry.load_error(family) or "failed to load"
+        return None
+    try:
+        b = backend(family, variants=_winners(family))
+    except Exception as e:
+        _reasons[family] = f"{type(e).__name__}: {e}"
+        return None
+    missing = [s for s in ("threshold", "filter", "check", "select", "recover") if getattr(b.stages, s) is None]
+    if need_replay and b.stages.replay is None:
+        missing.append("replay")
+    if missing:
+        _reasons[family] = f"no variant for stage(s) {missing}"
+        return None
+    return b
+
+
+def cuda_backend(purpose: str):
+    """A workbench Backend for 'select' or 'replay' on CUDA, or None for the pure-torch path."""
+    if purpose in _chosen:
+        return _chosen[purpose]
+    forced = os.environ.get("HYTOPK_TORCH_BACKEND", "").strip().lower()
+    if forced and forced not in PREFERENCE + ("torch",):
+        raise ValueError(f"HYTOPK_TORCH_BACKEND must be one of {PREFERENCE + ('torch',)}, got {forced!r}")
+    order = () if forced == "torch" else ((forced,) if forced else PREFERENCE)
+    b = None
+    for fam in order:
+        b = _load(fam, need_replay=(purpose == "replay"))
+        if b is not None:
+            break
+    _chosen[purpose] = b
+    return b
+
+
+def report() -> dict:
+    """What each op launches on CUDA and why the others were skipped (for logs and bench JSON)."""
+    out = {}
+    for purpose in ("select", "replay"):
+        b = cuda_backend(purpose) if torch.cuda.is_available() else None
+        out[purpose] = repr(b) if b is not None else "pure torch (workbench.torch.scoring)"
+    out["skipped"] = dict(_reasons)
+    return out
+
+
+def reset():
+    """Forget the choices (after editing kernels or the winners file)."""
+    _chosen.clear()
+    _reasons.clear()
+
+
+def input_dtype(b) -> torch.dtype | None:
+    """bf16 passes through only to families that declare it; others get float32 (exact widening)."""
+    accepted = getattr(b.family, "input_dtypes", ("float32",))
+    return None if "bfloat16" in accepted else torch.float32
+
+
+@contextlib.contextmanager
+def on_torch_stream(b, device: torch.device):
+    """Run family launches on PyTorch's current stream of ``device``, read now (at every call)."""
+    with torch.cuda.device(device):
+        ptr = torch.cuda.current_stream(device).cuda_stream
+        if b.name == "cupy":
+            import cupy
+            with cupy.cuda.Device(device.index or 0), cupy.cuda.ExternalStream(ptr):
+                yield
+        elif b.name == "numba":
+            hook = getattr(b.family, "use_stream", None)      # families may expose a stream hook
+            if hook is not None:
+                with hook(ptr):
+                    yield
+            elif ptr == 0:                                    # torch is on the legacy default stream too
+                yield
+            else:                                             # order by hand around numba's own stream
+                torch.cuda.current_stream(device).synchronize()
+                yield
+                b.family.synchronize()
+        else:
+            yield

@@ -1,0 +1,134 @@
+"""Pure-torch indexer math (any device): dense scores, exact selection, replay and
+its sparse backward.
+
+These are the CPU backward, the CUDA fallback when no kernel family is usable,
+and the capture-safe path under CUDA graphs (no host syncs, fixed shapes).
+Scores are accumulated in float32 (bf16 inputs are widened first, which is exact).
+"""
+from __future__ import annotations
+
+import torch
+
+# Work is split into query chunks of about this many (query, key) entries, so
+# temporaries stay near ENTRY_BUDGET * max(H, D) * 4 bytes whatever the shape.
+ENTRY_BUDGET = 1 << 18
+# The keys gradient adds one chunk's segment sums at a time; the chunk size is
+# part of the deterministic reduction order, so it depends only on k.
+KEYS_GRAD_ENTRIES = 1 << 18
+_LOW31 = (1 << 31) - 1
+
+
+def _rows_per_chunk(per_row: int, budget: int = ENTRY_BUDGET) -> int:
+    return max(1, budget // max(1, per_row))
+
+
+def order_keys(x: torch.Tensor) -> torch.Tensor:
+    """DESIGN.md §2 order key of float32 scores as int64 in [0, 2^32): bigger is better."""
+    b = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    neg = (b & 0x80000000) != 0
+    key = torch.where(neg, b ^ 0xFFFFFFFF, b ^ 0x80000000)
+    key = torch.where(b == 0x80000000, torch.full_like(key, 0x80000000), key)   # -0.0 ranks as +0.0
+    return torch.where(torch.isnan(x), torch.zeros_like(key), key)
+
+
+def dense_scores(q, w, keys, lo, hi) -> torch.Tensor:
+    """[n, L] float32 indexer scores of a (small) query block; -inf outside [lo, hi)."""
+    dots = torch.einsum("thd,sd->ths", q.float(), keys.float())
+    s = torch.einsum("ths,th->ts", torch.relu(dots), w.float())
+    pos = torch.arange(keys.shape[0], device=q.device)
+    inside = (pos[None, :] >= lo[:, None]) & (pos[None, :] < hi[:, None])
+    return torch.where(inside, s, torch.full_like(s, float("-inf")))
+
+
+def exact_select(q, w, keys, lo, hi, k: int):
+    """Exact top-k in the contract's order (key desc, position asc), by torch.topk on
+    unique int64 composites key<<31 | (2^31-1-pos); positions outside the context
+    get -1 and come out as padding. Chunked over queries; no host syncs."""
+    n, H, _ = q.shape
+    L = keys.shape[0]
+    idx = torch.full((n, k), -1, dtype=torch.int32, device=q.device)
+    val = torch.full((n, k), float("-inf"), dtype=torch.float32, device=q.device)
+    kk = min(k, L)
+    if n == 0 or kk == 0:
+        return idx, val
+    pos = torch.arange(L, device=q.device, dtype=torch.int64)
+    lo64, hi64 = lo.to(torch.int64), hi.to(torch.int64)
+    step = _rows_per_chunk(L * max(H, 2))
+    for s in range(0, n, step):
+        e = min(n, s + step)
+        sc = dense_scores(q[s:e], w[s:e], keys, lo64[s:e], hi64[s:e])
+        inside = (pos[None, :] >= lo64[s:e, None]) & (pos[None, :] < hi64[s:e, None])
+        comp = (order_keys(sc) << 31) | (_LOW31 - pos)[None, :]
+        comp = torch.where(inside, comp, torch.full_like(comp, -1))
+        top = torch.topk(comp, kk, dim=1, largest=True, sorted=True).values
+        p = _LOW31 - (top & _LOW31)
+        ok = top >= 0
+        p = torch.where(ok, p, torch.full_like(p, -1))
+        v = torch.gather(sc, 1, p.clamp(min=0))
+        idx[s:e, :kk] = p.to(torch.int32)
+        val[s:e, :kk] = torch.where(ok, v, torch.full_like(v, float("-inf")))
+    return idx, val
+
+
+def replay(q, w, keys, idx) -> torch.Tensor:
+    """[n, k] float32 scores at the selected positions, -inf where idx = -1."""
+    n, H, D = q.shape
+    k = idx.shape[1]
+    out = torch.empty((n, k), dtype=torch.float32, device=q.device)
+    keys32 = keys.float()
+    step = _rows_per_chunk(k * max(H, D))
+    for s in range(0, n, step):
+        e = min(n, s + step)
+        ic = idx[s:e].to(torch.int64)
+        dots = torch.bmm(keys32[ic.clamp(min=0)], q[s:e].float().transpose(1, 2))   # [c, k, H]
+        sc = torch.bmm(torch.relu(dots), w[s:e].float()[:, :, None])[..., 0]
+        out[s:e] = torch.where(ic >= 0, sc, torch.full_like(sc, float("-inf")))
+    return out
+
+
+def _add_keys_grad(dkeys, flat_idx, contrib, deterministic: bool):
+    """dkeys[flat_idx[i]] += contrib[i] for flat_idx >= 0 (rows with -1 are zero).
+
+    default: index_add_ (atomics on CUDA: the summation order varies run to run).
+    deterministic: stable sort by key (ties keep (query, slot) order), then
+    torch.segment_reduce sums each key's segment in that order; the result is
+    added to dkeys. Extra cost: one sort of the chunk's indices and one gathered
+    copy of its contributions."""
+    L = dkeys.shape[0]
+    if not deterministic:
+        dkeys.index_add_(0, flat_idx.clamp(min=0), contrib)
+        return
+    keyed = torch.where(flat_idx >= 0, flat_idx, torch.full_like(flat_idx, L))
+    sorted_keys, order = torch.sort(keyed, stable=True)
+    bounds = torch.arange(L + 2, device=dkeys.device, dtype=sorted_keys.dtype)
+    offsets = torch.searchsorted(sorted_keys, bounds)          # segment of key s: [off[s], off[s+1])
+    part = torch.segment_reduce(contrib[order], "sum", offsets=offsets, axis=0)
+    dkeys += part[:L]
+
+
+def replay_backward(grad, q, w, keys, idx, deterministic: bool):
+    """Gradients of sum(grad * replay(q, w, keys, idx)) w.r.t. q, w, keys.
+
+    Only the selected entries are touched: cost O(n k H D). Slots with idx = -1
+    get no gradient. Accumulated in float32, returned in the inputs' dtypes."""
+    n, H, D = q.shape
+    L, k = keys.shape[0], idx.shape[1]
+    dq = torch.zeros((n, H, D), dtype=torch.float32, device=q.device)
+    dw = torch.zeros((n, H), dtype=torch.float32, device=q.device)
+    dkeys = torch.zeros((L, D), dtype=torch.float32, device=q.device)
+    keys32 = keys.float()
+    step = _rows_per_chunk(k, KEYS_GRAD_ENTRIES)
+    for s in range(0, n, step):
+        e = min(n, s + step)
+        ic = idx[s:e].to(torch.int64)
+        valid = ic >= 0
+        g = torch.where(valid, grad[s:e].float(), torch.zeros((), device=q.device))
+        qc, wc = q[s:e].float(), w[s:e].float()
+        kg = keys32[ic.clamp(min=0)]                                 # [c, k, D]
+        dots = torch.bmm(kg, qc.transpose(1, 2))                     # [c, k, H]
+        dw[s:e] = torch.bmm(g[:, None, :], torch.relu(dots))[:, 0]   # sum_j g * relu
+        gd = g[:, :, None] * (dots > 0) * wc[:, None, :]             # d/d dots
+        dq[s:e] = torch.bmm(gd.transpose(1, 2), kg)
+        contrib = torch.bmm(gd, qc).reshape(-1, D)                   # per (query, slot)
+        _add_keys_grad(dkeys, ic.reshape(-1), contrib, deterministic)
+    return dq.to(q.dtype), dw.to(w.dtype), dkeys.to(keys.dtype)
