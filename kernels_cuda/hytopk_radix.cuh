@@ -57,11 +57,12 @@ __device__ u32 block_radix_select(const Get& get, long long m, u32 rank, u32* hi
     return sc->prefix;
 }
 
-// Sort buffers for up to `cap` kept entries (two copies for ping-pong).
+// Sort buffers for up to k kept entries: `a` is filled by the caller, `b` is
+// the ping-pong partner. Kept as separate pointers (no arrays indexed at run
+// time) so nothing lands in local memory.
 struct SortBuffers {
-    u32* key[2];
-    u32* pos[2];
-    u32* val[2];
+    u32 *key_a, *pos_a, *val_a;
+    u32 *key_b, *pos_b, *val_b;
 };
 
 // Shared memory layout of block_exact_topk, in u32 words.
@@ -71,15 +72,14 @@ __host__ __device__ constexpr long long exact_topk_smem_words(int k, int warps) 
 
 // Stable LSD radix sort of cnt entries into rank order: ascending position
 // digits first, then ascending digits of ~key. A pass whose digit is the same
-// for every entry is skipped (it would not move anything). Returns which
-// buffer holds the result.
+// for every entry is skipped (it would not move anything). On return the
+// sorted entries are in the `a` buffers (pointers swapped as needed).
 template <int WARPS>
-__device__ int block_radix_sort(SortBuffers& b, int cnt, u32* hist, u32* warp_cnt) {
-    int src = 0;
+__device__ void block_radix_sort(SortBuffers& b, int cnt, u32* hist, u32* warp_cnt) {
     for (int pass = 0; pass < 8; ++pass) {
         const int shift = (pass & 3) * 8;
         const bool by_pos = pass < 4;
-        const u32* word = by_pos ? b.pos[src] : b.key[src];
+        const u32* word = by_pos ? b.pos_a : b.key_a;
         const u32 flip = by_pos ? 0u : 0xffffffffu;
         for (int j = threadIdx.x; j < RADIX; j += blockDim.x) hist[j] = 0u;
         __syncthreads();
@@ -93,7 +93,6 @@ __device__ int block_radix_sort(SortBuffers& b, int cnt, u32* hist, u32* warp_cn
             for (int j = 0; j < RADIX; ++j) { const u32 h = hist[j]; hist[j] = run; run += h; }
         }
         __syncthreads();
-        const int dst = src ^ 1;
         const int warp = threadIdx.x >> 5;
         for (int t0 = 0; t0 < cnt; t0 += blockDim.x) {
             for (int j = threadIdx.x; j < WARPS * RADIX; j += blockDim.x) warp_cnt[j] = 0u;
@@ -108,9 +107,9 @@ __device__ int block_radix_sort(SortBuffers& b, int cnt, u32* hist, u32* warp_cn
             if (valid) {
                 u32 off = hist[dg] + rank;
                 for (int w = 0; w < warp; ++w) off += warp_cnt[w * RADIX + dg];
-                b.key[dst][off] = b.key[src][i];
-                b.pos[dst][off] = b.pos[src][i];
-                b.val[dst][off] = b.val[src][i];
+                b.key_b[off] = b.key_a[i];
+                b.pos_b[off] = b.pos_a[i];
+                b.val_b[off] = b.val_a[i];
             }
             __syncthreads();
             for (int j = threadIdx.x; j < RADIX; j += blockDim.x) {
@@ -120,9 +119,11 @@ __device__ int block_radix_sort(SortBuffers& b, int cnt, u32* hist, u32* warp_cn
             }
             __syncthreads();
         }
-        src = dst;
+        u32* tmp;
+        tmp = b.key_a; b.key_a = b.key_b; b.key_b = tmp;
+        tmp = b.pos_a; b.pos_a = b.pos_b; b.pos_b = tmp;
+        tmp = b.val_a; b.val_a = b.val_b; b.val_b = tmp;
     }
-    return src;
 }
 
 // Exact top-k (rank order) of m entries given by e.pos(i) (distinct, >= 0) and
@@ -135,16 +136,16 @@ __device__ void block_exact_topk(const Entries& e, long long m, int k, int* out_
     SelectScalars* sc = reinterpret_cast<SelectScalars*>(smem + RADIX);
     u32* warp_cnt = smem + RADIX + 4;
     u32* bufs = warp_cnt + WARPS * RADIX;
-    SortBuffers b = {{bufs, bufs + k}, {bufs + 2 * k, bufs + 3 * k}, {bufs + 4 * k, bufs + 5 * k}};
+    SortBuffers b = {bufs, bufs + k, bufs + 2 * k, bufs + 3 * k, bufs + 4 * k, bufs + 5 * k};
 
     int kept;
     if (m <= k) {                                        // everything is kept
         kept = (int)m;
         for (int i = threadIdx.x; i < kept; i += blockDim.x) {
             const u32 v = e.bits(i);
-            b.key[0][i] = order_key_bits(v);
-            b.pos[0][i] = e.pos(i);
-            b.val[0][i] = v;
+            b.key_a[i] = order_key_bits(v);
+            b.pos_a[i] = e.pos(i);
+            b.val_a[i] = v;
         }
     } else {
         auto key_of = [&](long long i, u32* out) { *out = order_key_bits(e.bits(i)); return true; };
@@ -175,20 +176,20 @@ __device__ void block_exact_topk(const Entries& e, long long m, int k, int* out_
             }
             const int slot = warp_append_slot(keep, reinterpret_cast<int*>(&sc->kept));
             if (keep && slot < k) {                      // slot < k always holds; never write past it
-                b.key[0][slot] = key;
-                b.pos[0][slot] = e.pos(i);
-                b.val[0][slot] = v;
+                b.key_a[slot] = key;
+                b.pos_a[slot] = e.pos(i);
+                b.val_a[slot] = v;
             }
         }
         __syncthreads();
         kept = min((int)sc->kept, k);
     }
     __syncthreads();
-    const int res = block_radix_sort<WARPS>(b, kept, hist, warp_cnt);
+    block_radix_sort<WARPS>(b, kept, hist, warp_cnt);
     for (int j = threadIdx.x; j < k; j += blockDim.x) {
         if (j < kept) {
-            out_idx[j] = (int)b.pos[res][j];
-            out_val[j] = __uint_as_float(b.val[res][j]);
+            out_idx[j] = (int)b.pos_a[j];
+            out_val[j] = __uint_as_float(b.val_a[j]);
         } else {
             out_idx[j] = -1;
             out_val[j] = __uint_as_float(0xff800000u);

@@ -41,12 +41,19 @@ __device__ __forceinline__ float indexer_score(const float* __restrict__ q_s,
     return acc + 0.0f;     // -0.0 -> +0.0
 }
 
+// Every kernel takes a source as (p0, p1, p2, L) raw pointers plus L and
+// rebuilds it with Src::from(): table -> (scores, -, -), indexer -> (q, w, keys).
+
 // Table source: a given [n, L] float32 table, read as raw bits (subnormals and
 // NaN payloads pass through untouched).
 struct TableSource {
     static constexpr int SMEM_FLOATS = 0;
     const u32* scores;
     long long L;
+    __device__ static TableSource from(const void* p0, const void*, const void*, long long L) {
+        TableSource s = {static_cast<const u32*>(p0), L};
+        return s;
+    }
     __device__ __forceinline__ void stage(int, float*) const {}
     __device__ __forceinline__ u32 score_bits(int t, long long s, const float*) const {
         return scores[(long long)t * L + s];
@@ -65,6 +72,10 @@ struct IndexerSource {
     const T* w;
     const T* keys;
     long long L;
+    __device__ static IndexerSource from(const void* p0, const void* p1, const void* p2, long long L) {
+        IndexerSource s = {static_cast<const T*>(p0), static_cast<const T*>(p1), static_cast<const T*>(p2), L};
+        return s;
+    }
     __device__ __forceinline__ void stage(int t, float* smem) const {
         const T* qt = q + (long long)t * H * D;
         for (int i = threadIdx.x; i < H * D; i += blockDim.x) smem[i] = to_float(qt[i]);

@@ -58,7 +58,7 @@ def check_array(name, x, *, ndim=None, dtypes=None, shape=None):
     return shp
 
 
-INT_DTYPES = ("int32", "int64")
+INT_DTYPES = ("int32", "int64", "int16", "int8", "uint8", "uint16", "uint32")
 
 
 def _host_ints(x):
@@ -74,10 +74,16 @@ def _host_ints(x):
     return np.asarray(x)
 
 
+def _as_int_array(seq):
+    a = np.asarray(seq)
+    return a.astype(np.int64) if a.size == 0 else a
+
+
 def check_ranges(lo, hi, n: int, L: int):
     """Context ranges: 1-D int arrays of length n with 0 <= lo <= hi <= L.
 
-    Returns host int64 copies (lo, hi)."""
+    Returns host int64 copies (lo, hi). Python sequences are accepted too."""
+    lo, hi = (x if hasattr(x, "shape") else _as_int_array(x) for x in (lo, hi))
     check_array("lo", lo, ndim=1, dtypes=INT_DTYPES, shape=(n,))
     check_array("hi", hi, ndim=1, dtypes=INT_DTYPES, shape=(n,))
     lo_h = _host_ints(lo).astype(np.int64)
@@ -149,7 +155,7 @@ def check_contiguous(name, x):
 
 
 SCORE_DTYPES = ("float32",)
-INPUT_DTYPES = ("float32", "bfloat16")
+INPUT_DTYPES = ("float32", "bfloat16", "uint16")      # uint16 = raw bf16 bits (NumPy has no bf16)
 
 
 def check_indexer_inputs(q, w, keys, *, dtypes=INPUT_DTYPES):

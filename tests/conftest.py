@@ -15,6 +15,6 @@ if str(ROOT) not in sys.path:
 
 _common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                                       HealthCheck.filter_too_much])
-settings.register_profile("ci", max_examples=25, derandomize=True, print_blob=True, **_common)
+settings.register_profile("ci", max_examples=40, derandomize=True, print_blob=True, **_common)
 settings.register_profile("dev", max_examples=400, print_blob=True, **_common)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

@@ -86,6 +86,21 @@ class _Oracle:
         return M, r, int(cap)
 
 
+    def key_checksum(self, row_chunk=64) -> int:
+        """Sum of the order keys of every in-context score, modulo 2**64 (the
+        score-only floor's checksum)."""
+        total = 0
+        for a in range(0, self.n, row_chunk):
+            b = min(self.n, a + row_chunk)
+            S = self.scores_rows(a, b)
+            pos = torch.arange(self.L, device=S.device)
+            lo = torch.as_tensor(self.lo_h[a:b], device=S.device)[:, None]
+            hi = torch.as_tensor(self.hi_h[a:b], device=S.device)[:, None]
+            key = torch.where((pos >= lo) & (pos < hi), order_keys_t(S), torch.zeros(1, dtype=torch.int64, device=S.device))
+            total += sum(key.sum(1).tolist())          # per-row sums < 2**52: exact in int64
+        return total % (1 << 64)
+
+
 class ReferenceOracle(_Oracle):
     """The NumPy reference (the executable spec): for the small presets."""
 
@@ -176,7 +191,7 @@ class TorchOracle(_Oracle):
             S = self.scores_rows(a, b)
             key = order_keys_t(S)
             pos = torch.arange(self.L, device=dev).expand(b - a, -1)
-            key = torch.where(torch.isneginf(S) & ~self._inside(a, b), torch.full_like(key, -1), key)
+            key = torch.where(self._inside(a, b), key, torch.full_like(key, -1))
             # threshold: the r-th best of the M samples p_j = lo + (j*c)//M
             Mc, rc = Mt[a:b], rt[a:b]
             if Mmax:

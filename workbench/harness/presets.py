@@ -39,8 +39,10 @@ class Preset:
 PRESETS = {p.name: p for p in (
     # small enough for the CPU reference and the one-thread-per-CUDA-thread simulator;
     # c ranges over < k, = k and > k (sampled) with max_failed 1 so recovery and fallback paths run
-    Preset("tiny", n=6, L=320, H=2, D=8, k=16, layout="causal_tail", dtype="float32",
+    Preset("tiny", n=4, L=320, H=2, D=8, k=16, layout="causal_tail", dtype="float32",
            max_failed=1, gpu=False),
+    # a quick GPU shape for the GPU tests and `hytopk watch` (not a model shape)
+    Preset("gpu-small", n=256, L=16384, H=8, D=64, k=256),
     Preset("dsv32-32k", n=4096, L=32768, H=64, D=128, k=2048),
     Preset("dsv32-128k", n=4096, L=131072, H=64, D=128, k=2048),
     Preset("glm5-128k", n=4096, L=131072, H=32, D=128, k=2048),

@@ -17,15 +17,16 @@ _chosen: dict[str, object] = {}
 _reasons: dict[str, str] = {}
 
 
-def _winners(family: str) -> dict | None:
-    """Variant names per stage for ``family`` from the winners file, or None (the family's DEFAULTS)."""
+def _winners(family: str, shape: dict | None) -> dict | None:
+    """Variant names per stage for ``family`` from the winners file entry nearest
+    ``shape`` ({"L", "H", "D", "k"}), or None (the family's DEFAULTS)."""
     try:
         from workbench.harness import winners
     except ImportError:
         return None
     try:
-        table = winners.load()
-    except Exception as e:          # no winners file yet, or unreadable: say why, use DEFAULTS
+        table = winners.load(shape or {})
+    except Exception as e:          # unreadable winners file: say why, use DEFAULTS
         _reasons[f"winners:{family}"] = f"{type(e).__name__}: {e}"
         return None
     if not isinstance(table, dict):
@@ -37,13 +38,21 @@ def _winners(family: str) -> dict | None:
     return picked or None
 
 
-def _load(family: str, need_replay: bool):
+def _load(family: str, need_replay: bool, shape: dict | None):
     from workbench import backend, registry
     if not registry.load_family(family):
         _reasons[family] = registry.load_error(family) or "failed to load"
         return None
     try:
-        b = backend(family, variants=_winners(family))
+        from workbench.families import get_family
+        ok, why = get_family(family).available()
+    except Exception as e:
+        ok, why = False, f"{type(e).__name__}: {e}"
+    if not ok:
+        _reasons[family] = why
+        return None
+    try:
+        b = backend(family, variants=_winners(family, shape))
     except Exception as e:
         _reasons[family] = f"{type(e).__name__}: {e}"
         return None
@@ -56,28 +65,30 @@ def _load(family: str, need_replay: bool):
     return b
 
 
-def cuda_backend(purpose: str):
-    """A workbench Backend for 'select' or 'replay' on CUDA, or None for the pure-torch path."""
-    if purpose in _chosen:
-        return _chosen[purpose]
+def cuda_backend(purpose: str, shape: dict | None = None):
+    """A workbench Backend for 'select' or 'replay' on CUDA, or None for the pure-torch path.
+    ``shape`` ({"L", "H", "D", "k"}) picks the winners entry; choices are cached per shape."""
+    key = (purpose, tuple(sorted((shape or {}).items())))
+    if key in _chosen:
+        return _chosen[key]
     forced = os.environ.get("HYTOPK_TORCH_BACKEND", "").strip().lower()
     if forced and forced not in PREFERENCE + ("torch",):
         raise ValueError(f"HYTOPK_TORCH_BACKEND must be one of {PREFERENCE + ('torch',)}, got {forced!r}")
     order = () if forced == "torch" else ((forced,) if forced else PREFERENCE)
     b = None
     for fam in order:
-        b = _load(fam, need_replay=(purpose == "replay"))
+        b = _load(fam, need_replay=(purpose == "replay"), shape=shape)
         if b is not None:
             break
-    _chosen[purpose] = b
+    _chosen[key] = b
     return b
 
 
-def report() -> dict:
+def report(shape: dict | None = None) -> dict:
     """What each op launches on CUDA and why the others were skipped (for logs and bench JSON)."""
     out = {}
     for purpose in ("select", "replay"):
-        b = cuda_backend(purpose) if torch.cuda.is_available() else None
+        b = cuda_backend(purpose, shape) if torch.cuda.is_available() else None
         out[purpose] = repr(b) if b is not None else "pure torch (workbench.torch.scoring)"
     out["skipped"] = dict(_reasons)
     return out
@@ -89,9 +100,13 @@ def reset():
     _reasons.clear()
 
 
+BF16_FAMILIES = ("cupy", "numba")      # their to_device takes torch.bfloat16 (bits / widened)
+
+
 def input_dtype(b) -> torch.dtype | None:
-    """bf16 passes through only to families that declare it; others get float32 (exact widening)."""
-    accepted = getattr(b.family, "input_dtypes", ("float32",))
+    """None: pass bf16 through (families that take it); else float32 (an exact widening)."""
+    accepted = getattr(b.family, "input_dtypes", ("float32", "bfloat16") if b.name in BF16_FAMILIES
+                       else ("float32",))
     return None if "bfloat16" in accepted else torch.float32
 
 

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import torch
 
-# Work is split into query chunks of about this many (query, key) entries, so
-# temporaries stay near ENTRY_BUDGET * max(H, D) * 4 bytes whatever the shape.
-ENTRY_BUDGET = 1 << 18
+# Work is split into query chunks whose largest float32 temporary has at most
+# this many elements (1 GiB), whatever the shape.
+ELEMENT_BUDGET = 1 << 28
 # The keys gradient adds one chunk's segment sums at a time; the chunk size is
 # part of the deterministic reduction order, so it depends only on k.
 KEYS_GRAD_ENTRIES = 1 << 18
 _LOW31 = (1 << 31) - 1
 
 
-def _rows_per_chunk(per_row: int, budget: int = ENTRY_BUDGET) -> int:
+def _rows_per_chunk(per_row: int, budget: int = ELEMENT_BUDGET) -> int:
     return max(1, budget // max(1, per_row))
 
 
@@ -34,7 +34,7 @@ def order_keys(x: torch.Tensor) -> torch.Tensor:
 def dense_scores(q, w, keys, lo, hi) -> torch.Tensor:
     """[n, L] float32 indexer scores of a (small) query block; -inf outside [lo, hi)."""
     dots = torch.einsum("thd,sd->ths", q.float(), keys.float())
-    s = torch.einsum("ths,th->ts", torch.relu(dots), w.float())
+    s = torch.einsum("ths,th->ts", torch.relu(dots), w.float()) + 0.0    # + 0.0: -0.0 -> +0.0, like the reference
     pos = torch.arange(keys.shape[0], device=q.device)
     inside = (pos[None, :] >= lo[:, None]) & (pos[None, :] < hi[:, None])
     return torch.where(inside, s, torch.full_like(s, float("-inf")))
@@ -53,7 +53,7 @@ def exact_select(q, w, keys, lo, hi, k: int):
         return idx, val
     pos = torch.arange(L, device=q.device, dtype=torch.int64)
     lo64, hi64 = lo.to(torch.int64), hi.to(torch.int64)
-    step = _rows_per_chunk(L * max(H, 2))
+    step = _rows_per_chunk(L * max(H, 2))          # [c, H, L] dots, [c, L] int64 composites
     for s in range(0, n, step):
         e = min(n, s + step)
         sc = dense_scores(q[s:e], w[s:e], keys, lo64[s:e], hi64[s:e])
@@ -76,12 +76,12 @@ def replay(q, w, keys, idx) -> torch.Tensor:
     k = idx.shape[1]
     out = torch.empty((n, k), dtype=torch.float32, device=q.device)
     keys32 = keys.float()
-    step = _rows_per_chunk(k * max(H, D))
+    step = _rows_per_chunk(k * max(H, D))          # [c, k, D] gathered keys, [c, k, H] dots
     for s in range(0, n, step):
         e = min(n, s + step)
         ic = idx[s:e].to(torch.int64)
         dots = torch.bmm(keys32[ic.clamp(min=0)], q[s:e].float().transpose(1, 2))   # [c, k, H]
-        sc = torch.bmm(torch.relu(dots), w[s:e].float()[:, :, None])[..., 0]
+        sc = torch.bmm(torch.relu(dots), w[s:e].float()[:, :, None])[..., 0] + 0.0   # -0.0 -> +0.0
         out[s:e] = torch.where(ic >= 0, sc, torch.full_like(sc, float("-inf")))
     return out
 

@@ -22,6 +22,7 @@ SIM = bool(config.ENABLE_CUDASIM)
 RADIX = 256
 BLOCK = 32 if SIM else 256          # threads per block (simulator: one Python thread each)
 WARPS = BLOCK // 32
+WARP_BINS = WARPS * 256            # per-warp digit counts (select.warp)
 FULL_MASK = 0xFFFFFFFF
 NEG_INF = np.float32(-np.inf)
 NAN_BITS = 0x7FC00000
@@ -273,6 +274,8 @@ def full(shape, dtype, value, s=None):
 
 def host(a, s=None):
     """Copy a device array to host and wait for it."""
+    if a.size == 0:
+        return np.empty(a.shape, a.dtype)
     s = s or stream()
     h = a.copy_to_host(stream=s)
     s.synchronize()

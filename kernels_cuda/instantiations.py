@@ -1,0 +1,65 @@
+"""The template instantiations we ship: one list shared by the CuPy wrappers
+(NVRTC name expressions) and the CI compile check (explicit instantiations).
+
+A kernel template is instantiated per score source: the table source, and the
+indexer source for each (H, D) shape and input dtype below. Other shapes are
+either zero-padded up to TINY (small test shapes) or compiled on demand.
+"""
+from __future__ import annotations
+
+TINY = (8, 16)                               # (H, D): the test shape (smaller inputs are padded to it)
+SHAPES = (TINY, (32, 128), (64, 128))        # + GLM-5 (H=32) and DeepSeek-V3.2 (H=64), D=128
+DTYPES = ("float32", "bfloat16")
+C_TYPES = {"float32": "float", "bfloat16": "hytopk::bf16_bits"}
+TABLE = "hytopk::TableSource"
+
+# file -> (kernel, what it is instantiated over)
+#   "table+indexer": every source; "indexer": indexer sources only;
+#   "mma": (H, D) only (bf16 tensor-core path); "plain": not a template
+KERNELS = {
+    "threshold.cu": (("hytopk_threshold", "table+indexer"),),
+    "filter.cu": (("hytopk_filter", "table+indexer"),),
+    "filter_mma.cu": (("hytopk_filter_mma", "mma"),),
+    "check.cu": (("hytopk_check", "plain"),),
+    "select.cu": (("hytopk_select", "plain"),),
+    "recover.cu": (("hytopk_score_rows", "indexer"), ("hytopk_select_rows", "plain")),
+    "dense.cu": (("hytopk_dense", "indexer"),),
+    "replay.cu": (("hytopk_replay", "indexer"),),
+    "score_only.cu": (("hytopk_score_only", "indexer"),),
+}
+
+
+def indexer_source(H: int, D: int, dtype: str) -> str:
+    """C++ type of the indexer source for one shape and input dtype."""
+    if dtype not in C_TYPES:
+        raise ValueError(f"argument 'dtype': expected one of {sorted(C_TYPES)}, got {dtype!r}")
+    return f"hytopk::IndexerSource<{int(H)}, {int(D)}, {C_TYPES[dtype]}>"
+
+
+def mma_ok(H: int, D: int) -> bool:
+    return H % 8 == 0 and D % 16 == 0
+
+
+def name(kernel: str, source: str | None = None, shape: tuple | None = None) -> str:
+    """The name expression of one instantiation (the string NVRTC and get_function use)."""
+    if source is not None:
+        return f"{kernel}<{source}>"
+    if shape is not None:
+        return f"{kernel}<{int(shape[0])}, {int(shape[1])}>"
+    return kernel
+
+
+def name_expressions(file: str, shapes=SHAPES, dtypes=DTYPES) -> list[str]:
+    """Every instantiation of `file`'s kernels for the given shapes and dtypes."""
+    out = []
+    for kernel, over in KERNELS[file]:
+        if over == "plain":
+            out.append(name(kernel))
+            continue
+        if over == "mma":
+            out += [name(kernel, shape=s) for s in shapes if mma_ok(*s)]
+            continue
+        if over == "table+indexer":
+            out.append(name(kernel, TABLE))
+        out += [name(kernel, indexer_source(H, D, dt)) for H, D in shapes for dt in dtypes]
+    return out

@@ -1,0 +1,213 @@
+"""Context-parallel HyTopK (workbench.distributed, issue 8).
+
+CPU: the gloo self-test at world sizes 2 and 3 (spawned ranks, every case
+bit-identical to reference.hytopk_indexer and the brute-force top-k), the
+sharding and buffer helpers, and a one-rank process group in this process
+driven by the Hypothesis indexer strategy. GPU (marked, skipped without 2
+GPUs): the NCCL self-test with the CuPy and Numba families.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+import reference as R
+from reference import generate as G
+from workbench.distributed import make_sharding
+from workbench.distributed.launch import ROOT
+from workbench.distributed.selftest import compare, profile_inputs
+
+from strategies import indexer_cases
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+
+def _selftest(*args, timeout=240):
+    cmd = [sys.executable, "-m", "workbench.distributed", "selftest", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+# ---------------------------------------------------------------- spawned ranks
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_gloo_selftest(world_size):
+    if not dist.is_gloo_available():
+        pytest.skip("torch.distributed was built without gloo")
+    out = _selftest("--backend", "gloo", "--world-size", str(world_size))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "FAIL" not in out.stdout
+    assert f"world_size={world_size}" in out.stdout
+    assert "PASS: 14/14 cases bit-identical" in out.stdout, out.stdout
+
+
+def test_selftest_reports_a_failing_rank():
+    out = _selftest("--backend", "gloo", "--world-size", "2", "--family", "no-such-family", timeout=120)
+    assert out.returncode != 0
+    assert "FAIL: ranks exited" in out.stdout and "no-such-family" in out.stdout
+
+
+def _gpus():
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["cupy", "numba"])
+def test_nccl_selftest(family):
+    if _gpus() < 2 or not dist.is_nccl_available():
+        pytest.skip(f"needs 2 CUDA GPUs and NCCL (found {_gpus()} GPUs, nccl={dist.is_nccl_available()})")
+    out = _selftest("--backend", "nccl", "--world-size", "2", "--family", family, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "PASS: 14/14 cases bit-identical" in out.stdout, out.stdout
+
+
+# ---------------------------------------------------------------- pieces
+@pytest.mark.parametrize("kind", ["zigzag", "contiguous"])
+@pytest.mark.parametrize("n,L,P", [(10, 37, 2), (7, 5, 3), (1, 1, 4), (0, 9, 2), (33, 1000, 8)])
+def test_sharding_covers_everything_once(kind, n, L, P):
+    sh = make_sharding(kind, n, L, P)
+    rows = np.concatenate(sh.query_rows)
+    assert np.array_equal(np.sort(rows), np.arange(n))
+    held = np.zeros(L, int)
+    for p in range(P):
+        assert np.all(np.diff(sh.query_rows[p]) > 0)
+        for a, b in sh.key_pieces[p]:
+            held[a:b] += 1
+    assert np.all(held == 1)
+    pos = np.arange(L)
+    owner, row = sh.owner_of(pos)
+    keys = np.arange(L, dtype=np.float32)[:, None]
+    for p in range(P):
+        assert np.array_equal(sh.take_keys(keys, p)[row[owner == p], 0], pos[owner == p])
+
+
+def test_zigzag_balances_causal_work():
+    n = L = 4096
+    P = 4
+    sh = make_sharding("zigzag", n, L, P)
+    work = [int(np.sum(sh.query_rows[p] + 1)) for p in range(P)]     # causal: query t sees t + 1 keys
+    assert max(work) / min(work) < 1.01
+    contiguous = make_sharding("contiguous", n, L, P)
+    assert max(int(np.sum(r + 1)) for r in contiguous.query_rows) / max(work) > 1.5
+
+
+def test_sharding_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="'kind'"):
+        make_sharding("diagonal", 4, 4, 2)
+    with pytest.raises(ValueError, match="'world_size'"):
+        make_sharding("zigzag", 4, 4, 0)
+
+
+def test_union_of_samples_is_every_sample_position():
+    from workbench.distributed.cp import union_of_samples
+    rng = np.random.default_rng(3)
+    lo, hi = G.layout("random", 20, 20000, 16, rng)
+    M, _ = R.sample_plan(lo, hi, 16, 3.0)
+    want = set()
+    for a, b, m in zip(lo, hi, M):
+        if m:
+            want.update(R.sample_positions(int(a), int(b - a), int(m)).tolist())
+    assert union_of_samples(lo, hi, M).tolist() == sorted(want)
+
+
+def test_appender_keeps_meaningful_slots_in_order_and_stops_at_width():
+    from workbench.distributed.cp import _Appender
+    buf = _Appender(2, 4, torch.device("cpu"))
+    garbage = 99
+    buf.append(torch.tensor([[5, 6, garbage], [7, garbage, garbage]], dtype=torch.int32),
+               torch.tensor([[1.0, 2.0, 9.0], [3.0, 9.0, 9.0]]), torch.tensor([2, 1]))
+    buf.append(torch.tensor([[8, 9, 10], [11, 12, 13]], dtype=torch.int32),
+               torch.tensor([[4.0, 5.0, 6.0], [7.0, 8.0, 9.0]]), torch.tensor([3, 5]))
+    idx, val = buf.result()
+    assert idx.tolist() == [[5, 6, 8, 9], [7, 11, 12, 13]]
+    assert val.tolist() == [[1.0, 2.0, 4.0, 5.0], [3.0, 7.0, 8.0, 9.0]]
+    assert buf.total.tolist() == [5, 6]           # true counts, beyond the width
+    assert buf.stored.tolist() == [4, 4]
+
+
+def test_profile_inputs_embed_any_score_row_exactly():
+    rng = np.random.default_rng(5)
+    row = G.score_table("specials", 1, 300, 8, rng)[0]
+    q, w, keys = profile_inputs(row, 5, rng)
+    lo, hi = np.zeros(5, np.int32), np.full(5, 300, np.int32)
+    scores = R.indexer_scores(q, w, keys, lo, hi)
+    a = q[:, 0, 0].astype(np.float64)
+    want = (a[:, None] * row[None, :].astype(np.float64)).astype(np.float32)
+    assert np.isnan(want).any() and np.isinf(want).any()
+    # same order key everywhere: bit-exact except that -0.0 comes out as +0.0
+    assert np.array_equal(R.order_keys(scores), R.order_keys(want))
+
+
+def test_compare_notices_every_kind_of_difference():
+    rng = np.random.default_rng(1)
+    q, w, keys = G.indexer_inputs(4, 300, 2, 3, rng)
+    lo, hi = G.layout("full", 4, 300, 8, rng)
+    want = R.hytopk_indexer(q, w, keys, lo, hi, 8)
+    assert compare(want, want) == []
+
+    def changed(**kw):
+        got = R.HyTopKResult(**{**want.__dict__, **kw})
+        return compare(got, want)
+
+    idx = want.idx.copy()
+    idx[0, [0, 1]] = idx[0, [1, 0]]
+    assert changed(idx=idx)
+    val = want.val.copy()
+    val[1, 0] = -0.0 if val[1, 0] == 0 else 0.0
+    assert changed(val=val)
+    assert changed(count=want.count + 1)
+    assert changed(threshold=np.full_like(want.threshold, np.nan))
+    assert changed(fell_back=not want.fell_back)
+    assert changed(capacity=want.capacity + 1)
+
+
+# ---------------------------------------------------------------- one rank, in process
+@pytest.fixture(scope="module")
+def one_rank_group():
+    if dist.is_initialized():
+        pytest.skip("a default process group already exists in this process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@settings(max_examples=15)
+@given(case=indexer_cases(max_n=5, max_L=600, max_H=3, max_D=4, max_k=24))
+def test_one_rank_equals_reference(one_rank_group, case):
+    from workbench.distributed import ContextParallelHyTopK
+    n, L = case.q.shape[0], case.keys.shape[0]
+    sh = make_sharding("zigzag", n, L, 1)
+    kw = dict(capacity=case.capacity, oversample=case.oversample, max_failed=case.max_failed)
+    res = ContextParallelHyTopK(case.lo, case.hi, case.k, sh, **kw)(case.q, case.w, case.keys)
+    want = R.hytopk_indexer(case.q, case.w, case.keys, case.lo, case.hi, case.k, **kw)
+    got = R.HyTopKResult(res.idx.numpy(), res.val.numpy(), res.threshold, res.count, res.failed,
+                         res.fell_back, res.num_samples, res.rank, res.capacity)
+    assert compare(got, want) == []
+
+
+def test_arguments_are_checked(one_rank_group):
+    from workbench.distributed import ContextParallelHyTopK
+    rng = np.random.default_rng(2)
+    q, w, keys = G.indexer_inputs(3, 50, 2, 2, rng)
+    lo, hi = G.layout("full", 3, 50, 4, rng)
+    sh = make_sharding("zigzag", 3, 50, 1)
+    with pytest.raises(ValueError, match="'hi'"):
+        ContextParallelHyTopK(lo, hi + 1, 4, sh)
+    with pytest.raises(ValueError, match="'k'"):
+        ContextParallelHyTopK(lo, hi, 0, sh)
+    with pytest.raises(ValueError, match="'sharding'"):
+        ContextParallelHyTopK(lo, hi, 4, make_sharding("zigzag", 3, 50, 2))
+    with pytest.raises(TypeError, match="'sharding'"):
+        ContextParallelHyTopK(lo, hi, 4, None)
+    with pytest.raises(ValueError, match="'backend'"):
+        ContextParallelHyTopK(lo, hi, 4, sh, backend="tpu")
+    cp = ContextParallelHyTopK(lo, hi, 4, sh)
+    with pytest.raises(ValueError, match="'q'"):
+        cp(q[:2], w[:2], keys)
+    with pytest.raises(ValueError, match="'keys'"):
+        cp(q, w, keys[:10])
+    with pytest.raises(TypeError, match="'q'"):
+        cp(q.astype(np.float64), w, keys)

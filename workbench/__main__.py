@@ -1,0 +1,4 @@
+"""`python -m workbench ...` is the `hytopk` CLI."""
+from .cli import main
+
+main()

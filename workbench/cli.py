@@ -1,0 +1,183 @@
+"""`hytopk` (also `python -m workbench`): doctor, compare, calibrate, watch,
+winners, compile-check. Each command is a thin shell over workbench.harness."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="HyTopK workbench: check, time and pick kernel variants.")
+console = Console()
+if not console.is_terminal:          # logs and CI: don't squeeze the tables into 80 columns
+    console = Console(width=max(console.width, 200))
+
+
+def _progress(console):
+    """A rich progress bar as an advance(label) callable factory for the harness."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    state = {}
+
+    def factory(total):
+        prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=console, transient=True)
+        prog.start()
+        task = prog.add_task("starting", total=total)
+        state.update(prog=prog, task=task, started=False)
+
+        def advance(label):
+            if state["started"]:
+                prog.advance(task)
+            state["started"] = True
+            if label is None:
+                prog.stop()
+            else:
+                prog.update(task, description=label)
+        return advance
+    return factory
+
+
+@app.command()
+def doctor():
+    """What this machine has (GPU, driver, CuPy, NVRTC/nvcc, numba-cuda, simulator, torch), what is missing and the fix."""
+    from rich.table import Table
+    from .harness.doctor import checks
+    t = Table(title="hytopk doctor")
+    for c in ("component", "status", "detail", "fix"):
+        t.add_column(c)
+    bad_required = False
+    for c in checks():
+        st = "[green]ok[/]" if c.ok else ("[bold red]MISSING[/]" if c.required else "[yellow]absent[/]")
+        bad_required |= c.required and not c.ok
+        t.add_row(c.name, st, c.detail, c.fix)
+    console.print(t)
+    if bad_required:
+        raise typer.Exit(1)
+
+
+@app.command()
+def compare(
+    preset: Optional[str] = typer.Option(None, help="tiny | dsv32-32k | dsv32-128k | glm5-128k | glm5-256k-allkeys | "
+                                                     "dsv32-1m (default: tiny on CPU, dsv32-128k on a GPU)"),
+    stage: Optional[List[str]] = typer.Option(None, help="only these stages (repeatable)"),
+    variant: Optional[List[str]] = typer.Option(None, help="only these variants (repeatable); winners are not updated"),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="write the results JSON here"),
+    plot: Optional[Path] = typer.Option(None, help="write the PNG plot here (default: next to --json)"),
+    repeats: Optional[int] = typer.Option(None, help="timed repeats per row (default 3 on CPU, 10 on GPU)"),
+    record_winners: bool = typer.Option(True, "--winners/--no-winners", help="record the winners file"),
+    family: Optional[List[str]] = typer.Option(None, help="only these families (reference, numba, cupy; repeatable)"),
+):
+    """Check, then time every variant of each stage, the pipelines and the baselines, side by side."""
+    from .harness import report, winners
+    from .harness.compare import run_compare
+    try:
+        res = run_compare(preset, stage, variant, repeats, say=lambda m: console.print(f"[cyan]{m}[/]"),
+                          progress_factory=_progress(console), families=family or None)
+    except ValueError as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2)
+    console.print(report.compare_table(res))
+    by_reason = {}
+    for s in res.skipped:
+        by_reason.setdefault(s["reason"], []).append(s["name"])
+    for reason, names in by_reason.items():
+        console.print(f"[yellow]skipped {len(names)}:[/] {', '.join(names)} — {reason}")
+    for n in res.notes:
+        console.print(f"[cyan]note:[/] {n}")
+    wrong = [r for r in res.rows if r.correct is False]
+    if json_path:
+        console.print(f"results: {report.write_json(res.to_json(), json_path)}")
+        plot = plot or json_path.with_suffix(".png")
+    if plot:
+        console.print(f"plot: {report.compare_plot(res, plot)}")
+    if record_winners and not variant and not family:
+        p = winners.record(res.preset, res.device, res.environment["gpu"].get("name"),
+                           res.environment["git_commit"], res.environment["date"], res.winners,
+                           stages_run=stage or None)
+        console.print(f"winners: {p}")
+    elif variant or family:
+        console.print("winners not updated (--variant/--family compare a subset)")
+    if wrong:
+        console.print(f"[bold red]{len(wrong)} row(s) wrong:[/] " + ", ".join(r.label for r in wrong))
+        raise typer.Exit(1)
+
+
+@app.command("winners")
+def show_winners(path: Optional[Path] = typer.Option(None, help="winners file (default: $HYTOPK_WINNERS or the cache)")):
+    """Show the recorded fastest correct variant per stage for each preset."""
+    from .harness import winners
+    data = winners.read(path)
+    if not data["entries"]:
+        console.print(f"no winners recorded yet in {path or winners.path()}: run `hytopk compare`")
+        return
+    console.print(winners.table(data))
+
+
+@app.command()
+def calibrate(
+    n: int = typer.Option(None, help="queries per draw (default 64 on CPU, 4096 on GPU)"),
+    L: int = typer.Option(None, "--L", help="keys (default 16384 on CPU, 131072 on GPU)"),
+    k: int = typer.Option(None, help="k (default 64 on CPU, 2048 on GPU)"),
+    draws: int = typer.Option(2, help="independent draws per setting"),
+    family: Optional[List[str]] = typer.Option(None, help="score families (default: all)"),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="write the rates here"),
+    plot: Optional[Path] = typer.Option(None, help="write the plot here (default: next to --json)"),
+    quick: bool = typer.Option(False, help="fewer settings (CI)"),
+):
+    """Failure rates (overflow, underflow, fallback) vs oversample, capacity and sample-count bounds."""
+    from .harness import calibrate as cal
+    from .harness import report
+    try:
+        out = cal.run(n=n, L=L, k=k, draws=draws, families=family or None, quick=quick,
+                      say=lambda m: console.print(f"[cyan]{m}[/]"), progress_factory=_progress(console))
+    except ValueError as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2)
+    console.print(cal.table(out))
+    if json_path:
+        console.print(f"results: {report.write_json(out, json_path)}")
+        plot = plot or json_path.with_suffix(".png")
+    if plot:
+        console.print(f"plot: {report.calibrate_plot(out, plot)}")
+
+
+@app.command()
+def watch(
+    stage: Optional[str] = typer.Option(None, help="only re-check this stage"),
+    kernels_dir: Optional[Path] = typer.Option(None, help="CUDA sources to watch (default: kernels_cuda/)"),
+    numba_dir: Optional[Path] = typer.Option(None, help="Numba variant modules to watch (default: workbench/families/numba/)"),
+    poll: bool = typer.Option(False, help="poll instead of using watchdog"),
+):
+    """On every save: recompile / re-import, re-check against the reference, re-time, print the change."""
+    from .harness import watch as W
+    loop = W.WatchLoop(stage=stage, say=console.print)
+    dirs = W.default_dirs(kernels_dir, numba_dir)
+    console.print(f"watching {', '.join(str(d) for d in dirs)} (Ctrl-C to stop)")
+    try:
+        W.run_forever(loop, dirs, poll=poll, say=console.print)
+    except KeyboardInterrupt:
+        console.print("stopped")
+
+
+@app.command("compile-check", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def compile_check(ctx: typer.Context):
+    """Compile every kernels_cuda/ source for sm_90 without a GPU (workbench.compile_check)."""
+    try:
+        from . import compile_check as cc
+    except ImportError as e:
+        console.print(f"[red]compile-check is not available here:[/] workbench.compile_check is missing ({e})")
+        raise typer.Exit(2)
+    rc = cc.main(list(ctx.args))
+    raise typer.Exit(rc or 0)
+
+
+def main(argv=None):
+    """Entry point of the `hytopk` script."""
+    try:
+        app(args=argv, prog_name="hytopk")
+    except SystemExit as e:
+        if e.code not in (0, None) or argv is None:
+            raise

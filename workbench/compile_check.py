@@ -1,0 +1,223 @@
+"""CI compile check of kernels_cuda/ without a GPU (`python -m workbench compile-check`).
+
+Every .cu is compiled for sm_90 twice, with the template instantiations we
+ship (kernels_cuda/instantiations.py, the list the CuPy wrappers use):
+  1. nvcc -Xptxas -v: each kernel's registers, static shared memory, stack
+     and spill bytes are printed; a kernel that spills fails the check unless
+     ALLOWED_SPILLS names it with a reason;
+  2. NVRTC (the pip wheel through cuda.bindings, no driver needed) on the very
+     source the loader builds (includes inlined), with the same name
+     expressions: catches NVRTC-only errors before the GPU run.
+Exit status 0 when everything compiled and nothing spilled unexpectedly.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from kernels_cuda import instantiations as INST
+
+from . import loader
+
+# kernel name-expression prefix -> why its spills are acceptable
+ALLOWED_SPILLS: dict[str, str] = {}
+NVCC_FLAGS = ("-std=c++17", "-O3", "-Xptxas", "-v", "-cubin")
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(sm_\w+)'")
+_PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+
+
+@dataclass
+class KernelReport:
+    mangled: str
+    arch: str
+    registers: int = 0
+    smem: int = 0
+    stack: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+    name: str = ""                 # name expression, when known
+
+    @property
+    def spills(self) -> bool:
+        return self.spill_stores > 0 or self.spill_loads > 0
+
+
+def parse_ptxas(log: str) -> list[KernelReport]:
+    """Resource report of every entry function in `nvcc -Xptxas -v` output."""
+    out: list[KernelReport] = []
+    cur = None
+    for line in log.splitlines():
+        m = _ENTRY.search(line)
+        if m:
+            cur = KernelReport(m.group(1), m.group(2))
+            out.append(cur)
+            continue
+        if cur is None:
+            continue
+        m = _PROPS.search(line)
+        if m:
+            cur.stack, cur.spill_stores, cur.spill_loads = map(int, m.groups())
+            continue
+        m = _USED.search(line)
+        if m:
+            cur.registers = int(m.group(1))
+            cur.smem = int(m.group(2) or 0)
+    return out
+
+
+def allowed_spill(name: str) -> str | None:
+    for prefix, why in ALLOWED_SPILLS.items():
+        if name.startswith(prefix):
+            return why
+    return None
+
+
+def instantiation_unit(source: Path, names) -> str:
+    """A translation unit that includes `source` and takes every kernel's address
+    (which instantiates the templates exactly as NVRTC name expressions do)."""
+    refs = ",\n".join(f"    (void*)&{n}" for n in names)
+    return (f'#include "{source}"\n'
+            f"__attribute__((used)) static void* const hytopk_instantiations[] = {{\n{refs}\n}};\n")
+
+
+def find_nvcc() -> str | None:
+    return shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc", "/usr/local/bin/nvcc")
+                                         if os.path.exists(p)), None)
+
+
+def run_nvcc(nvcc: str, src: Path, names, arch: str, workdir: Path):
+    """(ok, log) of compiling one .cu with its instantiations."""
+    unit = workdir / f"inst_{src.stem}.cu"
+    unit.write_text(instantiation_unit(src, names))
+    cmd = [nvcc, *NVCC_FLAGS, f"-arch=sm_{arch}", f"-I{src.parent}", str(unit),
+           "-o", str(workdir / f"{src.stem}.cubin")]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    return p.returncode == 0, p.stdout + p.stderr
+
+
+def run_nvrtc(src: Path, names, arch: str):
+    """(ok, log, {name expression: mangled}) compiling the loader's source with NVRTC."""
+    from cuda.bindings import nvrtc
+    text = loader.inline_includes(src, (src.parent,))
+    err, prog = nvrtc.nvrtcCreateProgram(text.encode(), src.name.encode(), 0, [], [])
+    try:
+        for n in names:
+            nvrtc.nvrtcAddNameExpression(prog, n.encode())
+        opts = [o.encode() for o in (*loader.BASE_OPTIONS, f"-arch=sm_{arch}")]
+        (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        buf = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, buf)
+        log = buf.rstrip(b"\0").decode(errors="replace")
+        if res != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            return False, log, {}
+        lowered = {}
+        for n in names:
+            e, low = nvrtc.nvrtcGetLoweredName(prog, n.encode())
+            lowered[n] = low.decode() if isinstance(low, bytes) else str(low)
+        return True, log, lowered
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def nvrtc_available() -> bool:
+    try:
+        from cuda.bindings import nvrtc  # noqa: F401
+        return True
+    except Exception:
+        return False
+
+
+def check_file(src: Path, arch: str, nvcc: str | None, use_nvrtc: bool, workdir: Path) -> dict:
+    names = INST.name_expressions(src.name)
+    res = {"file": src.name, "names": names, "errors": [], "reports": [], "lowered": {}}
+    if use_nvrtc:
+        ok, log, lowered = run_nvrtc(src, names, arch)
+        res["lowered"] = lowered
+        if not ok:
+            f, line, msg = loader.parse_compile_log(log, str(src))
+            res["errors"].append(f"NVRTC: {f}:{line}: {msg}\n{log.strip()}")
+    if nvcc:
+        ok, log = run_nvcc(nvcc, src, names, arch, workdir)
+        if not ok:
+            f, line, msg = loader.parse_compile_log(log, str(src))
+            res["errors"].append(f"nvcc: {f}:{line}: {msg}\n{log.strip()}")
+        by_mangled = {v: k for k, v in res["lowered"].items()}
+        for r in parse_ptxas(log):
+            r.name = by_mangled.get(r.mangled, r.mangled)
+            res["reports"].append(r)
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="compile-check", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kernel-dir", default=None, help=f"kernel folder (default ${loader.KERNEL_DIR_ENV} or kernels_cuda/)")
+    ap.add_argument("--arch", default="90", help="SM version, e.g. 90 (default)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="parallel compiler processes")
+    ap.add_argument("--no-nvrtc", action="store_true", help="skip the NVRTC leg")
+    ap.add_argument("--no-nvcc", action="store_true", help="skip the nvcc leg (no resource report)")
+    ap.add_argument("files", nargs="*", help="only these .cu files (default: every file in the instantiation list)")
+    args = ap.parse_args(argv)
+
+    kdir = loader.kernel_dir(args.kernel_dir)
+    files = args.files or sorted(INST.KERNELS)
+    unknown = [f for f in files if f not in INST.KERNELS]
+    if unknown:
+        print(f"argument 'files': no instantiation list for {unknown}; known: {sorted(INST.KERNELS)}")
+        return 2
+    listed = set(INST.KERNELS)
+    stray = sorted(p.name for p in kdir.glob("*.cu") if p.name not in listed)
+    nvcc = None if args.no_nvcc else find_nvcc()
+    use_nvrtc = not args.no_nvrtc and nvrtc_available()
+    if not args.no_nvcc and nvcc is None:
+        print("compile-check: nvcc not found (PATH, /usr/local/cuda/bin); resource report skipped")
+    if not args.no_nvrtc and not use_nvrtc:
+        print("compile-check: cuda.bindings.nvrtc not importable; NVRTC leg skipped")
+    if nvcc is None and not use_nvrtc:
+        print("compile-check: FAILED: no compiler available")
+        return 1
+
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="hytopk_cc_") as tmp, \
+            ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        results = list(pool.map(lambda f: check_file(kdir / f, args.arch, nvcc, use_nvrtc, Path(tmp)), files))
+
+    failed = 0
+    legs = " + ".join(x for x, on in (("nvcc", nvcc), ("NVRTC", use_nvrtc)) if on)
+    print(f"compile-check: {len(files)} files for sm_{args.arch} with {legs} in {time.time() - t0:.1f}s ({kdir})")
+    print(f"{'kernel':<72} {'regs':>5} {'smem':>6} {'stack':>6} {'spill st/ld':>12}")
+    for res in results:
+        print(f"-- {res['file']} ({len(res['names'])} instantiations)")
+        for err in res["errors"]:
+            failed += 1
+            print(f"ERROR {err}")
+        for r in res["reports"]:
+            verdict = ""
+            if r.spills:
+                why = allowed_spill(r.name)
+                verdict = f"  spills, allowed: {why}" if why else "  SPILLS: not allowed"
+                failed += why is None
+            print(f"   {r.name[:70]:<70} {r.registers:>5} {r.smem:>6} {r.stack:>6} "
+                  f"{r.spill_stores:>5}/{r.spill_loads:<6}{verdict}")
+        if nvcc and not res["errors"] and len(res["reports"]) < len(res["names"]):
+            failed += 1
+            print(f"ERROR {res['file']}: ptxas reported {len(res['reports'])} kernels, expected {len(res['names'])}")
+    if stray:
+        print(f"note: .cu files without an instantiation list (not checked): {stray}")
+    print("compile-check: " + ("OK" if not failed else f"FAILED ({failed} problem(s))"))
+    return 0 if not failed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""CLI: ``python -m workbench.distributed {selftest,bench,worker}`` (see --help)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+
+def _parser():
+    ap = argparse.ArgumentParser(prog="python -m workbench.distributed",
+                                 description="Context-parallel HyTopK over torch.distributed.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    st = sub.add_parser("selftest", help="spawn the ranks and check CP == single process, bit for bit")
+    st.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    st.add_argument("--world-size", type=int, default=2)
+    st.add_argument("--family", default=None, help="stage family (default: reference on gloo, cupy on nccl)")
+    st.add_argument("--full", action="store_true", help="every score family, not the quick subset")
+    st.add_argument("--timeout", type=float, default=300.0, help="seconds before the ranks are killed")
+
+    be = sub.add_parser("bench", help="time CP HyTopK on 1 GPU and on N GPUs (NCCL)")
+    be.add_argument("--world-size", type=int, default=2)
+    be.add_argument("--json", type=Path, default=None, help="write the results here")
+    be.add_argument("--family", default="cupy")
+    be.add_argument("--backend", choices=("nccl", "gloo"), default="nccl",
+                    help="gloo (with --family reference, tiny shapes) only smoke-tests the code on a CPU")
+    be.add_argument("--n", type=int, default=8192)
+    be.add_argument("--L", type=int, default=131072)
+    be.add_argument("--H", type=int, default=64)
+    be.add_argument("--D", type=int, default=128)
+    be.add_argument("--k", type=int, default=2048)
+    be.add_argument("--layout", default="full", choices=("full", "causal_tail"))
+    be.add_argument("--sharding", default="zigzag", choices=("zigzag", "contiguous"))
+    be.add_argument("--repeats", type=int, default=5)
+    be.add_argument("--timeout", type=float, default=600.0)
+
+    wk = sub.add_parser("worker", help="one rank (torchrun-style environment); used by selftest/bench")
+    wk.add_argument("--job", choices=("selftest", "bench"), required=True)
+    wk.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    wk.add_argument("--family", default=None)
+    wk.add_argument("--out", type=Path, required=True, help="folder for this rank's JSON record")
+    wk.add_argument("--full", action="store_true")
+    wk.add_argument("--bench", default="{}", help="bench parameters as JSON (set by 'bench')")
+    return ap
+
+
+def _family(args):
+    return args.family or ("reference" if args.backend == "gloo" else "cupy")
+
+
+def cmd_worker(args) -> int:
+    from .launch import init_from_env
+    rank, world = init_from_env(args.backend)
+    import torch.distributed as dist
+    try:
+        if args.job == "selftest":
+            from .selftest import run_worker
+            record = {"records": run_worker(_family(args), quick=not args.full)}
+        else:
+            from .bench import run_worker as bench_worker
+            record = bench_worker(_family(args), json.loads(args.bench))
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"{args.job}-rank{rank}.json").write_text(json.dumps(record))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def _spawned(args, worker_args, world_size, backend, out):
+    from .launch import spawn
+    codes, logs = spawn(worker_args + ["--out", str(out)], world_size, backend=backend,
+                        timeout_s=args.timeout, log_dir=out)
+    if any(c != 0 for c in codes):
+        print(f"FAIL: ranks exited with {codes} (None = killed after a timeout or another rank's failure)")
+        for r, (c, text) in enumerate(zip(codes, logs)):
+            if c != 0 or any(x == 0 for x in codes):
+                print(f"--- rank {r} (exit {c}), last lines of its log:")
+                print("\n".join(text.splitlines()[-25:]))
+        return False
+    return True
+
+
+def cmd_selftest(args) -> int:
+    from .selftest import summarize
+    family = _family(args)
+    with tempfile.TemporaryDirectory(prefix="hytopk-cp-") as tmp:
+        out = Path(tmp)
+        wargs = ["--job", "selftest", "--backend", args.backend, "--family", family] + (["--full"] if args.full else [])
+        if not _spawned(args, wargs, args.world_size, args.backend, out):
+            return 1
+        records = []
+        for r in range(args.world_size):
+            records += json.loads((out / f"selftest-rank{r}.json").read_text())["records"]
+    ok, text = summarize(records, args.world_size, args.backend, family)
+    print(text)
+    return 0 if ok else 1
+
+
+def cmd_bench(args) -> int:
+    from .bench import report
+    params = {k: getattr(args, k) for k in ("n", "L", "H", "D", "k", "layout", "sharding", "repeats")}
+    runs = {}
+    sizes = [1] + ([args.world_size] if args.world_size > 1 else [])
+    with tempfile.TemporaryDirectory(prefix="hytopk-cp-bench-") as tmp:
+        for ws in sizes:
+            out = Path(tmp) / f"ws{ws}"
+            wargs = ["--job", "bench", "--backend", args.backend, "--family", args.family,
+                     "--bench", json.dumps(params)]
+            if not _spawned(args, wargs, ws, args.backend, out):
+                return 1
+            runs[ws] = json.loads((out / "bench-rank0.json").read_text())
+    result, text = report(params, args.family, runs)
+    print(text)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.json}")
+    return 0 if result["bitwise_equal"] else 1
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    return {"selftest": cmd_selftest, "bench": cmd_bench, "worker": cmd_worker}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""The two communication patterns of context-parallel HyTopK, on torch.distributed.
+
+* ``exchange``: a sparse all-to-all (rank p sends ``send[o]`` to rank o and
+  receives ``recv_counts[o]`` rows from it), used for the sampled keys.
+* ``ring_pass``: every key shard visits every rank once. Step j hands the
+  shard of rank (me - j) mod P to ``compute`` while the next shard is already
+  in flight (isend right / irecv left), so the transfer hides behind compute.
+
+Both use batched point-to-point ops, which NCCL and gloo both implement.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+class Comm:
+    """Rank, world size and peer numbering of one process group (None = default group)."""
+
+    def __init__(self, group=None, device=None):
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.device = torch.device(device) if device is not None else default_device()
+
+    def peer(self, r: int) -> int:
+        """Global rank of group rank ``r`` (P2P ops address global ranks)."""
+        return r if self.group is None else dist.get_global_rank(self.group, r)
+
+    def all_sum(self, value: int) -> int:
+        t = torch.tensor([int(value)], dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
+        return int(t.item())
+
+    def all_gather_counts(self, counts) -> torch.Tensor:
+        """[P, P] int64 on the host: row p = the ``counts`` vector of rank p."""
+        mine = torch.as_tensor(counts, dtype=torch.int64).to(self.device).reshape(1, -1)
+        out = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(out, mine, group=self.group)
+        return torch.cat(out).cpu()
+
+    def barrier(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        dist.barrier(group=self.group)
+
+
+def default_device() -> torch.device:
+    """CPU for gloo, the current CUDA device for NCCL."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def exchange(comm: Comm, send: list, recv_shapes: list, dtype) -> list:
+    """Sparse all-to-all: send[o] (a tensor, or None for nothing) goes to rank o;
+    returns recv[o] of shape recv_shapes[o] from rank o. Empty messages are
+    skipped on both sides (both know the sizes), self-messages are copied."""
+    me = comm.rank
+    recv = [torch.empty(tuple(s), dtype=dtype, device=comm.device) for s in recv_shapes]
+    ops = []
+    for o in range(comm.world_size):
+        if o == me:
+            continue
+        if send[o] is not None and send[o].numel():
+            ops.append(dist.P2POp(dist.isend, send[o].contiguous(), comm.peer(o), comm.group))
+        if recv[o].numel():
+            ops.append(dist.P2POp(dist.irecv, recv[o], comm.peer(o), comm.group))
+    works = dist.batch_isend_irecv(ops) if ops else []
+    if send[me] is not None and recv[me].numel():
+        recv[me].copy_(send[me])
+    for w in works:
+        w.wait()
+    return recv
+
+
+def ring_pass(comm: Comm, shard: torch.Tensor, shard_rows: list, compute, *, exchange_keys=True,
+              shards=None):
+    """Call ``compute(owner, shard_of_owner)`` once per rank's key shard.
+
+    ``shard_rows[o]`` is the row count of rank o's shard (known to all: the
+    receive buffers are sized from it). With ``exchange_keys`` the next shard
+    travels while ``compute`` runs on the current one. For measurements,
+    ``exchange_keys=False`` with ``shards`` (every rank's shard, pre-gathered)
+    runs the compute alone, and ``compute=None`` runs the transfers alone.
+    """
+    P, me = comm.world_size, comm.rank
+    right, left = comm.peer((me + 1) % P), comm.peer((me - 1) % P)
+    cur = shard
+    for step in range(P):
+        owner = (me - step) % P
+        works, nxt = [], None
+        if exchange_keys and step < P - 1:
+            nxt_owner = (me - step - 1) % P
+            nxt = torch.empty((shard_rows[nxt_owner],) + tuple(shard.shape[1:]),
+                              dtype=shard.dtype, device=shard.device)
+            ops = []
+            if cur.shape[0]:
+                ops.append(dist.P2POp(dist.isend, cur, right, comm.group))
+            if nxt.shape[0]:
+                ops.append(dist.P2POp(dist.irecv, nxt, left, comm.group))
+            works = dist.batch_isend_irecv(ops) if ops else []
+        if compute is not None:
+            compute(owner, cur if exchange_keys else shards[owner])
+        for w in works:
+            w.wait()
+        if nxt is not None:
+            cur = nxt

@@ -1,0 +1,375 @@
+"""Context-parallel HyTopK over the lightning indexer (issue 8).
+
+Every rank holds some query rows and a shard of the keys (see sharding.py).
+Per call, on every rank:
+
+1. **Sampled keys first.** A query's threshold reads only its M sample keys.
+   The positions come from ``reference.sample_plan``/``sample_positions``;
+   the rank fetches the keys at the union of its queries' sample positions
+   from their owners (a sparse all-to-all, planned once) into a scratch
+   [L, D] array, and runs the family's own threshold stage on it, so T is
+   the single-process T bit for bit.
+2. **Filter on a ring.** The key shards circulate; while the next shard is
+   in flight the family's filter stage runs on the current one (its piece
+   ranges shifted to start at 0), and the candidates are appended to a
+   per-query buffer of the single-process capacity. ``count`` adds up to
+   the true count. A query whose count fits the capacity has all its
+   candidates stored; one that does not fails the check, exactly as on one
+   process.
+3. **Check, select, recover locally.** The number of failed queries is
+   summed over the ranks, so ``fell_back`` is the single-process decision.
+   Failed queries (or, after a fall-back, all of them) get their exact
+   top-k from a second ring pass: the family's recovery stage on each shard,
+   merged shard by shard with its select stage (top-k of a union = top-k of
+   the members' top-ks; memory: rows x 2k).
+
+The output and the statistics equal ``reference.hytopk_indexer`` on the
+whole problem bit for bit whenever each score does not depend on how the
+keys are blocked: always for exact-arithmetic inputs (DESIGN.md §6); for
+general float inputs as far as the family's scoring routine guarantees it.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+import reference as R
+from reference import validate as V
+
+from .. import registry
+from ..arrays import kind_of
+from ..pipeline import stage_set
+from .comm import Comm, exchange, ring_pass
+from .sharding import Sharding
+
+SAMPLE_PLAN_CHUNK = 1 << 22          # sample positions materialised at a time while planning
+
+
+@dataclass
+class CPResult:
+    """The selection of this rank's query rows (global ids ``rows``)."""
+    rows: np.ndarray                 # int64 [n_local]
+    idx: torch.Tensor                # int32 [n_local, k], rank order, -1 padding
+    val: torch.Tensor                # float32 [n_local, k], -inf padding
+    threshold: np.ndarray            # float32 [n_local]
+    count: np.ndarray                # int32 [n_local]
+    failed: np.ndarray               # bool [n_local]
+    fell_back: bool                  # global decision (failed queries summed over ranks)
+    num_samples: np.ndarray          # int32 [n_local] M
+    rank: np.ndarray                 # int32 [n_local] r
+    capacity: int
+    failed_total: int                # failed queries over all ranks
+    timings: dict = field(default_factory=dict)
+
+
+def as_torch(x, device):
+    """Family array (NumPy, CuPy, Numba device array, torch) -> torch tensor on ``device``, zero-copy where possible."""
+    if isinstance(x, torch.Tensor):
+        return x
+    kind = kind_of(x)
+    if kind == "numpy":
+        return torch.from_numpy(np.ascontiguousarray(x)).to(device)
+    if kind == "cupy":
+        return torch.from_dlpack(x)
+    return torch.as_tensor(x, device=device)       # __cuda_array_interface__
+
+
+def union_of_samples(lo, hi, M) -> np.ndarray:
+    """Sorted distinct sample positions of a set of queries (reference.sample_positions)."""
+    pairs = {(int(a), int(b - a), int(m)) for a, b, m in zip(lo, hi, M) if m > 0}
+    out, batch, size = [], [], 0
+    for a, c, m in sorted(pairs):
+        batch.append(R.sample_positions(a, c, m))
+        size += m
+        if size >= SAMPLE_PLAN_CHUNK:        # bound memory when contexts are all distinct
+            out.append(np.unique(np.concatenate(batch)))
+            batch, size = [], 0
+    if batch:
+        out.append(np.unique(np.concatenate(batch)))
+    return np.unique(np.concatenate(out)) if out else np.zeros(0, np.int64)
+
+
+@dataclass
+class _Piece:
+    a: int                           # global key range [a, b)
+    b: int
+    off: int                         # first row in the owner's shard
+    lo_rel: np.ndarray               # local queries' context clipped to the piece, shifted to 0
+    hi_rel: np.ndarray
+    lo_dev: object = None            # the same as family device arrays
+    hi_dev: object = None
+
+    def hits(self, rows=None) -> bool:
+        lo, hi = (self.lo_rel, self.hi_rel) if rows is None else (self.lo_rel[rows], self.hi_rel[rows])
+        return bool(np.any(lo < hi))
+
+
+class ContextParallelHyTopK:
+    """Context-parallel HyTopK for one set of context ranges, planned once, called per step.
+
+    ``lo``/``hi`` are the global context ranges (every rank passes the same);
+    ``sharding`` says which query rows and key pieces each rank holds.
+    Calling it with this rank's ``q[n_local, H, D]``, ``w[n_local, H]`` and
+    key shard ``keys[shard_len, D]`` (torch tensors on this rank's device, or
+    NumPy arrays with gloo) returns this rank's `CPResult`. Collective: every
+    rank of ``group`` must call it together.
+    """
+
+    def __init__(self, lo, hi, k, sharding: Sharding, *, capacity=None, oversample=3.0,
+                 max_failed=64, backend="reference", variants=None, group=None, device=None):
+        if not isinstance(sharding, Sharding):
+            raise TypeError(f"argument 'sharding' must be a Sharding, got {type(sharding).__name__}")
+        n, L = sharding.n, sharding.L
+        lo_h, hi_h = V.check_selection_args((n, L), lo, hi, k, capacity, oversample, max_failed)
+        self.comm = Comm(group, device)
+        if sharding.world_size != self.comm.world_size:
+            raise ValueError(f"argument 'sharding' is for {sharding.world_size} ranks; "
+                             f"the process group has {self.comm.world_size}")
+        self.sharding, self.k = sharding, int(k)
+        self.oversample, self.max_failed = float(oversample), int(max_failed)
+        # the single-process capacity: computed over every query, not just ours
+        self.capacity = int(capacity) if capacity is not None else \
+            R.default_capacity(self.k, lo_h, hi_h, self.oversample)
+        if backend not in registry.FAMILY_MODULES:
+            raise ValueError(f"argument 'backend': unknown family {backend!r}; "
+                             f"choose from {sorted(registry.FAMILY_MODULES)}")
+        self.stages = stage_set(backend, variants)
+        self.family = self.stages.family
+        self.backend = backend
+        me = self.comm.rank
+        self.rows = sharding.query_rows[me]
+        self.lo, self.hi = lo_h[self.rows], hi_h[self.rows]
+        self.M, self.r = R.sample_plan(self.lo, self.hi, self.k, self.oversample)
+        self.shard_rows = [sharding.shard_len(p) for p in range(self.comm.world_size)]
+        self._plan_pieces()
+        self._plan_samples()
+        self._scratch = None
+
+    # ---- planning (once) -------------------------------------------------
+    def _dev(self, x):
+        return self.family.to_device(x)
+
+    def _plan_pieces(self):
+        lo, hi = self.lo, self.hi
+        self.pieces = []
+        for p in range(self.comm.world_size):
+            mine = []
+            for a, b, off in self.sharding.piece_offsets(p):
+                lo_rel = (np.clip(lo, a, b) - a).astype(np.int32)
+                hi_rel = (np.clip(hi, a, b) - a).astype(np.int32)
+                piece = _Piece(a, b, off, lo_rel, hi_rel)
+                piece.lo_dev, piece.hi_dev = self._dev(lo_rel), self._dev(hi_rel)
+                mine.append(piece)
+            self.pieces.append(mine)
+        self.lo_dev = self._dev(self.lo.astype(np.int32))
+        self.hi_dev = self._dev(self.hi.astype(np.int32))
+        self.M_dev, self.r_dev = self._dev(self.M), self._dev(self.r)
+
+    def _plan_samples(self):
+        """Who sends which key rows to whom, per call, for the thresholds."""
+        comm, P, dev = self.comm, self.comm.world_size, self.comm.device
+        pos = union_of_samples(self.lo, self.hi, self.M)
+        owner, row = self.sharding.owner_of(pos)
+        self.sample_pos = [torch.as_tensor(pos[owner == o], device=dev) for o in range(P)]
+        want = [torch.as_tensor(row[owner == o], device=dev) for o in range(P)]
+        counts = comm.all_gather_counts([w.numel() for w in want])          # [requester, owner]
+        got = exchange(comm, want, [(int(counts[p, comm.rank]),) for p in range(P)], torch.int64)
+        self.serve_rows = got        # serve_rows[p]: rows of my shard that rank p needs
+        self.samples_fetched = int(pos.size)
+
+    # ---- one call ----------------------------------------------------------
+    def _inputs(self, q, w, keys):
+        dtypes = ("float32",) if self.backend == "reference" else V.INPUT_DTYPES
+        n_loc, H, D, Ls = V.check_indexer_inputs(q, w, keys, dtypes=dtypes)
+        if n_loc != len(self.rows):
+            raise ValueError(f"argument 'q' has {n_loc} query rows; this rank holds {len(self.rows)}")
+        if Ls != self.shard_rows[self.comm.rank]:
+            raise ValueError(f"argument 'keys' has {Ls} rows; this rank's shard has "
+                             f"{self.shard_rows[self.comm.rank]}")
+        dev = self.comm.device
+        return [torch.as_tensor(x).to(dev).contiguous() for x in (q, w, keys)]
+
+    def _stream(self):
+        """CuPy kernels go on PyTorch's current stream, so they order with the NCCL waits."""
+        if self.comm.device.type != "cuda" or self.backend != "cupy":
+            return contextlib.nullcontext()
+        import cupy
+        return cupy.cuda.ExternalStream(torch.cuda.current_stream(self.comm.device).cuda_stream)
+
+    def __call__(self, q, w, keys) -> CPResult:
+        q, w, keys = self._inputs(q, w, keys)
+        times, clock = {}, _Clock(self.comm.device)
+        with self._stream():
+            T = self.threshold(q, w, keys)
+            times["threshold_s"] = clock.lap()
+            cand_idx, cand_val, count = self.filter_ring(q, w, keys, T)
+            times["filter_ring_s"] = clock.lap()
+            st = self.stages
+            count_dev = self._dev(count)
+            failed, rows = st.check(count_dev, self.lo_dev, self.hi_dev, self.k, self.capacity)
+            failed = self.family.to_host(failed).astype(bool)
+            rows_h = self.family.to_host(rows).astype(np.int64)
+            total = self.comm.all_sum(rows_h.size)
+            fell_back = total > self.max_failed
+            dev = self.comm.device
+            if fell_back:
+                idx, val = self.exact_ring(q, w, keys, np.arange(len(self.rows)), max(1, self.max_failed))
+            else:
+                idx, val = st.select(self._dev(cand_idx), self._dev(cand_val), count_dev, self.k)
+                idx, val = as_torch(idx, dev), as_torch(val, dev)
+                if total:                       # every rank joins the ring, failed rows or not
+                    ridx, rval = self.exact_ring(q, w, keys, np.sort(rows_h), max(1, rows_h.size))
+                    sel = torch.as_tensor(np.sort(rows_h), device=dev)
+                    idx[sel], val[sel] = ridx, rval
+            times["select_recover_s"] = clock.lap()
+        T_h = self.family.to_host(T).astype(np.float32)
+        return CPResult(self.rows, idx, val, T_h, count.cpu().numpy().astype(np.int32), failed,
+                        bool(fell_back), self.M, self.r, self.capacity, int(total), times)
+
+    # ---- stages ------------------------------------------------------------
+    def fetch_samples(self, keys) -> torch.Tensor:
+        """A scratch [L, D] key array holding every sample position our queries read."""
+        comm, P = self.comm, self.comm.world_size
+        D = keys.shape[1]
+        if self._scratch is None or self._scratch.dtype != keys.dtype or self._scratch.shape[1] != D:
+            self._scratch = torch.zeros((self.sharding.L, D), dtype=keys.dtype, device=comm.device)
+        send = [keys[self.serve_rows[p]] for p in range(P)]
+        got = exchange(comm, send, [(p.numel(), D) for p in self.sample_pos], keys.dtype)
+        for o in range(P):
+            if got[o].shape[0]:
+                self._scratch[self.sample_pos[o]] = got[o]
+        return self._scratch
+
+    def threshold(self, q, w, keys):
+        sampled = self.fetch_samples(keys)
+        src = R.IndexerSource(self._dev(q), self._dev(w), self._dev(sampled))
+        return self.stages.threshold(src, self.lo_dev, self.hi_dev, self.M_dev, self.r_dev)
+
+    def filter_ring(self, q, w, keys, T, *, exchange_keys=True, shards=None):
+        """Candidates of every local query over every shard: (idx, val [n, capacity], count int64 [n])."""
+        n, cap, dev = len(self.rows), self.capacity, self.comm.device
+        buf = _Appender(n, cap, dev)
+        qd, wd, Td = self._dev(q), self._dev(w), T
+
+        def on_shard(owner, shard):
+            for pc in self.pieces[owner]:
+                if not pc.hits():
+                    continue
+                src = R.IndexerSource(qd, wd, self._dev(shard[pc.off:pc.off + pc.b - pc.a]))
+                ci, cv, cnt = self.stages.filter(src, pc.lo_dev, pc.hi_dev, Td, cap)
+                buf.append(as_torch(ci, dev) + pc.a, as_torch(cv, dev), as_torch(cnt, dev))
+
+        ring_pass(self.comm, keys, self.shard_rows, on_shard,
+                  exchange_keys=exchange_keys, shards=shards)
+        idx, val = buf.result()
+        return idx, val, buf.total.to(torch.int32)
+
+    def exact_ring(self, q, w, keys, rows, chunk):
+        """Exact top-k of the local query rows ``rows`` over their whole contexts (a ring pass)."""
+        k, dev = self.k, self.comm.device
+        rows = np.asarray(rows, np.int64)
+        run_idx = torch.full((rows.size, k), -1, dtype=torch.int32, device=dev)
+        run_val = torch.full((rows.size, k), -np.inf, dtype=torch.float32, device=dev)
+        run_cnt = torch.zeros(rows.size, dtype=torch.int64, device=dev)
+        qd, wd = self._dev(q), self._dev(w)
+
+        def on_shard(owner, shard):
+            for pc in self.pieces[owner]:
+                for c0 in range(0, rows.size, chunk):
+                    sub = rows[c0:c0 + chunk]
+                    if not pc.hits(sub):
+                        continue
+                    src = R.IndexerSource(qd, wd, self._dev(shard[pc.off:pc.off + pc.b - pc.a]))
+                    pidx, pval = self.stages.recover(src, pc.lo_dev, pc.hi_dev,
+                                                     self._dev(sub.astype(np.int32)), k)
+                    pidx, pval = as_torch(pidx, dev), as_torch(pval, dev)
+                    s = slice(c0, c0 + sub.size)
+                    merged = _Appender(sub.size, 2 * k, dev)
+                    merged.append(run_idx[s], run_val[s], run_cnt[s])
+                    merged.append(torch.where(pidx >= 0, pidx + pc.a, pidx), pval, (pidx >= 0).sum(1))
+                    cidx, cval = merged.result()
+                    nidx, nval = self.stages.select(self._dev(cidx), self._dev(cval),
+                                                    self._dev(merged.total.to(torch.int32)), k)
+                    run_idx[s], run_val[s] = as_torch(nidx, dev), as_torch(nval, dev)
+                    run_cnt[s] = torch.clamp(merged.total, max=k)
+
+        ring_pass(self.comm, keys, self.shard_rows, on_shard)
+        return run_idx, run_val
+
+
+class _Appender:
+    """Per-row buffers of ``width`` slots that new entries are appended to.
+
+    Entry j of row t of a batch is meaningful when j < min(count[t], its width);
+    it lands in slot stored[t] + j, or in a trash column past the end when
+    that is full (one scatter, no host sync)."""
+
+    def __init__(self, n, width, device):
+        self.width = width
+        self.idx = torch.full((n, width + 1), -1, dtype=torch.int32, device=device)
+        self.val = torch.full((n, width + 1), -np.inf, dtype=torch.float32, device=device)
+        self.stored = torch.zeros(n, dtype=torch.int64, device=device)
+        self.total = torch.zeros(n, dtype=torch.int64, device=device)
+
+    def append(self, idx, val, count):
+        count = count.to(torch.int64)
+        j = torch.arange(idx.shape[1], device=idx.device)
+        dest = self.stored[:, None] + j[None, :]
+        ok = (j[None, :] < torch.clamp(count, max=idx.shape[1])[:, None]) & (dest < self.width)
+        dest = torch.where(ok, dest, torch.full_like(dest, self.width))
+        self.idx.scatter_(1, dest, idx.to(torch.int32))
+        self.val.scatter_(1, dest, val.to(torch.float32))
+        self.stored = torch.clamp(self.stored + ok.sum(1), max=self.width)
+        self.total = self.total + count
+
+    def result(self):
+        return self.idx[:, :self.width].contiguous(), self.val[:, :self.width].contiguous()
+
+
+class _Clock:
+    """Wall-clock laps (synchronising the GPU first, so a lap covers its kernels)."""
+
+    def __init__(self, device):
+        self.device = device
+        self.t = time.perf_counter()
+
+    def lap(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        dt, self.t = now - self.t, now
+        return dt
+
+
+def gather_result(res: CPResult, sharding: Sharding, *, dst=0, group=None):
+    """Assemble the global ``reference.HyTopKResult`` on rank ``dst`` (None elsewhere).
+
+    ``fell_back`` and ``capacity`` are global already; the per-query arrays are
+    put back in global query order. Collective."""
+    import torch.distributed as dist
+    part = dict(rows=res.rows, idx=res.idx.cpu().numpy(), val=res.val.cpu().numpy(),
+                threshold=res.threshold, count=res.count, failed=res.failed,
+                M=res.num_samples, r=res.rank, fell_back=res.fell_back, capacity=res.capacity)
+    me = dist.get_rank(group)
+    parts = [None] * dist.get_world_size(group) if me == dst else None
+    dist.gather_object(part, parts, dst=dst, group=group)
+    if me != dst:
+        return None
+    n, k = sharding.n, res.idx.shape[1]
+    out = R.HyTopKResult(np.full((n, k), -1, np.int32), np.full((n, k), -np.inf, np.float32),
+                         np.full(n, np.nan, np.float32), np.zeros(n, np.int32), np.zeros(n, bool),
+                         False, np.zeros(n, np.int32), np.zeros(n, np.int32), res.capacity)
+    for p in parts:
+        rows = p["rows"]
+        out.idx[rows], out.val[rows], out.threshold[rows] = p["idx"], p["val"], p["threshold"]
+        out.count[rows], out.failed[rows] = p["count"], p["failed"]
+        out.num_samples[rows], out.rank[rows] = p["M"], p["r"]
+    if len({(p["fell_back"], p["capacity"]) for p in parts}) != 1:
+        raise RuntimeError("ranks disagree on fell_back/capacity: " +
+                           str([(p["fell_back"], p["capacity"]) for p in parts]))
+    out.fell_back = parts[0]["fell_back"]
+    return out

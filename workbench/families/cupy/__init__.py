@@ -1,0 +1,59 @@
+"""The CuPy family: raw CUDA C++ kernels of kernels_cuda/ loaded with NVRTC
+(workbench.loader: hot reload, header-aware cache key), one module per stage.
+
+Imports (and registers its variants) wherever CuPy imports; without a GPU the
+family reports itself unavailable and refuses to move arrays to the device.
+"""
+from __future__ import annotations
+
+import cupy as cp
+import numpy as np
+
+from .. import Family
+from ._launch import as_device, gpu_status, launch_stream
+from . import check, dense, filter, recover, replay, select, threshold  # noqa: F401  (register variants)
+from .score_only import score_only
+
+DEFAULTS = {
+    "threshold": "cupy.threshold.block",
+    "filter": "cupy.filter.simt",
+    "check": "cupy.check.atomic",
+    "select": "cupy.select.radix",
+    "recover": "cupy.recover.materialise",
+    "dense": "cupy.dense.simt",
+    "replay": "cupy.replay.simt",
+}
+
+
+class CupyFamily(Family):
+    name = "cupy"
+
+    def available(self):
+        return gpu_status()
+
+    def to_device(self, x):
+        ok, why = gpu_status()
+        if not ok:
+            raise RuntimeError(f"backend 'cupy' needs a CUDA GPU: {why}")
+        with launch_stream():
+            return as_device(x)
+
+    def to_host(self, x):
+        if isinstance(x, cp.ndarray):
+            return cp.asnumpy(x)
+        return np.asarray(x)
+
+    def synchronize(self):
+        with launch_stream() as s:
+            s.synchronize()
+
+    def scatter_rows(self, dst_idx, dst_val, rows, src_idx, src_val):
+        with launch_stream():
+            rows = as_device(rows)
+            dst_idx[rows] = src_idx
+            dst_val[rows] = src_val
+
+
+FAMILY = CupyFamily()
+
+__all__ = ["FAMILY", "DEFAULTS", "score_only", "CupyFamily"]

@@ -1,0 +1,21 @@
+"""The benchmark floor: the shared scoring routine over every context, no
+selection, nothing written but a checksum."""
+from __future__ import annotations
+
+import cupy as cp
+import numpy as np
+
+from ._launch import CHUNK, bind_indexer, chunks, i32, kernel, launch, launch_stream
+
+
+def score_only(q, w, keys, lo, hi):
+    """-> uint64[1] device array: the wrapping sum of the order keys of every
+    score in every context (deterministic; not synchronised, for timing)."""
+    with launch_stream():
+        src = bind_indexer(q, w, keys)
+        lo, hi = i32(lo, "lo"), i32(hi, "hi")
+        checksum = cp.zeros(1, cp.uint64)
+        fn = kernel("score_only.cu", f"hytopk_score_only<{src.cxx}>", src.shapes)
+        launch(fn, (src.n, chunks(src.L, CHUNK)),
+               (*src.args, np.int32(src.n), lo, hi, np.int32(CHUNK), checksum), 4 * src.smem_floats)
+        return checksum

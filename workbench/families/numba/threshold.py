@@ -1,0 +1,96 @@
+"""Stages 1-4: sample the context, then T = the r-th best sample score.
+
+Two kernels: sample scoring (p_j = lo + (j*c)//M in 64-bit integers, one
+thread per sample, any score source) into a [n, max M] scratch, then a
+per-query radix select of the r-th largest order key. T is returned as a
+float32 whose key is that key (the filter only ever compares keys); queries
+with M = 0 get NaN (key 0: every key passes).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+from numba import cuda
+
+from ...registry import register
+from . import common as C
+from .common import BLOCK, RADIX
+from .select import warp_msb_select
+
+
+@lru_cache(maxsize=None)
+def sample_kernel(kind):
+    score_at = C.SCORE_FNS[kind]
+
+    @cuda.jit
+    def kernel(a, b, c, lo, hi, M, out):
+        t = cuda.blockIdx.x
+        j = cuda.blockIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+        if t < out.shape[0] and j < M[t] and j < out.shape[1]:
+            lo_t = np.int64(lo[t])
+            cnt = np.int64(hi[t]) - lo_t
+            s = lo_t + (np.int64(j) * cnt) // np.int64(M[t])
+            out[t, j] = score_at(a, b, c, t, s)
+    return kernel
+
+
+@cuda.jit
+def threshold_block_kernel(samples, M, r, T):
+    t = cuda.blockIdx.x
+    hist = cuda.shared.array(RADIX, np.int32)
+    state = cuda.shared.array(4, np.int64)
+    if t >= T.shape[0]:
+        return
+    m = min(np.int64(M[t]), samples.shape[1])
+    if m <= 0:
+        if cuda.threadIdx.x == 0:
+            T[t] = C.key_value(0)
+        return
+    key, _ = C.block_msb_select(samples, samples, t, m, max(np.int64(r[t]), 1), True, -1, hist, state)
+    if cuda.threadIdx.x == 0:
+        T[t] = C.key_value(key)
+
+
+@cuda.jit
+def threshold_warp_kernel(samples, M, r, T):
+    t = cuda.blockIdx.x
+    hist = cuda.shared.array(RADIX, np.int32)
+    state = cuda.shared.array(4, np.int64)
+    if t >= T.shape[0]:
+        return
+    m = min(np.int64(M[t]), samples.shape[1])
+    if m <= 0:
+        if cuda.threadIdx.x == 0:
+            T[t] = C.key_value(0)
+        return
+    key, _ = warp_msb_select(samples, samples, t, m, max(np.int64(r[t]), 1), True, -1, hist, state)
+    if cuda.threadIdx.x == 0:
+        T[t] = C.key_value(key)
+
+
+def run_threshold(select_kernel, source, lo, hi, M, r):
+    s = C.stream()
+    a, b, c, kind = C.source_args(source)
+    n = int(lo.shape[0])
+    T = C.empty((n,), np.float32, s)
+    if n == 0:
+        return T
+    m_max = int(C.host(M, s).max())
+    samples = C.empty((n, max(m_max, 1)), np.float32, s)
+    if m_max:
+        sample_kernel(kind)[(n, C.blocks(m_max, BLOCK)), BLOCK, s](a, b, c, lo, hi, M, samples)
+    select_kernel[n, BLOCK, s](samples, M, r, T)
+    return T
+
+
+@register("threshold", "numba.threshold.block")
+def threshold_block(source, lo, hi, M, r):
+    """Samples to scratch, block radix select (shared-memory atomics)."""
+    return run_threshold(threshold_block_kernel, source, lo, hi, M, r)
+
+
+@register("threshold", "numba.threshold.warp", gpu_only=True)
+def threshold_warp(source, lo, hi, M, r):
+    """Samples to scratch, warp-aggregated radix select with shuffle scans."""
+    return run_threshold(threshold_warp_kernel, source, lo, hi, M, r)

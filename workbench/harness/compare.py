@@ -1,0 +1,494 @@
+"""`hytopk compare`: every registered variant of each stage on the same inputs,
+then the end-to-end pipelines and the baselines of DESIGN.md §7.
+
+Order of work: inputs and the oracle's answer; ceilings (GEMM rate, copy
+bandwidth) measured in this run; each variant checked first, timed only when
+correct; baselines; ratios; winners. A variant that cannot run here is listed
+under `skipped` with the reason; one that raises or disagrees is a row with
+correct = false.
+"""
+from __future__ import annotations
+
+import os
+import time
+import tracemalloc
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+import reference as R
+
+from .. import registry
+from ..families import get_family
+from . import checks as C
+from .doctor import environment
+from .oracle import ReferenceOracle, TorchOracle
+from .presets import Preset, default_preset, get as get_preset, make_inputs
+from .timing import gemm_tflops, copy_gbps, gpu_available, make_timer
+
+BASELINES = ("torch", "dense+topk", "score-only", "flop-bound")
+TABLE_SOURCE_MAX_BYTES = 16 << 30     # table-source rows need the [n, L] table in memory
+CHUNK_BYTES = 4 << 30                 # scratch per chunk of the chunked baselines
+
+
+@dataclass
+class Row:
+    kind: str                   # "stage" | "pipeline" | "baseline"
+    stage: str                  # stage name, "hytopk_indexer"/"hytopk", or the baseline's name
+    name: str                   # variant / backend / baseline
+    source: str | None = None   # "table" | "indexer" for source stages
+    correct: bool | None = None
+    detail: str = ""
+    time_ms: float | None = None
+    flops: float = 0.0
+    bytes: float = 0.0
+    peak_extra_bytes: int | None = None
+    ratios: dict = field(default_factory=dict)
+    tflops: float | None = None
+    gbps: float | None = None
+
+    @property
+    def label(self):
+        return f"{self.name}[{self.source}]" if self.source else self.name
+
+
+@dataclass
+class CompareResult:
+    preset: dict
+    device: str
+    environment: dict
+    ceilings: dict
+    rows: list
+    skipped: list               # [{"name", "stage", "reason"}]
+    missing: dict               # family -> why it is not here
+    notes: list
+    winners: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        return d
+
+
+class Workload:
+    """One preset's inputs on the compare device, the oracle and its answer."""
+
+    def __init__(self, preset: Preset, device: str):
+        self.p, self.device = preset, device
+        q, w, keys, lo, hi = make_inputs(preset)
+        self.host = dict(q=q, w=w, keys=keys, lo=lo.astype(np.int32), hi=hi.astype(np.int32))
+        self.lo_t = torch.as_tensor(lo, device=device).long()
+        self.hi_t = torch.as_tensor(hi, device=device).long()
+        self.oracle = (ReferenceOracle(q, w, keys, lo, hi) if not preset.gpu
+                       else TorchOracle(q, w, keys, lo, hi, device=device))
+        self.E = self.oracle.compute(preset.k, preset.capacity, preset.oversample)
+        c = (hi.astype(np.int64) - lo)
+        self.c = c
+        nf = int(self.E.failed.sum())
+        # recovery input: the rows that failed, else the first max_failed rows (a typical recovery load)
+        rows = torch.nonzero(self.E.failed).flatten() if nf else torch.arange(min(preset.n, max(1, preset.max_failed)))
+        self.rec_rows = rows.to(torch.int32)
+        dt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[preset.dtype]
+        self.dtype = dt
+        self.dev = {k: torch.as_tensor(v, device=device) for k, v in self.host.items()}
+        for name in ("q", "w", "keys"):
+            self.dev[name] = self.dev[name].to(dt)
+        self.table_ok = preset.n * preset.L * 4 <= TABLE_SOURCE_MAX_BYTES
+        self._table = None
+
+    def table(self) -> torch.Tensor:
+        if self._table is None:
+            o = self.oracle
+            if isinstance(o, ReferenceOracle):
+                self._table = torch.from_numpy(o.table)
+            else:
+                t = torch.empty((o.n, o.L), dtype=torch.float32, device=self.device)
+                step = max(1, o._row_chunk())
+                for a in range(0, o.n, step):
+                    t[a:a + step] = o.scores_rows(a, min(o.n, a + step))
+                self._table = t
+        return self._table
+
+    def stage_inputs(self) -> dict:
+        E = self.E
+        i32 = lambda x: torch.as_tensor(x, device=self.device).to(torch.int32)
+        d = dict(self.dev)
+        d.update(M=i32(E.M), r=i32(E.r), T=E.T.float().to(self.device), count=i32(E.count.cpu()),
+                 cand_idx=E.cand_idx.to(self.device), cand_val=E.cand_val.to(self.device),
+                 rows=self.rec_rows.to(self.device), idx=E.topk_idx.to(self.device))
+        return d
+
+    # the work each row does, for the effective-rate columns
+    def work(self, stage: str, source: str | None) -> tuple[float, float]:
+        p, E = self.p, self.E
+        eb = 2 if p.dtype == "bfloat16" else 4
+        hd2 = 2.0 * p.H * p.D
+        sumc, sumM = float(self.c.sum()), float(np.sum(E.M))
+        stored = float(torch.clamp(E.count, max=E.capacity).sum())
+        rows = self.rec_rows.cpu().numpy()
+        sumc_rows = float(self.c[rows].sum()) if rows.size else 0.0
+        keys_b = p.L * p.D * eb
+        if stage == "threshold":
+            return (hd2 * sumM, sumM * p.D * eb) if source == "indexer" else (0.0, 4 * sumM)
+        if stage == "filter":
+            return (hd2 * sumc, keys_b + 8 * stored) if source == "indexer" else (0.0, 4 * sumc + 8 * stored)
+        if stage == "check":
+            return 0.0, 12.0 * p.n
+        if stage == "select":
+            return 0.0, 8 * stored + 8.0 * p.n * p.k
+        if stage == "recover":
+            return (hd2 * sumc_rows, keys_b) if source == "indexer" else (0.0, 4 * sumc_rows)
+        if stage == "replay":
+            return hd2 * p.n * p.k, float(p.n * p.k * p.D * eb)
+        if stage == "dense":
+            return hd2 * sumc, 4.0 * p.n * p.L + keys_b
+        if stage == "dense+topk":
+            return hd2 * sumc, 8.0 * p.n * p.L + keys_b
+        return hd2 * sumc, keys_b + 8.0 * p.n * p.k         # pipelines, torch baseline, floor
+
+
+def family_usable(fam: str, device: str, preset: Preset) -> tuple[bool, str]:
+    if not registry.load_family(fam):
+        return False, f"not loaded: {registry.load_error(fam)}"
+    if fam == "reference" and preset.gpu:
+        return False, "the NumPy reference runs on the tiny preset only (large presets use the torch oracle)"
+    if device == "cpu" and fam == "cupy":
+        return False, "needs a GPU and the CUDA driver"
+    if device == "cpu" and fam == "numba" and os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
+        return False, "needs a GPU or the simulator (start with NUMBA_ENABLE_CUDASIM=1)"
+    ok, why = get_family(fam).available()
+    return ok, why
+
+
+def stage_call(stage: str, v: registry.Variant, fam, X: dict, source: str | None, k: int, cap: int):
+    """(callable, args) for one stage variant on family-native inputs X."""
+    if source == "table":
+        src = R.TableSource(X["table"])
+    elif source == "indexer":
+        src = R.IndexerSource(X["q"], X["w"], X["keys"])
+    args = {
+        "threshold": lambda: (src, X["lo"], X["hi"], X["M"], X["r"]),
+        "filter": lambda: (src, X["lo"], X["hi"], X["T"], cap),
+        "check": lambda: (X["count"], X["lo"], X["hi"], k, cap),
+        "select": lambda: (X["cand_idx"], X["cand_val"], X["count"], k),
+        "recover": lambda: (src, X["lo"], X["hi"], X["rows"], k),
+        "dense": lambda: (X["q"], X["w"], X["keys"], X["lo"], X["hi"]),
+        "replay": lambda: (X["q"], X["w"], X["keys"], X["idx"]),
+    }[stage]()
+    return v.fn, args
+
+
+def to_family(fam, d: dict, device: str) -> dict:
+    """torch inputs -> the family's arrays (host NumPy on CPU; zero-copy on the GPU)."""
+    out = {}
+    for k, x in d.items():
+        if device == "cpu":
+            x = x.cpu()
+            x = x.float().numpy() if x.dtype == torch.bfloat16 else x.numpy()
+        out[k] = fam.to_device(x)
+    return out
+
+
+def _as_torch_out(out, fam, device):
+    if isinstance(out, tuple):
+        return tuple(C.as_torch(x, fam, device) for x in out)
+    return C.as_torch(out, fam, device)
+
+
+class Runner:
+    def __init__(self, wl: Workload, timer, repeats: int | None, progress: Callable | None = None):
+        self.wl, self.timer = wl, timer
+        self.repeats = repeats or (3 if timer.device == "cpu" else 10)
+        self.rotations = 1 if timer.device == "cpu" else 2
+        self.progress = progress or (lambda msg: None)
+
+    def simulated(self, family: str) -> bool:
+        return family == "numba" and self.timer.device == "cpu"
+
+    def _rotated(self, build: Callable[[int], tuple]) -> list:
+        return [build(i) for i in range(self.rotations)]
+
+    def measure(self, row: Row, fn, arg_sets, check: Callable, simulated=False) -> Row:
+        """Check first; time only a correct result. A simulated row (Numba's CUDA
+        simulator: seconds per call, timing meaningless) is timed by its checked call only."""
+        watch_mem = self.timer.device == "cpu"
+        try:
+            if watch_mem:
+                tracemalloc.start()
+            t0 = time.perf_counter()
+            out = fn(*arg_sets[0])
+            self.timer.sync()
+            elapsed = (time.perf_counter() - t0) * 1e3
+            if watch_mem:
+                row.peak_extra_bytes = int(tracemalloc.get_traced_memory()[1])
+                tracemalloc.stop()
+            row.correct, row.detail = check(out)
+            del out
+        except Exception as e:          # a crash is a wrong variant, not a crashed run
+            row.correct, row.detail = False, f"{type(e).__name__}: {e}"[:300]
+        finally:
+            if tracemalloc.is_tracing():
+                tracemalloc.stop()
+        if row.correct is False:
+            return row
+        if simulated:
+            row.time_ms = elapsed
+            row.detail = row.detail or "CUDA simulator: one call timed, not a GPU time"
+            return row
+        t = self.timer.time(fn, arg_sets, warmup=1 if self.timer.device == "cpu" else 2, repeats=self.repeats)
+        row.time_ms = t.median_ms
+        if not watch_mem:
+            row.peak_extra_bytes = self.timer.peak_extra_bytes(fn, arg_sets[0])
+        return row
+
+    def stage_row(self, stage, v: registry.Variant, source) -> Row:
+        wl, E = self.wl, self.wl.E
+        fam = get_family(v.family)
+        base = wl.stage_inputs()
+        if source == "table":
+            base["table"] = wl.table()
+
+        def build(i):
+            d = base if i == 0 else {k: (x.clone() if x.numel() > (1 << 18) else x) for k, x in base.items()}
+            return stage_call(stage, v, fam, to_family(fam, d, wl.device), source, wl.p.k, E.capacity)[1]
+        row = Row("stage", stage, v.name, source)
+        row.flops, row.bytes = wl.work(stage, source)
+        ctx = dict(E=E, oracle=wl.oracle, lo=wl.lo_t, hi=wl.hi_t, rows=wl.rec_rows.to(wl.device))
+        check = lambda out: C.STAGE_CHECKS[stage](_as_torch_out(out, fam, wl.device), **ctx)
+        try:
+            arg_sets = self._rotated(build)
+        except Exception as e:
+            row.correct, row.detail = False, f"input conversion failed: {type(e).__name__}: {e}"[:300]
+            return row
+        return self.measure(row, v.fn, arg_sets, check, simulated=self.simulated(v.family))
+
+    def pipeline_row(self, fam_name: str, entry: str) -> Row:
+        import workbench
+        wl, p, E = self.wl, self.wl.p, self.wl.E
+        b = workbench.backend(fam_name)
+        row = Row("pipeline", entry, f"{fam_name}.{entry}")
+        row.flops, row.bytes = wl.work(entry, "indexer")
+        row.detail = ""
+
+        def inputs(i):
+            d = {k: v for k, v in wl.dev.items()}
+            if entry == "hytopk":
+                d["table"] = wl.table()
+            if i:
+                d = {k: x.clone() for k, x in d.items()}
+            if wl.device == "cpu":
+                d = {k: (x.float() if x.dtype == torch.bfloat16 else x).numpy() for k, x in d.items()}
+            return d
+        kw = dict(capacity=E.capacity, oversample=p.oversample, max_failed=p.max_failed)
+        if entry == "hytopk":
+            fn = lambda d: b.hytopk(d["table"], d["lo"], d["hi"], p.k, **kw)
+        else:
+            fn = lambda d: b.hytopk_indexer(d["q"], d["w"], d["keys"], d["lo"], d["hi"], p.k, **kw)
+
+        def check(res):
+            idx = C.as_torch(res.idx, b.family, wl.device)
+            val = C.as_torch(res.val, b.family, wl.device)
+            return C.selection(idx, val, E.topk_idx, E.topk_val, entry)
+        return self.measure(row, fn, [(inputs(i),) for i in range(self.rotations)], check,
+                            simulated=self.simulated(fam_name))
+
+    def torch_baseline(self) -> Row:
+        wl, p, E = self.wl, self.wl.p, self.wl.E
+        row = Row("baseline", "torch", "torch: chunked einsum + torch.topk")
+        row.flops, row.bytes = wl.work("torch", None)
+        d = wl.dev
+        B = max(1, CHUNK_BYTES // max(1, p.H * p.L * 6))
+        fn = lambda q, w, keys: torch_indexer_topk(q, w, keys, wl.lo_t, wl.hi_t, p.k, B)
+        # bf16 einsum rounds the dot products: compare the values within bf16 precision
+        rtol = 0.0 if wl.dtype == torch.float32 else 2.0 ** -7
+        check = lambda out: C.topk_values(out[1], out[0], E, wl.lo_t, wl.hi_t, rtol=rtol)
+        return self.measure(row, fn, [(d["q"], d["w"], d["keys"])], check)
+
+    def dense_topk_baseline(self, dense_row: Row) -> Row:
+        wl, p, E = self.wl, self.wl.p, self.wl.E
+        v = registry.get(dense_row.name)
+        fam = get_family(v.family)
+        row = Row("baseline", "dense+topk", f"{v.name} + torch.topk")
+        row.flops, row.bytes = wl.work("dense+topk", None)
+        X = to_family(fam, dict(wl.dev), wl.device)
+        B = max(1, CHUNK_BYTES // max(1, 4 * p.L))
+        lo_h, hi_h = wl.host["lo"], wl.host["hi"]
+
+        def fn():
+            idx = torch.empty((p.n, p.k), dtype=torch.int64, device=wl.device)
+            val = torch.empty((p.n, p.k), dtype=torch.float32, device=wl.device)
+            for a in range(0, p.n, B):
+                b = min(p.n, a + B)
+                sl = to_family(fam, {"lo": wl.dev["lo"][a:b].contiguous(), "hi": wl.dev["hi"][a:b].contiguous(),
+                                     "q": wl.dev["q"][a:b].contiguous(), "w": wl.dev["w"][a:b].contiguous()},
+                               wl.device)
+                tab = C.as_torch(v.fn(sl["q"], sl["w"], X["keys"], sl["lo"], sl["hi"]), fam, wl.device)
+                val[a:b], idx[a:b] = torch.topk(tab, p.k, dim=1)
+            return idx, val
+        check = lambda out: C.topk_values(out[1], out[0], E, wl.lo_t, wl.hi_t)
+        return self.measure(row, fn, [()], check)
+
+    def score_only_baseline(self) -> Row | None:
+        try:
+            from ..families.cupy import score_only        # the CuPy helper's floor kernel
+        except Exception:
+            return None
+        wl = self.wl
+        fam = get_family("cupy")
+        row = Row("baseline", "score-only", "cupy score_only (checksum)")
+        row.flops, row.bytes = wl.work("score-only", None)
+        X = to_family(fam, dict(wl.dev), wl.device)
+        args = (X["q"], X["w"], X["keys"], X["lo"], X["hi"])
+        want = wl.oracle.key_checksum()
+
+        def check(out):
+            got = int(np.asarray(fam.to_host(out)).reshape(-1)[0])
+            return (True, "checksum matches") if got == want else (False, f"checksum {got} != expected {want}")
+        return self.measure(row, score_only, [args], check)
+
+
+def torch_indexer_topk(q, w, keys, lo, hi, k, rows_per_chunk):
+    """The PyTorch a user would write: scores by chunks of queries, then torch.topk."""
+    n, L = q.shape[0], keys.shape[0]
+    pos = torch.arange(L, device=q.device)
+    idx = torch.empty((n, k), dtype=torch.int64, device=q.device)
+    val = torch.empty((n, k), dtype=torch.float32, device=q.device)
+    for a in range(0, n, rows_per_chunk):
+        b = min(n, a + rows_per_chunk)
+        s = torch.einsum("bhd,sd->bhs", q[a:b], keys).float().clamp_(min=0)
+        s = torch.einsum("bhs,bh->bs", s, w[a:b].float())
+        s.masked_fill_((pos[None, :] < lo[a:b, None]) | (pos[None, :] >= hi[a:b, None]), float("-inf"))
+        val[a:b], idx[a:b] = torch.topk(s, k, dim=1)
+    return idx, val
+
+
+def run_compare(preset: str | None = None, stages=None, variant_names=None, repeats=None,
+                say: Callable[[str], None] = print, progress_factory=None, families=None) -> CompareResult:
+    """Run the comparison; `say` prints notes, `progress_factory(total)` gives an advance(label) callable."""
+    gpu = gpu_available()
+    notes = []
+    name = preset or default_preset(gpu)
+    p = get_preset(name)
+    if p.gpu and not gpu:
+        notes.append(f"no GPU here: preset {name!r} needs one; running 'tiny' on the CPU instead")
+        p = get_preset("tiny")
+    device = "cuda" if p.gpu else "cpu"
+    for n_ in notes:
+        say(n_)
+    stages = list(stages or registry.STAGES)
+    for s in stages:
+        if s not in registry.STAGES:
+            raise ValueError(f"argument 'stage': unknown stage {s!r}; choose from {sorted(registry.STAGES)}")
+
+    missing, usable = {}, {}
+    for f in families or ():
+        if f not in registry.FAMILY_MODULES:
+            raise ValueError(f"argument 'family': unknown family {f!r}; choose from {sorted(registry.FAMILY_MODULES)}")
+    for fam in registry.FAMILY_MODULES:
+        ok, why = family_usable(fam, device, p) if not families or fam in families else (False, "not selected (--family)")
+        usable[fam] = ok
+        if not ok:
+            missing[fam] = why
+            say(f"family {fam}: skipped ({why})")
+
+    say(f"preparing preset {p.name} (n={p.n}, L={p.L}, H={p.H}, D={p.D}, k={p.k}, {p.dtype}) on {device}")
+    wl = Workload(p, device)
+    timer = make_timer(device)
+    ceilings = {"gemm_tflops": gemm_tflops(timer), "copy_gbps": copy_gbps(timer)}
+    ceilings["flop_bound_ms"] = wl.work("flop-bound", None)[0] / (ceilings["gemm_tflops"] * 1e12) * 1e3
+    runner = Runner(wl, timer, repeats)
+
+    jobs, skipped = [], []
+    for s in stages:
+        for v in registry.variants(s, load=False):
+            if variant_names and v.name not in variant_names:
+                continue
+            if not usable.get(v.family, False):
+                skipped.append({"name": v.name, "stage": s, "reason": missing.get(v.family, "family unavailable")})
+                continue
+            if v.gpu_only and device == "cpu":
+                skipped.append({"name": v.name, "stage": s, "reason": "gpu_only: needs a real GPU (not the simulator)"})
+                continue
+            for src in (v.sources if s in registry.SOURCE_STAGES else (None,)):
+                if src == "table" and not wl.table_ok:
+                    skipped.append({"name": v.name, "stage": s, "reason": "table source: [n, L] table too large"})
+                    continue
+                jobs.append(("stage", s, v, src))
+    if variant_names:
+        unknown = set(variant_names) - {v.name for v in registry.variants(load=False)}
+        if unknown:
+            raise ValueError(f"argument 'variant': unknown variant(s) {sorted(unknown)}")
+    pipes = [f for f in registry.FAMILY_MODULES if usable[f]] if not variant_names else []
+    if set(stages) != set(registry.STAGES):
+        pipes = []                       # a stage subset compares stages only
+    for f in pipes:
+        jobs.append(("pipeline", "hytopk_indexer", f, None))
+        # the table pipeline runs the same stages; in the simulator one pipeline row is enough
+        if wl.table_ok and not (f == "numba" and device == "cpu"):
+            jobs.append(("pipeline", "hytopk", f, None))
+    jobs += [("baseline", b, None, None) for b in ("torch", "dense+topk", "score-only")]
+
+    advance = progress_factory(len(jobs)) if progress_factory else (lambda label: None)
+    rows: list[Row] = []
+    for kind, s, v, src in jobs:
+        label = f"{s}: {v.name if kind == 'stage' else v or s}" + (f"[{src}]" if src else "")
+        advance(label)
+        if kind == "stage":
+            rows.append(runner.stage_row(s, v, src))
+        elif kind == "pipeline":
+            rows.append(runner.pipeline_row(v, s))
+        elif s == "torch":
+            rows.append(runner.torch_baseline())
+        elif s == "dense+topk":
+            dense = [r for r in rows if r.stage == "dense" and r.correct and r.time_ms is not None]
+            if not dense:
+                dense_all = [v for v in registry.variants("dense", load=False) if usable.get(v.family)
+                             and (not variant_names or v.name in variant_names)
+                             and not (v.gpu_only and device == "cpu")]
+                if dense_all:
+                    dense = [runner.stage_row("dense", dense_all[0], None)]
+            dense = [r for r in dense if r.correct]
+            if dense:
+                rows.append(runner.dense_topk_baseline(min(dense, key=lambda r: r.time_ms)))
+            else:
+                notes.append("baseline dense+topk: no correct dense variant here")
+        elif s == "score-only":
+            r = runner.score_only_baseline() if usable.get("cupy") else None
+            if r is None:
+                notes.append("baseline score-only: needs workbench.families.cupy.score_only (CuPy on a GPU)")
+            else:
+                rows.append(r)
+    advance(None)
+
+    base_t = {r.stage: r.time_ms for r in rows if r.kind == "baseline" and r.time_ms}
+    base_t["flop-bound"] = ceilings["flop_bound_ms"]
+    for r in rows:
+        if r.time_ms:
+            r.ratios = {b: r.time_ms / t for b, t in base_t.items() if t}
+            r.tflops = r.flops / (r.time_ms * 1e-3) / 1e12 if r.flops else None
+            r.gbps = r.bytes / (r.time_ms * 1e-3) / 1e9 if r.bytes else None
+    res = CompareResult(p.as_dict(), device, environment(), ceilings, rows, skipped, missing, notes)
+    res.winners = pick_winners(rows)
+    return res
+
+
+def pick_winners(rows) -> dict:
+    """Fastest correct variant per stage (indexer source preferred: the real use),
+    per (stage, source), and the fastest correct end-to-end backend."""
+    best: dict = {}
+    for r in rows:
+        if r.kind != "stage" or r.correct is not True or r.time_ms is None:
+            continue
+        key = f"{r.stage}[{r.source}]" if r.source else r.stage
+        if key not in best or r.time_ms < best[key][1]:
+            best[key] = (r.name, r.time_ms)
+    stages = {}
+    for s in registry.STAGES:
+        pick = best.get(f"{s}[indexer]") or best.get(s) or best.get(f"{s}[table]")
+        if pick:
+            stages[s] = pick[0]
+    pipes = [r for r in rows if r.kind == "pipeline" and r.correct and r.time_ms is not None]
+    pipe = min(pipes, key=lambda r: r.time_ms).name if pipes else None
+    return {"stages": stages, "by_source": {k: {"variant": n, "time_ms": t} for k, (n, t) in best.items()},
+            "pipeline": pipe}

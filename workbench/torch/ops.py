@@ -1,0 +1,198 @@
+"""The ``hytopk`` torch.library ops.
+
+    torch.ops.hytopk.select(q, w, keys, lo, hi, k, capacity=None, oversample=3.0, max_failed=64) -> (idx, val)
+    torch.ops.hytopk.replay_scores(q, w, keys, idx, deterministic=None) -> scores   (differentiable)
+    torch.ops.hytopk.replay_scores_backward(grad, q, w, keys, idx, deterministic) -> (dq, dw, dkeys)
+
+CPU runs the NumPy reference (forward) and the pure-torch sparse backward.
+CUDA launches the chosen kernel family (dispatch.py) zero-copy on PyTorch's
+current stream, or the pure-torch path; while a CUDA graph is being captured
+it always takes the pure-torch path, which never syncs with the host.
+
+``deterministic`` (replay only; None = torch.are_deterministic_algorithms_enabled())
+picks the keys-gradient reduction: see scoring._add_keys_grad.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+import reference as R
+from reference import validate as V
+
+from . import dispatch, scoring
+
+# Implementation calls per op (tests count selection runs under recomputation).
+CALLS: collections.Counter = collections.Counter()
+
+
+def _same_device(**tensors):
+    devs = {name: t.device for name, t in tensors.items()}
+    first = next(iter(devs.values()))
+    for name, d in devs.items():
+        if d != first:
+            raise ValueError(f"argument '{name}' is on {d}, expected {first} like the other inputs")
+
+
+def _check_select(q, w, keys, lo, hi, k, capacity, oversample, max_failed, *, host=True):
+    """Shape/dtype checks always; value checks of lo/hi (a host copy) unless ``host`` is False."""
+    n, H, D, L = V.check_indexer_inputs(q, w, keys)
+    _same_device(q=q, w=w, keys=keys, lo=lo, hi=hi)
+    if host:
+        V.check_selection_args((n, L), lo, hi, k, capacity, oversample, max_failed)
+    else:
+        V.check_array("lo", lo, ndim=1, dtypes=V.INT_DTYPES, shape=(n,))
+        V.check_array("hi", hi, ndim=1, dtypes=V.INT_DTYPES, shape=(n,))
+        V.check_k(k), V.check_capacity(capacity, k), V.check_oversample(oversample), V.check_max_failed(max_failed)
+    return n, L
+
+
+def _check_replay(q, w, keys, idx, *, host=True):
+    n, H, D, L = V.check_indexer_inputs(q, w, keys)
+    _same_device(q=q, w=w, keys=keys, idx=idx)
+    if host:
+        V.check_idx(idx, n, L)
+    else:               # no host copy: a device-side assert guards the gathers
+        V.check_array("idx", idx, ndim=2, dtypes=("int32",), shape=(n, None))
+        torch._assert_async(((idx >= -1) & (idx < L)).all(), "argument 'idx': entries must lie in [-1, L)")
+    return n, L
+
+
+def _np32(x):
+    return x.detach().float().contiguous().numpy()
+
+
+# --------------------------------------------------------------------------- select
+
+@torch.library.custom_op("hytopk::select", mutates_args=(), device_types="cpu")
+def select_op(q: Tensor, w: Tensor, keys: Tensor, lo: Tensor, hi: Tensor, k: int,
+              capacity: Optional[int] = None, oversample: float = 3.0,
+              max_failed: int = 64) -> tuple[Tensor, Tensor]:
+    """HyTopK selection over the indexer scores: idx int32 [n, k], val float32 [n, k] in rank order."""
+    CALLS["select"] += 1
+    _check_select(q, w, keys, lo, hi, k, capacity, oversample, max_failed)
+    res = R.hytopk_indexer(_np32(q), _np32(w), _np32(keys), lo.numpy(), hi.numpy(), k,
+                           capacity=capacity, oversample=oversample, max_failed=max_failed)
+    return torch.from_numpy(res.idx), torch.from_numpy(res.val)
+
+
+@select_op.register_kernel("cuda")
+def _select_cuda(q, w, keys, lo, hi, k, capacity=None, oversample=3.0, max_failed=64):
+    CALLS["select"] += 1
+    capturing = torch.cuda.is_current_stream_capturing()
+    n, L = _check_select(q, w, keys, lo, hi, k, capacity, oversample, max_failed, host=not capturing)
+    shape = {"L": L, "H": q.shape[1], "D": q.shape[2], "k": k}
+    b = None if capturing else dispatch.cuda_backend("select", shape)
+    if b is None:
+        return scoring.exact_select(q, w, keys, lo, hi, k)
+    dt = dispatch.input_dtype(b)
+    qq, ww, kk = ((x if dt is None else x.to(dt)).contiguous() for x in (q, w, keys))
+    with dispatch.on_torch_stream(b, q.device):
+        res = b.hytopk_indexer(qq, ww, kk, lo.contiguous(), hi.contiguous(), k, capacity=capacity,
+                               oversample=oversample, max_failed=max_failed)
+    return (torch.as_tensor(res.idx, device=q.device).to(torch.int32).contiguous(),
+            torch.as_tensor(res.val, device=q.device).to(torch.float32).contiguous())
+
+
+@select_op.register_fake
+def _select_fake(q, w, keys, lo, hi, k, capacity=None, oversample=3.0, max_failed=64):
+    torch._check(q.dim() == 3 and w.dim() == 2 and keys.dim() == 2, lambda: "q, w, keys must be 3-D, 2-D, 2-D")
+    torch._check(k >= 1, lambda: f"argument 'k' must be >= 1, got {k}")
+    n = q.shape[0]
+    return q.new_empty((n, k), dtype=torch.int32), q.new_empty((n, k), dtype=torch.float32)
+
+
+# --------------------------------------------------------------------------- replay
+
+@torch.library.custom_op("hytopk::replay_scores", mutates_args=(), device_types="cpu")
+def replay_op(q: Tensor, w: Tensor, keys: Tensor, idx: Tensor,
+              deterministic: Optional[bool] = None) -> Tensor:
+    """Indexer scores at the selected positions, float32 [n, k]; -inf where idx = -1."""
+    CALLS["replay"] += 1
+    _check_replay(q, w, keys, idx)
+    return torch.from_numpy(R.replay_scores(_np32(q), _np32(w), _np32(keys), idx.numpy()))
+
+
+@replay_op.register_kernel("cuda")
+def _replay_cuda(q, w, keys, idx, deterministic=None):
+    CALLS["replay"] += 1
+    capturing = torch.cuda.is_current_stream_capturing()
+    n, L = _check_replay(q, w, keys, idx, host=False)
+    shape = {"L": L, "H": q.shape[1], "D": q.shape[2], "k": idx.shape[1]}
+    b = None if capturing else dispatch.cuda_backend("replay", shape)
+    if b is None:
+        return scoring.replay(q, w, keys, idx)
+    from workbench.arrays import to_kind
+    dt = dispatch.input_dtype(b)
+    args = [(x if dt is None else x.to(dt)).contiguous() for x in (q, w, keys)] + [idx.contiguous()]
+    with dispatch.on_torch_stream(b, q.device):
+        out = b.stages.replay(*[b.family.to_device(x) for x in args])
+        out = to_kind(out, "torch")
+    return torch.as_tensor(out, device=q.device).to(torch.float32).contiguous()
+
+
+@replay_op.register_fake
+def _replay_fake(q, w, keys, idx, deterministic=None):
+    torch._check(idx.dim() == 2, lambda: "argument 'idx' must be 2-D")
+    return q.new_empty((q.shape[0], idx.shape[1]), dtype=torch.float32)
+
+
+@torch.library.custom_op("hytopk::replay_scores_backward", mutates_args=())
+def replay_backward_op(grad: Tensor, q: Tensor, w: Tensor, keys: Tensor, idx: Tensor,
+                       deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Sparse backward of replay_scores (pure torch on every device; see scoring.replay_backward)."""
+    CALLS["replay_backward"] += 1
+    V.check_array("grad", grad, ndim=2, shape=tuple(idx.shape))
+    return scoring.replay_backward(grad, q, w, keys, idx, deterministic)
+
+
+@replay_backward_op.register_fake
+def _replay_backward_fake(grad, q, w, keys, idx, deterministic):
+    return torch.empty_like(q), torch.empty_like(w), torch.empty_like(keys)
+
+
+def _replay_setup(ctx, inputs, output):
+    q, w, keys, idx, det = inputs
+    ctx.save_for_backward(q, w, keys, idx)
+    ctx.deterministic = torch.are_deterministic_algorithms_enabled() if det is None else bool(det)
+
+
+def _replay_grad(ctx, grad):
+    q, w, keys, idx = ctx.saved_tensors
+    dq, dw, dkeys = torch.ops.hytopk.replay_scores_backward(grad.contiguous(), q, w, keys, idx,
+                                                            ctx.deterministic)
+    return dq, dw, dkeys, None, None
+
+
+replay_op.register_autograd(_replay_grad, setup_context=_replay_setup)
+
+
+# --------------------------------------------------------------------------- loss (a composition)
+
+def selected_kl(scores: Tensor, idx: Tensor, target: Tensor, reduction: str = "sum") -> Tensor:
+    """sum_t KL(p_t || softmax(scores_t)) over the valid slots (idx >= 0), DESIGN.md §4.
+
+    Plain torch ops, so autograd gives d loss / d scores = softmax * sum(p) - p
+    (softmax - p for a normalised target), zero on padding slots."""
+    if reduction not in ("sum", "mean"):
+        raise ValueError(f"argument 'reduction' must be 'sum' or 'mean', got {reduction!r}")
+    V.check_array("target", target, ndim=2, shape=tuple(idx.shape))
+    valid = idx >= 0
+    masked = scores.float().masked_fill(~valid, torch.finfo(torch.float32).min)   # finite: empty rows stay NaN-free
+    logsm = torch.log_softmax(masked, dim=1)
+    p = target.to(torch.float32).masked_fill(~valid, 0.0)
+    loss = (torch.xlogy(p, p) - p * logsm).sum()
+    return loss / max(1, idx.shape[0]) if reduction == "mean" else loss
+
+
+def indexer_kl_loss(q: Tensor, w: Tensor, keys: Tensor, idx: Tensor, target: Tensor,
+                    reduction: str = "sum", deterministic: Optional[bool] = None) -> Tensor:
+    """The indexer loss: replay the selected scores (sparse backward) then ``selected_kl``.
+
+    The target (main-attention distribution at the selected slots) is detached
+    here: no gradient flows into it, nor through the choice of ``idx``."""
+    scores = torch.ops.hytopk.replay_scores(q, w, keys, idx, deterministic)
+    return selected_kl(scores, idx, target.detach(), reduction)
