@@ -13,7 +13,7 @@ def test_bench_train_tiny_cpu(tmp_path, capsys):
     rep = json.loads(out.read_text())
     res = rep["results"][0]
     assert set(res["cases"]) == set(bench_train.CASES)
-    assert res["c_grads_equal_b_grads_bitwise"] is True
+    assert res["replay_grads_equal_full_recompute_grads_bitwise_deterministic"] is True
     assert res["ratio_c_vs_a"] > 0 and "date" in rep and rep["versions"]["torch"] == torch.__version__
     # (a) selects with its own (torch.topk) order; on the same inputs its loss is close to HyTopK's
     a = res["cases"]["a_plain_torch_full_recompute"]["loss"]

@@ -142,4 +142,4 @@ def test_side_stream_is_respected():
 def test_bench_train_runs_tiny_on_gpu(tmp_path):
     from workbench.torch import bench_train
     rep = bench_train.main(["--preset", "tiny", "--reps", "2", "--warmup", "1", "--json", str(tmp_path / "b.json")])
-    assert rep["results"][0]["c_grads_equal_b_grads_bitwise"]
+    assert rep["results"][0]["replay_grads_equal_full_recompute_grads_bitwise_deterministic"]

@@ -19,10 +19,13 @@ def _parser():
     st.add_argument("--family", default=None, help="stage family (default: reference on gloo, cupy on nccl)")
     st.add_argument("--full", action="store_true", help="every score family, not the quick subset")
     st.add_argument("--timeout", type=float, default=300.0, help="seconds before the ranks are killed")
+    st.add_argument("--variant", action="append", default=[], metavar="STAGE=NAME",
+                    help="pick a stage variant, e.g. filter=cupy.filter.mma (repeatable)")
 
     be = sub.add_parser("bench", help="time CP HyTopK on 1 GPU and on N GPUs (NCCL)")
     be.add_argument("--world-size", type=int, default=2)
-    be.add_argument("--json", type=Path, default=None, help="write the results here")
+    be.add_argument("--json", type=Path, default=None,
+                    help="write the results here (default: results/cp_scaling_<family>_ws<N>.json)")
     be.add_argument("--family", default="cupy")
     be.add_argument("--backend", choices=("nccl", "gloo"), default="nccl",
                     help="gloo (with --family reference, tiny shapes) only smoke-tests the code on a CPU")
@@ -35,15 +38,33 @@ def _parser():
     be.add_argument("--sharding", default="zigzag", choices=("zigzag", "contiguous"))
     be.add_argument("--repeats", type=int, default=5)
     be.add_argument("--timeout", type=float, default=600.0)
+    be.add_argument("--variant", action="append", default=[], metavar="STAGE=NAME",
+                    help="pick a stage variant, e.g. filter=cupy.filter.mma (repeatable)")
 
     wk = sub.add_parser("worker", help="one rank (torchrun-style environment); used by selftest/bench")
     wk.add_argument("--job", choices=("selftest", "bench"), required=True)
     wk.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     wk.add_argument("--family", default=None)
-    wk.add_argument("--out", type=Path, required=True, help="folder for this rank's JSON record")
+    wk.add_argument("--out", type=Path, default=None,
+                    help="folder for rank 0's JSON record (default: rank 0 prints a report)")
     wk.add_argument("--full", action="store_true")
     wk.add_argument("--bench", default="{}", help="bench parameters as JSON (set by 'bench')")
+    wk.add_argument("--variant", action="append", default=[], metavar="STAGE=NAME")
     return ap
+
+
+def _variants(args) -> dict:
+    out = {}
+    for item in args.variant:
+        stage, sep, name = item.partition("=")
+        if not sep or not stage or not name:
+            raise SystemExit(f"argument --variant: expected STAGE=NAME, got {item!r}")
+        out[stage] = name
+    return out
+
+
+def _variant_args(args) -> list:
+    return [a for item in args.variant for a in ("--variant", item)]
 
 
 def _family(args):
@@ -51,22 +72,35 @@ def _family(args):
 
 
 def cmd_worker(args) -> int:
+    """One rank. With --out (set by selftest/bench) rank 0 writes the job's JSON there and the
+    launcher reports; without it (torchrun) rank 0 prints the report and sets the exit code."""
     from .launch import init_from_env
     rank, world = init_from_env(args.backend)
     import torch.distributed as dist
+    rc = 0
     try:
         if args.job == "selftest":
-            from .selftest import run_worker
-            record = {"records": run_worker(_family(args), quick=not args.full)}
+            from .selftest import run_worker, summarize
+            mine = run_worker(_family(args), quick=not args.full, variants=_variants(args))
+            parts = [None] * world if rank == 0 else None
+            dist.gather_object(mine, parts, dst=0)
+            record = {"records": [r for part in parts for r in part]} if rank == 0 else None
+            if rank == 0 and args.out is None:
+                ok, text = summarize(record["records"], world, args.backend, _family(args))
+                print(text)
+                rc = 0 if ok else 1
         else:
             from .bench import run_worker as bench_worker
-            record = bench_worker(_family(args), json.loads(args.bench))
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"{args.job}-rank{rank}.json").write_text(json.dumps(record))
+            record = bench_worker(_family(args), json.loads(args.bench), variants=_variants(args))
+            if rank == 0 and args.out is None:
+                print(json.dumps(record, indent=2))
+        if rank == 0 and args.out is not None:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / f"{args.job}.json").write_text(json.dumps(record))
         dist.barrier()
     finally:
         dist.destroy_process_group()
-    return 0
+    return rc
 
 
 def _spawned(args, worker_args, world_size, backend, out):
@@ -76,7 +110,7 @@ def _spawned(args, worker_args, world_size, backend, out):
     if any(c != 0 for c in codes):
         print(f"FAIL: ranks exited with {codes} (None = killed after a timeout or another rank's failure)")
         for r, (c, text) in enumerate(zip(codes, logs)):
-            if c != 0 or any(x == 0 for x in codes):
+            if c != 0:
                 print(f"--- rank {r} (exit {c}), last lines of its log:")
                 print("\n".join(text.splitlines()[-25:]))
         return False
@@ -88,12 +122,11 @@ def cmd_selftest(args) -> int:
     family = _family(args)
     with tempfile.TemporaryDirectory(prefix="hytopk-cp-") as tmp:
         out = Path(tmp)
-        wargs = ["--job", "selftest", "--backend", args.backend, "--family", family] + (["--full"] if args.full else [])
+        wargs = ["--job", "selftest", "--backend", args.backend, "--family", family] + \
+            (["--full"] if args.full else []) + _variant_args(args)
         if not _spawned(args, wargs, args.world_size, args.backend, out):
             return 1
-        records = []
-        for r in range(args.world_size):
-            records += json.loads((out / f"selftest-rank{r}.json").read_text())["records"]
+        records = json.loads((out / "selftest.json").read_text())["records"]
     ok, text = summarize(records, args.world_size, args.backend, family)
     print(text)
     return 0 if ok else 1
@@ -108,12 +141,16 @@ def cmd_bench(args) -> int:
         for ws in sizes:
             out = Path(tmp) / f"ws{ws}"
             wargs = ["--job", "bench", "--backend", args.backend, "--family", args.family,
-                     "--bench", json.dumps(params)]
+                     "--bench", json.dumps(params)] + _variant_args(args)
             if not _spawned(args, wargs, ws, args.backend, out):
                 return 1
-            runs[ws] = json.loads((out / "bench-rank0.json").read_text())
+            runs[ws] = json.loads((out / "bench.json").read_text())
     result, text = report(params, args.family, runs)
+    result["variants"] = _variants(args)
     print(text)
+    if args.json is None:
+        from .launch import ROOT
+        args.json = ROOT / "results" / f"cp_scaling_{args.family}_ws{args.world_size}.json"
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))

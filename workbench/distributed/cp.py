@@ -30,7 +30,6 @@ general float inputs as far as the family's scoring routine guarantees it.
 """
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -193,39 +192,33 @@ class ContextParallelHyTopK:
         dev = self.comm.device
         return [torch.as_tensor(x).to(dev).contiguous() for x in (q, w, keys)]
 
-    def _stream(self):
-        """CuPy kernels go on PyTorch's current stream, so they order with the NCCL waits."""
-        if self.comm.device.type != "cuda" or self.backend != "cupy":
-            return contextlib.nullcontext()
-        import cupy
-        return cupy.cuda.ExternalStream(torch.cuda.current_stream(self.comm.device).cuda_stream)
-
     def __call__(self, q, w, keys) -> CPResult:
+        # Every family launches on PyTorch's current stream, so its kernels, our torch
+        # ops and the NCCL waits (which make that stream wait) are ordered.
         q, w, keys = self._inputs(q, w, keys)
         times, clock = {}, _Clock(self.comm.device)
-        with self._stream():
-            T = self.threshold(q, w, keys)
-            times["threshold_s"] = clock.lap()
-            cand_idx, cand_val, count = self.filter_ring(q, w, keys, T)
-            times["filter_ring_s"] = clock.lap()
-            st = self.stages
-            count_dev = self._dev(count)
-            failed, rows = st.check(count_dev, self.lo_dev, self.hi_dev, self.k, self.capacity)
-            failed = self.family.to_host(failed).astype(bool)
-            rows_h = self.family.to_host(rows).astype(np.int64)
-            total = self.comm.all_sum(rows_h.size)
-            fell_back = total > self.max_failed
-            dev = self.comm.device
-            if fell_back:
-                idx, val = self.exact_ring(q, w, keys, np.arange(len(self.rows)), max(1, self.max_failed))
-            else:
-                idx, val = st.select(self._dev(cand_idx), self._dev(cand_val), count_dev, self.k)
-                idx, val = as_torch(idx, dev), as_torch(val, dev)
-                if total:                       # every rank joins the ring, failed rows or not
-                    ridx, rval = self.exact_ring(q, w, keys, np.sort(rows_h), max(1, rows_h.size))
-                    sel = torch.as_tensor(np.sort(rows_h), device=dev)
-                    idx[sel], val[sel] = ridx, rval
-            times["select_recover_s"] = clock.lap()
+        T = self.threshold(q, w, keys)
+        times["threshold_s"] = clock.lap()
+        cand_idx, cand_val, count = self.filter_ring(q, w, keys, T)
+        times["filter_ring_s"] = clock.lap()
+        st = self.stages
+        count_dev = self._dev(count)
+        failed, rows = st.check(count_dev, self.lo_dev, self.hi_dev, self.k, self.capacity)
+        failed = self.family.to_host(failed).astype(bool)
+        rows_h = self.family.to_host(rows).astype(np.int64)
+        total = self.comm.all_sum(rows_h.size)
+        fell_back = total > self.max_failed
+        dev = self.comm.device
+        if fell_back:
+            idx, val = self.exact_ring(q, w, keys, np.arange(len(self.rows)), max(1, self.max_failed))
+        else:
+            idx, val = st.select(self._dev(cand_idx), self._dev(cand_val), count_dev, self.k)
+            idx, val = as_torch(idx, dev), as_torch(val, dev)
+            if total:                       # every rank joins the ring, failed rows or not
+                ridx, rval = self.exact_ring(q, w, keys, np.sort(rows_h), max(1, rows_h.size))
+                sel = torch.as_tensor(np.sort(rows_h), device=dev)
+                idx[sel], val[sel] = ridx, rval
+        times["select_recover_s"] = clock.lap()
         T_h = self.family.to_host(T).astype(np.float32)
         return CPResult(self.rows, idx, val, T_h, count.cpu().numpy().astype(np.int32), failed,
                         bool(fell_back), self.M, self.r, self.capacity, int(total), times)

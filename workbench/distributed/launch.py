@@ -77,7 +77,7 @@ def spawn(worker_args: list, world_size: int, *, backend: str, timeout_s: float,
     return codes, texts
 
 
-def init_from_env(backend: str, timeout_s: float = 120.0):
+def init_from_env(backend: str, timeout_s: float = 300.0):
     """init_process_group from torchrun-style variables; pins rank -> GPU for NCCL."""
     import torch
     import torch.distributed as dist

@@ -78,7 +78,8 @@ def build_cases(quick: bool = True, seed: int = 8) -> list:
     exact("exact/edge-lengths", 16, 4300, 2, 3, 8, "edge")
     exact("exact/random/k=1", 9, 700, 2, 2, 1, "random", sharding="contiguous")
     exact("exact/fall-back-all", 7, 2500, 2, 2, 12, "causal_tail", capacity=12, oversample=0.25, max_failed=0)
-    exact("exact/tiny-L(ranks-without-keys)", 5, 3, 1, 2, 2, "random")
+    exact("exact/tiny-L", 5, 3, 1, 2, 2, "random")
+    exact("exact/L=1(ranks-without-keys)", 3, 1, 2, 2, 1, "full")
     exact("exact/one-query(ranks-without-queries)", 1, 600, 2, 2, 5, "full", sharding="contiguous")
 
     families = G.SCORE_FAMILIES if not quick else (
@@ -118,7 +119,7 @@ def compare(got, want, *, stats=True) -> list:
     return bad
 
 
-def check_case(case: Case, got, family: str) -> list:
+def check_case(case: Case, got, family: str, variants: dict | None = None) -> list:
     """Every problem found with the assembled CP result ``got`` of ``case``."""
     problems = []
     kw = dict(capacity=case.capacity, oversample=case.oversample, max_failed=case.max_failed)
@@ -135,13 +136,13 @@ def check_case(case: Case, got, family: str) -> list:
         import workbench
         dev = torch.device("cuda", torch.cuda.current_device())
         args = [torch.as_tensor(x, device=dev) for x in (case.q, case.w, case.keys, case.lo, case.hi)]
-        want = workbench.backend(family).hytopk_indexer(*args, case.k, **kw)
+        want = workbench.backend(family, variants).hytopk_indexer(*args, case.k, **kw)
         want.idx, want.val = want.idx.cpu().numpy(), want.val.cpu().numpy()
         problems += [f"vs single-process {family}: {p}" for p in compare(got, want)]
     return problems
 
 
-def run_worker(family: str, quick: bool = True) -> list:
+def run_worker(family: str, quick: bool = True, variants: dict | None = None) -> list:
     """This rank's part of the self-test (collective). Returns the records of the cases it checked."""
     import torch
     import torch.distributed as dist
@@ -158,7 +159,7 @@ def run_worker(family: str, quick: bool = True) -> list:
         t0 = time.perf_counter()
         cp = ContextParallelHyTopK(case.lo, case.hi, case.k, sh, capacity=case.capacity,
                                    oversample=case.oversample, max_failed=case.max_failed,
-                                   backend=family, device=device)
+                                   backend=family, variants=variants, device=device)
         q, w = (torch.as_tensor(sh.take_queries(x, me)).to(device) for x in (case.q, case.w))
         keys = torch.as_tensor(sh.take_keys(case.keys, me)).to(device)
         res = cp(q, w, keys)
@@ -167,7 +168,7 @@ def run_worker(family: str, quick: bool = True) -> list:
         got = gather_result(res, sh, dst=checker)
         if me == checker:
             t1 = time.perf_counter()
-            problems = check_case(case, got, family)
+            problems = check_case(case, got, family, variants)
             records.append(dict(index=i, case=case.name, n=n, L=L, k=case.k, ok=not problems,
                                 problems=problems, failed=int(res.failed_total), fell_back=bool(got.fell_back),
                                 cp_seconds=round(seconds, 3), check_seconds=round(time.perf_counter() - t1, 3)))

@@ -89,7 +89,8 @@ def _select_cuda(q, w, keys, lo, hi, k, capacity=None, oversample=3.0, max_faile
     if b is None:
         return scoring.exact_select(q, w, keys, lo, hi, k)
     dt = dispatch.input_dtype(b)
-    qq, ww, kk = ((x if dt is None else x.to(dt)).contiguous() for x in (q, w, keys))
+    # detach: kernels take raw memory (CAI/DLPack refuse tensors that require grad)
+    qq, ww, kk = ((x.detach() if dt is None else x.detach().to(dt)).contiguous() for x in (q, w, keys))
     with dispatch.on_torch_stream(b, q.device):
         res = b.hytopk_indexer(qq, ww, kk, lo.contiguous(), hi.contiguous(), k, capacity=capacity,
                                oversample=oversample, max_failed=max_failed)
@@ -127,7 +128,7 @@ def _replay_cuda(q, w, keys, idx, deterministic=None):
         return scoring.replay(q, w, keys, idx)
     from workbench.arrays import to_kind
     dt = dispatch.input_dtype(b)
-    args = [(x if dt is None else x.to(dt)).contiguous() for x in (q, w, keys)] + [idx.contiguous()]
+    args = [(x.detach() if dt is None else x.detach().to(dt)).contiguous() for x in (q, w, keys)] + [idx.contiguous()]
     with dispatch.on_torch_stream(b, q.device):
         out = b.stages.replay(*[b.family.to_device(x) for x in args])
         out = to_kind(out, "torch")

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One H200 session (device tool): environment, then the named phases, each time-boxed,
+# logs under $OUT (tarred at the end so they fit the device tool's file limits).
+#   bash scripts/h200_run.sh tests sanitize compare bench ...
+# Phases: env tests tests-cupy tests-numba tests-torch sanitize compare bench-train calibrate compile-check
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/hytopk-out}; mkdir -p "$OUT/logs"
+export PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-ci}
+if ls .whl/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/numpy ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH=/tmp/site:$PWD
+S="$OUT/summary.txt"
+phase() {   # phase NAME SECONDS CMD...
+  local name=$1 secs=$2; shift 2
+  local t0=$(date +%s)
+  timeout "$secs" "$@" >"$OUT/logs/$name.log" 2>&1
+  local rc=$?
+  local tail1; tail1=$(grep -E "passed|failed|error|OK|FAIL" "$OUT/logs/$name.log" | tail -n 1)
+  printf '%-14s rc=%-3s %4ss  %s\n' "$name" "$rc" "$(( $(date +%s) - t0 ))" "$tail1" | tee -a "$S"
+}
+PYT="python3 -m pytest -q -p no:cacheprovider -rfE --timeout=${TEST_TIMEOUT:-120}"
+for p in "$@"; do
+  case "$p" in
+    env) phase env 60 bash -c 'nvidia-smi; python3 -c "import sys,numpy,numba,cupy,torch; print(sys.version); print(\"numpy\",numpy.__version__,\"numba\",numba.__version__,\"cupy\",cupy.__version__,\"torch\",torch.__version__, torch.cuda.get_device_name())"; python3 -m workbench doctor' ;;
+    compile-check) phase compile-check 300 python3 -m workbench compile-check ;;
+    tests-cupy) phase tests-cupy ${CAP:-240} $PYT tests/test_cupy_gpu.py tests/test_loader.py tests/test_compile_check.py tests/test_cupy_bf16.py ;;
+    tests-variants) phase tests-variants ${CAP:-200} $PYT tests/test_variants.py ;;
+    tests-torch) phase tests-torch ${CAP:-120} $PYT tests/test_torch_*.py ;;
+    tests) phase tests 560 $PYT tests --junitxml="$OUT/logs/junit.xml" ;;
+    sanitize) phase sanitize 420 env PYTHON=python3 bash scripts/sanitize.sh ;;
+    compare) phase compare 480 python3 -m workbench compare --preset "${PRESET:-dsv32-128k}" --json "$OUT/compare.json" --plot "$OUT/compare.png" ;;
+    bench-train) phase bench-train 480 python3 -m workbench.torch.bench_train --preset dsv32-32k --preset dsv32-128k --json "$OUT/bench_train.json" ;;
+    *) echo "unknown phase $p" | tee -a "$S" ;;
+  esac
+done
+cp -r results/sanitizer "$OUT/logs/" 2>/dev/null || true
+tar -C "$OUT" -czf "$OUT/logs.tgz" logs && rm -rf "$OUT/logs"
+cat "$S"
