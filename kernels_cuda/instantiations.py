@@ -15,7 +15,8 @@ TABLE = "hytopk::TableSource"
 
 # file -> (kernel, what it is instantiated over)
 #   "table+indexer": every source; "indexer": indexer sources only;
-#   "mma": (H, D) only (bf16 tensor-core path); "plain": not a template
+#   "mma": (H, D) only (bf16 tensor-core path); "tiled": (H, D) rounded up by
+#   tiled_shape (the tiled tensor-core core); "plain": not a template
 KERNELS = {
     "threshold.cu": (("hytopk_threshold", "table+indexer"),),
     "filter.cu": (("hytopk_filter", "table+indexer"),),
@@ -26,7 +27,11 @@ KERNELS = {
     "dense.cu": (("hytopk_dense", "indexer"),),
     "replay.cu": (("hytopk_replay", "indexer"),),
     "score_only.cu": (("hytopk_score_only", "indexer"),),
+    "tiled.cu": (("hytopk_filter_tiled", "tiled"), ("hytopk_dense_tiled", "tiled"),
+                 ("hytopk_score_rows_tiled", "tiled"), ("hytopk_score_only_tiled", "tiled"),
+                 ("hytopk_replay_tiled", "tiled")),
 }
+TILED_HEADS = (16, 32, 64)                   # the tiled core's H (hytopk_mma_tile.cuh); fewer heads are zero-padded
 
 
 def indexer_source(H: int, D: int, dtype: str) -> str:
@@ -38,6 +43,17 @@ def indexer_source(H: int, D: int, dtype: str) -> str:
 
 def mma_ok(H: int, D: int) -> bool:
     return H % 8 == 0 and D % 16 == 0
+
+
+def tiled_shape(H: int, D: int) -> tuple[int, int]:
+    """The tiled core's (H, D) for inputs of H heads and D dims: H up to the next of
+    TILED_HEADS, D up to a multiple of 16 (zero heads and dims add exactly +0)."""
+    H, D = int(H), int(D)
+    if H < 1 or H > TILED_HEADS[-1]:
+        raise ValueError(f"argument 'q': the tiled core takes 1 to {TILED_HEADS[-1]} heads, got {H}")
+    if D < 1 or D > 256:
+        raise ValueError(f"argument 'q': the tiled core takes head dims 1 to 256, got {D}")
+    return next(h for h in TILED_HEADS if h >= H), -(-D // 16) * 16
 
 
 def name(kernel: str, source: str | None = None, shape: tuple | None = None) -> str:
@@ -55,6 +71,10 @@ def name_expressions(file: str, shapes=SHAPES, dtypes=DTYPES) -> list[str]:
     for kernel, over in KERNELS[file]:
         if over == "plain":
             out.append(name(kernel))
+            continue
+        if over == "tiled":
+            tiled = dict.fromkeys(tiled_shape(*s) for s in shapes)      # ordered, deduplicated
+            out += [name(kernel, shape=s) for s in tiled]
             continue
         if over == "mma":
             out += [name(kernel, shape=s) for s in shapes if mma_ok(*s)]

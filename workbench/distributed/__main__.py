@@ -35,6 +35,8 @@ def _parser():
     be.add_argument("--D", type=int, default=128)
     be.add_argument("--k", type=int, default=2048)
     be.add_argument("--layout", default="full", choices=("full", "causal_tail"))
+    be.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="indexer input dtype (bfloat16 for the tensor-core filter variants)")
     be.add_argument("--sharding", default="zigzag", choices=("zigzag", "contiguous"))
     be.add_argument("--repeats", type=int, default=5)
     be.add_argument("--timeout", type=float, default=600.0)
@@ -134,7 +136,7 @@ def cmd_selftest(args) -> int:
 
 def cmd_bench(args) -> int:
     from .bench import report
-    params = {k: getattr(args, k) for k in ("n", "L", "H", "D", "k", "layout", "sharding", "repeats")}
+    params = {k: getattr(args, k) for k in ("n", "L", "H", "D", "k", "layout", "sharding", "dtype", "repeats")}
     runs = {}
     sizes = [1] + ([args.world_size] if args.world_size > 1 else [])
     with tempfile.TemporaryDirectory(prefix="hytopk-cp-bench-") as tmp:

@@ -47,7 +47,8 @@ def _inputs(p, device):
     q = torch.randn((n, H, D), generator=g, device=device) / float(np.sqrt(D))
     w = torch.rand((n, H), generator=g, device=device)
     keys = torch.randn((L, D), generator=g, device=device)
-    return q, w, keys
+    dtype = getattr(torch, p.get("dtype", "float32"))
+    return q.to(dtype), w.to(dtype), keys.to(dtype)
 
 
 def run_worker(family: str, p: dict, variants: dict | None = None) -> dict:

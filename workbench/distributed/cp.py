@@ -27,6 +27,10 @@ The output and the statistics equal ``reference.hytopk_indexer`` on the
 whole problem bit for bit whenever each score does not depend on how the
 keys are blocked: always for exact-arithmetic inputs (DESIGN.md §6); for
 general float inputs as far as the family's scoring routine guarantees it.
+
+Memory per rank, besides the inputs: the scratch [L, D] sample-key array
+(only sampled rows written), the candidate buffer [n_local, capacity + 1]
+and one filter output [n_local, capacity] per shard piece at a time.
 """
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ def _mem(b):
 
 
 def compare_table(res):
+    from rich.markup import escape
     from rich.table import Table
     ceil = res.ceilings
     t = Table(title=f"hytopk compare — preset {res.preset['name']} on {res.device} "
@@ -36,10 +37,10 @@ def compare_table(res):
         tfl = f"{r.tflops:.3g} ({100 * r.tflops / ceil['gemm_tflops']:.0f}%)" if r.tflops else "–"
         gbs = f"{r.gbps:.4g} ({100 * r.gbps / ceil['copy_gbps']:.0f}%)" if r.gbps else "–"
         ratios = [_fmt(r.ratios.get(b)) if b in present else "–" for b, _ in BASE_COLS]
-        t.add_row(r.stage if r.kind != "baseline" else "baseline", r.label, ok, _fmt(r.time_ms, "{:.4g}"),
+        t.add_row(r.stage if r.kind != "baseline" else "baseline", escape(r.label), ok, _fmt(r.time_ms, "{:.4g}"),
                   *ratios, tfl, gbs, _mem(r.peak_extra_bytes))
         if r.correct is False and r.detail:
-            t.add_row("", f"[red]  ↳ {r.detail}[/]", *[""] * (len(t.columns) - 2))
+            t.add_row("", f"[red]  ↳ {escape(r.detail)}[/]", *[""] * (len(t.columns) - 2))
     return t
 
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from rich.markup import escape
+
 from .. import registry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,7 +114,7 @@ class WatchLoop:
             except Exception as e:
                 detail = "".join(traceback.format_exception_only(type(e), e)).strip()
                 out = Outcome(str(path), None, None, False, None, f"import/compile error: {detail}")
-                self.say(f"[bold red]✗ {path.name}: {detail}[/] (fix it and save again)")
+                self.say(f"[bold red]✗ {path.name}: {escape(detail)}[/] (fix it and save again)")
                 return [out]
             chosen = [v for v in registry.variants(load=False) if v.fn.__module__ == module]
         else:
@@ -145,7 +147,8 @@ class WatchLoop:
                 self.previous[row.label] = o
                 mark = "[green]✓ correct[/]" if o.correct else "[bold red]✗ WRONG[/]"
                 tm = f"{o.time_ms:.4g} ms" if o.time_ms is not None else "not timed"
-                self.say(f"  {row.label}: {mark}  {tm}  {o.change}" + (f"\n    {o.detail}" if not o.correct else ""))
+                self.say(f"  {escape(row.label)}: {mark}  {tm}  {escape(o.change)}"
+                         + (f"\n    {escape(o.detail)}" if not o.correct else ""))
                 outs.append(o)
         self.say(f"[dim]{path.name}: {len(outs)} variant(s) in {time.perf_counter() - t0:.1f} s[/]")
         return outs

@@ -77,6 +77,7 @@ def load(preset_or_shape, p: Path | None = None) -> dict:
 
 
 def table(data: dict):
+    from rich.markup import escape
     from rich.table import Table
     t = Table(title=f"winners ({path()})")
     for c in ("preset", "shape", "device", "stage", "fastest correct variant", "time ms"):
@@ -88,7 +89,7 @@ def table(data: dict):
         for key, v in rows:
             t.add_row(name if first else "", f"n={shp.get('n')} L={shp.get('L')} H={shp.get('H')} k={shp.get('k')}"
                       if first else "", (e.get("gpu") or e.get("device") or "") if first else "",
-                      key, v["variant"], f"{v['time_ms']:.4g}")
+                      escape(key), v["variant"], f"{v['time_ms']:.4g}")
             first = False
         if e.get("pipeline"):
             t.add_row(name if first else "", "", "", "pipeline", e["pipeline"], "")

@@ -11,8 +11,9 @@ import numpy as np
 
 from .. import Family
 from ._launch import as_device, gpu_status, launch_stream
-from . import check, dense, filter, recover, replay, select, threshold  # noqa: F401  (register variants)
+from . import check, dense, filter, recover, replay, select, threshold, tiled  # noqa: F401  (register variants)
 from .score_only import score_only
+from .tiled import score_only_tiled
 
 DEFAULTS = {
     "threshold": "cupy.threshold.block",
@@ -56,4 +57,4 @@ class CupyFamily(Family):
 
 FAMILY = CupyFamily()
 
-__all__ = ["FAMILY", "DEFAULTS", "score_only", "CupyFamily"]
+__all__ = ["FAMILY", "DEFAULTS", "score_only", "score_only_tiled", "CupyFamily"]

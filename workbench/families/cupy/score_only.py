@@ -8,9 +8,15 @@ import numpy as np
 from ._launch import CHUNK, bind_indexer, chunks, i32, kernel, launch, launch_stream
 
 
-def score_only(q, w, keys, lo, hi):
+def score_only(q, w, keys, lo, hi, variant="simt"):
     """-> uint64[1] device array: the wrapping sum of the order keys of every
-    score in every context (deterministic; not synchronised, for timing)."""
+    score in every context (deterministic; not synchronised, for timing).
+    variant: "simt" (the SIMT routine) or "tiled" (the tiled tensor-core core, bf16)."""
+    if variant == "tiled":
+        from .tiled import score_only_tiled
+        return score_only_tiled(q, w, keys, lo, hi)
+    if variant != "simt":
+        raise ValueError(f"argument 'variant' must be 'simt' or 'tiled', got {variant!r}")
     with launch_stream():
         src = bind_indexer(q, w, keys)
         lo, hi = i32(lo, "lo"), i32(hi, "hi")

@@ -1,0 +1,170 @@
+"""The tiled tensor-core core (kernels_cuda/hytopk_mma_tile.cuh + tiled.cu) as
+variants: fused filter, dense table, recovery and replay, plus the score-only
+floor. All five call one scoring routine, so their scores agree bit for bit
+on any input; a pipeline of tiled filter + tiled recover is exact on its own
+scores. Inputs are rounded to bf16 first (float32 in: round to nearest even;
+exact on small-integer inputs); heads are zero-padded to 16/32/64, dims to a
+multiple of 16 (zeros add exactly +0)."""
+from __future__ import annotations
+
+import cupy as cp
+import numpy as np
+
+import reference as R
+from kernels_cuda import instantiations as INST
+
+from ...bf16 import float32_to_bf16_bits
+from ...registry import register
+from ._launch import (as_device, check_k_fits, chunks, exact_topk_smem_bytes, i32, input_dtype, kernel,
+                      launch, launch_stream, pad_inputs)
+from .filter import _buffers, _capacity
+
+BF16 = "(inputs rounded to bf16)"
+
+
+class Geometry:
+    """Host mirror of hytopk::tiled::Shape<H, D> (keep in step with the header)."""
+
+    def __init__(self, H: int, D: int):
+        self.H, self.D = H, D
+        self.qpb = min(256 // H, 8)
+        self.wq = 8 // self.qpb
+        self.kw = 2048 // H
+        self.ntile = self.wq * self.kw
+        rs = D + 8
+        self.smem = self.qpb * H * rs * 2 + 2 * self.ntile * rs * 2
+        self.tiles_per_block = 2048 // self.ntile
+        self.block_keys = self.ntile * self.tiles_per_block
+        self.rjt = self.wq * 16
+        self.r_block = self.rjt * 8
+        self.r_smem = self.qpb * H * rs * 2 + 8 * 16 * rs * 2
+
+    def groups(self, n: int) -> int:
+        return -(-n // self.qpb)
+
+
+class TiledInputs:
+    """q, w, keys as contiguous, 16-byte aligned bf16 bits padded to the tiled shape."""
+
+    def __init__(self, q, w, keys):
+        q, w, keys = (cp.ascontiguousarray(as_device(a)) for a in (q, w, keys))
+        dts = {input_dtype(a) for a in (q, w, keys)}
+        if len(dts) != 1:
+            raise TypeError(f"arguments 'q', 'w', 'keys' must share one dtype, got {q.dtype}, {w.dtype}, {keys.dtype}")
+        if dts == {"float32"}:
+            q, w, keys = (float32_to_bf16_bits(a, cp) for a in (q, w, keys))
+        q, w, keys = (a.view(cp.uint16) for a in (q, w, keys))
+        if q.ndim != 3 or w.shape != q.shape[:2] or keys.ndim != 2 or keys.shape[1] != q.shape[2]:
+            raise ValueError(f"arguments 'q', 'w', 'keys': shapes {q.shape}, {w.shape}, {keys.shape} "
+                             "are not [n, H, D], [n, H], [L, D]")
+        self.n, H0, D0 = q.shape
+        self.H, self.D = INST.tiled_shape(H0, D0)
+        q, w, keys = pad_inputs(q, w, keys, self.H, self.D)
+        # cp.async moves 16-byte pieces: copy a misaligned view (e.g. an offset torch tensor)
+        self.q, self.w, self.keys = (a if a.data.ptr % 16 == 0 else a.copy() for a in (q, w, keys))
+        self.L = self.keys.shape[0]
+        self.geo = Geometry(self.H, self.D)
+        default = {INST.tiled_shape(*s) for s in INST.SHAPES}
+        self.shapes = INST.SHAPES if (self.H, self.D) in default else ((self.H, self.D),)
+
+    def fn(self, kernel_name: str):
+        return kernel("tiled.cu", f"{kernel_name}<{self.H}, {self.D}>", self.shapes)
+
+    def head_args(self):
+        return (self.q, self.w, self.keys, np.int64(self.L))
+
+    def scan_grid(self, nq: int):
+        """(query groups, key runs) of the filter / rows / score-only kernels."""
+        return (self.geo.groups(nq), chunks(self.L + self.geo.ntile, self.geo.block_keys))
+
+
+def _indexer(source, name):
+    if not isinstance(source, R.IndexerSource):
+        raise TypeError(f"argument 'source': {name} takes the indexer source only")
+    return TiledInputs(source.q, source.w, source.keys)
+
+
+@register("filter", "cupy.filter.tiled_mma", sources=("indexer",), gpu_only=True,
+          notes=f"tiled bf16 mma.sync core, cp.async + ldmatrix, on-chip threshold compare {BF16}")
+def filter_tiled(source, lo, hi, T, capacity):
+    capacity = _capacity(capacity)
+    with launch_stream():
+        x = _indexer(source, "cupy.filter.tiled_mma")
+        lo, hi = i32(lo, "lo"), i32(hi, "hi")
+        T = cp.ascontiguousarray(cp.asarray(T, cp.float32))
+        cand_idx, cand_val, count = _buffers(x.n, capacity)
+        launch(x.fn("hytopk_filter_tiled"), x.scan_grid(x.n),
+               (*x.head_args(), np.int32(x.n), lo, hi, T, np.int32(capacity), cand_idx, cand_val, count),
+               x.geo.smem)
+        return cand_idx, cand_val, count
+
+
+@register("dense", "cupy.dense.tiled_mma", gpu_only=True,
+          notes=f"tiled bf16 mma.sync core writing the table (the fast dense baseline) {BF16}")
+def dense_tiled(q, w, keys, lo, hi):
+    with launch_stream():
+        x = TiledInputs(q, w, keys)
+        lo, hi = i32(lo, "lo"), i32(hi, "hi")
+        out = cp.empty((x.n, x.L), cp.float32)
+        launch(x.fn("hytopk_dense_tiled"), (x.geo.groups(x.n), chunks(x.L, x.geo.block_keys)),
+               (*x.head_args(), np.int32(x.n), lo, hi, out), x.geo.smem)
+        return out
+
+
+ROWS_PER_PASS = 64
+
+
+@register("recover", "cupy.recover.tiled_mma", sources=("indexer",), gpu_only=True,
+          notes=f"failed rows materialised by the tiled core (same bits as its filter), exact radix top-k {BF16}")
+def recover_tiled(source, lo, hi, rows, k):
+    k = check_k_fits(k)
+    with launch_stream():
+        x = _indexer(source, "cupy.recover.tiled_mma")
+        lo, hi, rows = i32(lo, "lo"), i32(hi, "hi"), i32(rows, "rows")
+        nr = rows.shape[0]
+        idx = cp.empty((nr, k), cp.int32)
+        val = cp.empty((nr, k), cp.float32)
+        if nr == 0:
+            return idx, val
+        score = x.fn("hytopk_score_rows_tiled")
+        select = kernel("recover.cu", "hytopk_select_rows")
+        lengths = (hi - lo)[rows]
+        for s in range(0, nr, ROWS_PER_PASS):
+            part = cp.ascontiguousarray(rows[s:s + ROWS_PER_PASS])
+            stride = max(1, int(lengths[s:s + ROWS_PER_PASS].max()))
+            buf = cp.empty((part.shape[0], stride), cp.float32)
+            launch(score, x.scan_grid(part.shape[0]),
+                   (*x.head_args(), part, np.int32(part.shape[0]), lo, hi, buf, np.int64(stride)), x.geo.smem)
+            launch(select, (part.shape[0],),
+                   (buf, np.int64(stride), np.int32(0), part, np.int32(part.shape[0]), lo, hi, np.int32(k),
+                    idx[s:s + ROWS_PER_PASS], val[s:s + ROWS_PER_PASS]), exact_topk_smem_bytes(k))
+            del buf
+        return idx, val
+
+
+@register("replay", "cupy.replay.tiled_mma", gpu_only=True,
+          notes=f"gathered key tiles through the tiled core: equals its filter's scores bit for bit {BF16}")
+def replay_tiled(q, w, keys, idx):
+    with launch_stream():
+        x = TiledInputs(q, w, keys)
+        idx = i32(idx, "idx")
+        if idx.ndim != 2 or idx.shape[0] != x.n:
+            raise ValueError(f"argument 'idx' must have shape ({x.n}, k), got {idx.shape}")
+        k = idx.shape[1]
+        out = cp.empty((x.n, k), cp.float32)
+        if k:
+            launch(x.fn("hytopk_replay_tiled"), (x.geo.groups(x.n), chunks(k, x.geo.r_block)),
+                   (*x.head_args(), np.int32(x.n), idx, np.int32(k), out), x.geo.r_smem)
+        return out
+
+
+def score_only_tiled(q, w, keys, lo, hi):
+    """The floor of the tiled variants: the tiled core over every context, nothing
+    written but the wrapping uint64 sum of the order keys (uint64[1], not synchronised)."""
+    with launch_stream():
+        x = TiledInputs(q, w, keys)
+        lo, hi = i32(lo, "lo"), i32(hi, "hi")
+        checksum = cp.zeros(1, cp.uint64)
+        launch(x.fn("hytopk_score_only_tiled"), x.scan_grid(x.n),
+               (*x.head_args(), np.int32(x.n), lo, hi, checksum), x.geo.smem)
+        return checksum
