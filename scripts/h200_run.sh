@@ -28,10 +28,10 @@ for p in "$@"; do
     tests-cupy) phase tests-cupy ${CAP:-240} $PYT tests/test_cupy_gpu.py tests/test_loader.py tests/test_compile_check.py tests/test_cupy_bf16.py ;;
     tests-variants) phase tests-variants ${CAP:-200} $PYT tests/test_variants.py ;;
     tests-torch) phase tests-torch ${CAP:-120} $PYT tests/test_torch_*.py ;;
-    tests) phase tests 560 $PYT tests --junitxml="$OUT/logs/junit.xml" ;;
-    sanitize) phase sanitize 420 env PYTHON=python3 bash scripts/sanitize.sh ;;
-    compare) phase compare 480 python3 -m workbench compare --preset "${PRESET:-dsv32-128k}" --json "$OUT/compare.json" --plot "$OUT/compare.png" ;;
-    bench-train) phase bench-train 480 python3 -m workbench.torch.bench_train --preset dsv32-32k --preset dsv32-128k --json "$OUT/bench_train.json" ;;
+    tests) phase tests ${CAP:-560} $PYT tests --junitxml="$OUT/logs/junit.xml" ;;
+    sanitize) phase sanitize ${CAP:-420} env PYTHON=python3 bash scripts/sanitize.sh ;;
+    compare) phase compare ${CAP:-480} python3 -m workbench compare --preset "${PRESET:-dsv32-128k}" --json "$OUT/compare.json" --plot "$OUT/compare.png" ;;
+    bench-train) phase bench-train ${CAP:-480} python3 -m workbench.torch.bench_train ${BENCH_PRESETS:---preset dsv32-32k --preset dsv32-128k} --json "$OUT/bench_train.json" ;;
     *) echo "unknown phase $p" | tee -a "$S" ;;
   esac
 done
