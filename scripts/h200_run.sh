@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One H200 session (device tool): environment, then the named phases, each time-boxed,
 # logs under $OUT (tarred at the end so they fit the device tool's file limits).
-#   bash scripts/h200_run.sh tests sanitize compare bench ...
+#   bash scripts/h200_run.sh env tests:330 compare:150 bench-train ...
 # Phases: env tests tests-cupy tests-numba tests-torch sanitize compare bench-train calibrate compile-check
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +21,8 @@ phase() {   # phase NAME SECONDS CMD...
   printf '%-14s rc=%-3s %4ss  %s\n' "$name" "$rc" "$(( $(date +%s) - t0 ))" "$tail1" | tee -a "$S"
 }
 PYT="python3 -m pytest -q -p no:cacheprovider -rfE --timeout=${TEST_TIMEOUT:-120}"
-for p in "$@"; do
+for arg in "$@"; do      # NAME or NAME:SECONDS (time box for that phase)
+  p=${arg%%:*}; unset CAP; [ "$p" != "$arg" ] && CAP=${arg#*:}
   case "$p" in
     env) phase env 60 bash -c 'nvidia-smi; python3 -c "import sys,numpy,numba,cupy,torch; print(sys.version); print(\"numpy\",numpy.__version__,\"numba\",numba.__version__,\"cupy\",cupy.__version__,\"torch\",torch.__version__, torch.cuda.get_device_name())"; python3 -m workbench doctor' ;;
     compile-check) phase compile-check 300 python3 -m workbench compile-check ;;
