@@ -43,6 +43,7 @@ def _progress(console):
 @app.command()
 def doctor():
     """What this machine has (GPU, driver, CuPy, NVRTC/nvcc, numba-cuda, simulator, torch), what is missing and the fix."""
+    from rich.markup import escape
     from rich.table import Table
     from .harness.doctor import checks
     t = Table(title="hytopk doctor")
@@ -52,7 +53,7 @@ def doctor():
     for c in checks():
         st = "[green]ok[/]" if c.ok else ("[bold red]MISSING[/]" if c.required else "[yellow]absent[/]")
         bad_required |= c.required and not c.ok
-        t.add_row(c.name, st, c.detail, c.fix)
+        t.add_row(escape(c.name), st, escape(c.detail), escape(c.fix))   # fixes hold [extras]: not markup
     console.print(t)
     if bad_required:
         raise typer.Exit(1)
@@ -69,13 +70,16 @@ def compare(
     repeats: Optional[int] = typer.Option(None, help="timed repeats per row (default 3 on CPU, 10 on GPU)"),
     record_winners: bool = typer.Option(True, "--winners/--no-winners", help="record the winners file"),
     family: Optional[List[str]] = typer.Option(None, help="only these families (reference, numba, cupy; repeatable)"),
+    budget: Optional[float] = typer.Option(None, help="seconds for the per-stage rows; later ones are skipped "
+                                                     "(pipelines and baselines always run)"),
 ):
     """Check, then time every variant of each stage, the pipelines and the baselines, side by side."""
     from .harness import report, winners
+    from rich.markup import escape
     from .harness.compare import run_compare
     try:
-        res = run_compare(preset, stage, variant, repeats, say=lambda m: console.print(f"[cyan]{m}[/]"),
-                          progress_factory=_progress(console), families=family or None)
+        res = run_compare(preset, stage, variant, repeats, say=lambda m: console.print(f"[cyan]{escape(m)}[/]"),
+                          progress_factory=_progress(console), families=family or None, budget_s=budget)
     except ValueError as e:
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(2)

@@ -267,13 +267,14 @@ class Runner:
             return row
         return self.measure(row, v.fn, arg_sets, check, simulated=self.simulated(v.family))
 
-    def pipeline_row(self, fam_name: str, entry: str) -> Row:
+    def pipeline_row(self, fam_name: str, entry: str, chosen: dict | None = None) -> Row:
+        """The family's pipeline: its DEFAULTS, or ``chosen`` = {stage: variant} (the fastest of this run)."""
         import workbench
         wl, p, E = self.wl, self.wl.p, self.wl.E
-        b = workbench.backend(fam_name)
-        row = Row("pipeline", entry, f"{fam_name}.{entry}")
+        b = workbench.backend(fam_name, variants=chosen)
+        row = Row("pipeline", entry, f"{fam_name}.{entry}" + ("[fastest stages]" if chosen else ""))
+
         row.flops, row.bytes = wl.work(entry, "indexer")
-        row.detail = ""
 
         def inputs(i):
             d = {k: v for k, v in wl.dev.items()}
@@ -294,8 +295,11 @@ class Runner:
             idx = C.as_torch(res.idx, b.family, wl.device)
             val = C.as_torch(res.val, b.family, wl.device)
             return C.selection(idx, val, E.topk_idx, E.topk_val, entry)
-        return self.measure(row, fn, [(inputs(i),) for i in range(self.rotations)], check,
-                            simulated=self.simulated(fam_name))
+        row = self.measure(row, fn, [(inputs(i),) for i in range(self.rotations)], check,
+                           simulated=self.simulated(fam_name))
+        if chosen:
+            row.detail = "; ".join(filter(None, [row.detail, ", ".join(f"{k}={v}" for k, v in chosen.items())]))
+        return row
 
     def torch_baseline(self) -> Row:
         wl, p, E = self.wl, self.wl.p, self.wl.E
@@ -333,14 +337,16 @@ class Runner:
         check = lambda out: C.topk_values(out[1], out[0], E, wl.lo_t, wl.hi_t)
         return self.measure(row, fn, [()], check)
 
-    def score_only_baseline(self) -> Row | None:
+    def score_only_baseline(self, variant: str = "simt") -> Row | None:
+        """The floor: the same scoring code as a fused filter, nothing written but a checksum."""
         try:
-            from ..families.cupy import score_only        # the CuPy helper's floor kernel
+            from ..families.cupy import score_only        # the CuPy family's floor kernel
         except Exception:
             return None
         wl = self.wl
         fam = get_family("cupy")
-        row = Row("baseline", "score-only", "cupy score_only (checksum)")
+        stage = "score-only" if variant == "simt" else f"score-only-{variant}"
+        row = Row("baseline", stage, f"cupy score_only[{variant}] (checksum)")
         row.flops, row.bytes = wl.work("score-only", None)
         X = to_family(fam, dict(wl.dev), wl.device)
         args = (X["q"], X["w"], X["keys"], X["lo"], X["hi"])
@@ -349,7 +355,7 @@ class Runner:
         def check(out):
             got = int(np.asarray(fam.to_host(out)).reshape(-1)[0])
             return (True, "checksum matches") if got == want else (False, f"checksum {got} != expected {want}")
-        return self.measure(row, score_only, [args], check)
+        return self.measure(row, lambda *a: score_only(*a, variant=variant), [args], check)
 
 
 def torch_indexer_topk(q, w, keys, lo, hi, k, rows_per_chunk):
@@ -368,7 +374,8 @@ def torch_indexer_topk(q, w, keys, lo, hi, k, rows_per_chunk):
 
 
 def run_compare(preset: str | None = None, stages=None, variant_names=None, repeats=None,
-                say: Callable[[str], None] = print, progress_factory=None, families=None) -> CompareResult:
+                say: Callable[[str], None] = print, progress_factory=None, families=None,
+                budget_s: float | None = None) -> CompareResult:
     """Run the comparison; `say` prints notes, `progress_factory(total)` gives an advance(label) callable."""
     gpu = gpu_available()
     notes = []
@@ -397,7 +404,9 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
             say(f"family {fam}: skipped ({why})")
 
     say(f"preparing preset {p.name} (n={p.n}, L={p.L}, H={p.H}, D={p.D}, k={p.k}, {p.dtype}) on {device}")
+    t_prep = time.perf_counter()
     wl = Workload(p, device)
+    say(f"workload and oracle ready in {time.perf_counter() - t_prep:.1f} s")
     timer = make_timer(device)
     ceilings = {"gemm_tflops": gemm_tflops(timer), "copy_gbps": copy_gbps(timer)}
     ceilings["flop_bound_ms"] = wl.work("flop-bound", None)[0] / (ceilings["gemm_tflops"] * 1e12) * 1e3
@@ -419,6 +428,9 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
                     skipped.append({"name": v.name, "stage": s, "reason": "table source: [n, L] table too large"})
                     continue
                 jobs.append(("stage", s, v, src))
+    # under a time budget the CUDA C++ family (the headline) goes first, then Numba, then the rest
+    order = {"cupy": 0, "numba": 1}
+    jobs.sort(key=lambda j: order.get(j[2].family, 2))
     if variant_names:
         unknown = set(variant_names) - {v.name for v in registry.variants(load=False)}
         if unknown:
@@ -428,18 +440,30 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
         pipes = []                       # a stage subset compares stages only
     for f in pipes:
         jobs.append(("pipeline", "hytopk_indexer", f, None))
+        if device != "cpu":
+            jobs.append(("pipeline", "hytopk_indexer", f, "fastest"))
         # the table pipeline runs the same stages; in the simulator one pipeline row is enough
         if wl.table_ok and not (f == "numba" and device == "cpu"):
             jobs.append(("pipeline", "hytopk", f, None))
     jobs += [("baseline", b, None, None) for b in ("torch", "dense+topk", "score-only")]
 
     advance = progress_factory(len(jobs)) if progress_factory else (lambda label: None)
+    live = device != "cpu"          # GPU runs are long: a line per row as it lands (logs show progress)
+    t_start = time.perf_counter()
     rows: list[Row] = []
     for kind, s, v, src in jobs:
         label = f"{s}: {v.name if kind == 'stage' else v or s}" + (f"[{src}]" if src else "")
         advance(label)
+        if kind == "stage" and budget_s is not None and time.perf_counter() - t_start > budget_s:
+            # pipelines and baselines always run; per-stage rows stop at the time budget
+            skipped.append({"name": v.name, "stage": s, "reason": f"time budget ({budget_s:.0f} s) used up"})
+            continue
         if kind == "stage":
             rows.append(runner.stage_row(s, v, src))
+        elif kind == "pipeline" and src == "fastest":
+            chosen = fastest_of_family(rows, v)
+            if chosen:
+                rows.append(runner.pipeline_row(v, s, chosen))
         elif kind == "pipeline":
             rows.append(runner.pipeline_row(v, s))
         elif s == "torch":
@@ -458,11 +482,17 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
             else:
                 notes.append("baseline dense+topk: no correct dense variant here")
         elif s == "score-only":
-            r = runner.score_only_baseline() if usable.get("cupy") else None
-            if r is None:
-                notes.append("baseline score-only: needs workbench.families.cupy.score_only (CuPy on a GPU)")
-            else:
+            for variant in ("simt", "tiled"):
+                r = runner.score_only_baseline(variant) if usable.get("cupy") else None
+                if r is None:
+                    notes.append("baseline score-only: needs workbench.families.cupy.score_only (CuPy on a GPU)")
+                    break
                 rows.append(r)
+        if rows and live:
+            r = rows[-1]
+            t = f"{r.time_ms:.4g} ms" if r.time_ms else "-"
+            say(f"  {r.label}: {'ok' if r.correct else 'WRONG'} {t} (+{time.perf_counter() - t_start:.0f} s)"
+                + ("" if r.correct else f"  {r.detail}"))
     advance(None)
 
     base_t = {r.stage: r.time_ms for r in rows if r.kind == "baseline" and r.time_ms}
@@ -475,6 +505,20 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
     res = CompareResult(p.as_dict(), device, environment(), ceilings, rows, skipped, missing, notes)
     res.winners = pick_winners(rows)
     return res
+
+
+def fastest_of_family(rows, family: str) -> dict:
+    """{stage: fastest correct variant of ``family``} among this run's stage rows
+    (indexer source preferred for the source stages); {} if it adds nothing to DEFAULTS."""
+    best = {}
+    for r in rows:
+        if r.kind != "stage" or r.correct is not True or r.time_ms is None or not r.name.startswith(family + "."):
+            continue
+        if r.stage in registry.SOURCE_STAGES and r.source != "indexer":
+            continue
+        if r.stage not in best or r.time_ms < best[r.stage][1]:
+            best[r.stage] = (r.name, r.time_ms)
+    return {s: n for s, (n, _) in best.items()}
 
 
 def pick_winners(rows) -> dict:

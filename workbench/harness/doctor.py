@@ -100,6 +100,24 @@ def environment() -> dict:
     }
 
 
+def _nvrtc_check(pip: str) -> Check:
+    """NVRTC from CuPy, else from the cuda-bindings wheel (what compile-check uses without a driver)."""
+    errors = []
+    try:
+        from cupy.cuda import nvrtc as _nv
+        return Check("NVRTC", True, "cupy: " + ".".join(map(str, _nv.getVersion())))
+    except Exception as e:
+        errors.append(f"cupy: {type(e).__name__}")
+    try:
+        from cuda.bindings import nvrtc as _nb
+        err, major, minor = _nb.nvrtcVersion()
+        return Check("NVRTC", True, f"cuda-bindings: {major}.{minor}")
+    except Exception as e:
+        errors.append(f"cuda-bindings: {type(e).__name__}")
+    return Check("NVRTC", False, "not loadable (" + "; ".join(errors) + ")",
+                 f"{pip} 'numba-cuda[cu13]'   # brings cuda-bindings and the NVRTC wheel")
+
+
 def checks() -> list[Check]:
     out: list[Check] = []
     py = sys.executable
@@ -123,17 +141,7 @@ def checks() -> list[Check]:
 
     cupy_v = _version("cupy-cuda13x") or _version("cupy")
     out.append(Check("CuPy", cupy_v is not None, cupy_v or "missing", "" if cupy_v else f"{pip} -e '.[cupy]'"))
-    nvrtc = None
-    if cupy_v:
-        try:
-            from cupy.cuda import nvrtc as _nv
-            nvrtc = ".".join(map(str, _nv.getVersion()))
-        except Exception as e:
-            nvrtc = None
-            out.append(Check("NVRTC", False, f"not loadable: {type(e).__name__}: {e}",
-                             f"{pip} 'nvidia-cuda-nvrtc-cu13'"))
-    if nvrtc:
-        out.append(Check("NVRTC", True, nvrtc))
+    out.append(_nvrtc_check(pip))
     nvcc = shutil.which("nvcc")
     nvcc_v = (_run([nvcc, "--version"]) or "").splitlines()[-1:] if nvcc else []
     out.append(Check("nvcc", nvcc is not None, f"{nvcc} {' '.join(nvcc_v)}" if nvcc else "missing (compile-check can use NVRTC instead)",
