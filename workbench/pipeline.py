@@ -32,11 +32,14 @@ class StageSet:
     replay: registry.Variant | None = None
 
 
-def stage_set(family: str, chosen: dict | None = None) -> StageSet:
-    """The family's default variant per stage (its module's DEFAULTS), overridden by ``chosen``."""
+def stage_set(family: str, chosen: dict | None = None, bf16: bool = False) -> StageSet:
+    """The family's default variant per stage (its module's DEFAULTS, or DEFAULTS_BF16
+    for bf16 inputs when it has one), overridden by ``chosen``."""
     fam = get_family(family)
     import importlib
-    defaults = dict(getattr(importlib.import_module(registry.FAMILY_MODULES[family]), "DEFAULTS", {}))
+    mod = importlib.import_module(registry.FAMILY_MODULES[family])
+    defaults = dict(getattr(mod, "DEFAULTS_BF16", None) if bf16 and hasattr(mod, "DEFAULTS_BF16")
+                    else getattr(mod, "DEFAULTS", {}))
     defaults.update(chosen or {})
     picked = {}
     for stage in registry.STAGES:
@@ -91,8 +94,18 @@ class Backend:
 
     def __init__(self, family: str, chosen: dict | None = None):
         self.name = family
+        self.chosen = chosen
         self.stages = stage_set(family, chosen)
         self.family = self.stages.family
+        self._bf16_stages = None
+
+    def stages_for(self, x) -> StageSet:
+        """The stage set for inputs like ``x``: DEFAULTS_BF16 for bf16 (torch.bfloat16 / uint16 bits)."""
+        if V.dtype_name(x) not in ("bfloat16", "uint16"):
+            return self.stages
+        if self._bf16_stages is None:
+            self._bf16_stages = stage_set(self.name, self.chosen, bf16=True)
+        return self._bf16_stages
 
     order_keys = staticmethod(R.order_keys)
 
@@ -106,10 +119,10 @@ class Backend:
                 V.check_contiguous(name, x)
         return [self.family.to_device(x) for _, x in xs]
 
-    def _select(self, source, shape, lo, hi, k, capacity, oversample, max_failed, kind):
+    def _select(self, source, shape, lo, hi, k, capacity, oversample, max_failed, kind, stages=None):
         lo_h, hi_h = V.check_selection_args(shape, lo, hi, k, capacity, oversample, max_failed)
         lo_d, hi_d = self._dev(("lo", lo_h.astype(np.int32)), ("hi", hi_h.astype(np.int32)))
-        res = run_hytopk(self.stages, source, lo_d, hi_d, lo_h, hi_h, k, capacity, oversample, max_failed)
+        res = run_hytopk(stages or self.stages, source, lo_d, hi_d, lo_h, hi_h, k, capacity, oversample, max_failed)
         res.idx, res.val = to_kind(res.idx, kind), to_kind(res.val, kind)
         return res
 
@@ -123,7 +136,7 @@ class Backend:
         n, H, D, L = V.check_indexer_inputs(q, w, keys)
         kind = common_kind(q, w, keys, lo, hi)
         src = R.IndexerSource(*self._dev(("q", q), ("w", w), ("keys", keys)))
-        return self._select(src, (n, L), lo, hi, k, capacity, oversample, max_failed, kind)
+        return self._select(src, (n, L), lo, hi, k, capacity, oversample, max_failed, kind, self.stages_for(q))
 
     def topk(self, scores, lo, hi, k):
         """Exact top-k of every query (the recovery path over all rows)."""
@@ -143,13 +156,13 @@ class Backend:
         kind = common_kind(q, w, keys, lo, hi)
         args = self._dev(("q", q), ("w", w), ("keys", keys), ("lo", lo_h.astype(np.int32)),
                          ("hi", hi_h.astype(np.int32)))
-        return to_kind(self.stages.dense(*args), kind)
+        return to_kind(self.stages_for(q).dense(*args), kind)
 
     def replay_scores(self, q, w, keys, idx):
         n, H, D, L = V.check_indexer_inputs(q, w, keys)
         V.check_idx(idx, n, L)
         kind = common_kind(q, w, keys, idx)
-        return to_kind(self.stages.replay(*self._dev(("q", q), ("w", w), ("keys", keys), ("idx", idx))), kind)
+        return to_kind(self.stages_for(q).replay(*self._dev(("q", q), ("w", w), ("keys", keys), ("idx", idx))), kind)
 
 
 def backend(name: str = "reference", variants: dict | None = None) -> Backend:

@@ -130,7 +130,7 @@ def _replay_cuda(q, w, keys, idx, deterministic=None):
     dt = dispatch.input_dtype(b)
     args = [(x.detach() if dt is None else x.detach().to(dt)).contiguous() for x in (q, w, keys)] + [idx.contiguous()]
     with dispatch.on_torch_stream(b, q.device):
-        out = b.stages.replay(*[b.family.to_device(x) for x in args])
+        out = b.stages_for(args[0]).replay(*[b.family.to_device(x) for x in args])
         out = to_kind(out, "torch")
     return torch.as_tensor(out, device=q.device).to(torch.float32).contiguous()
 

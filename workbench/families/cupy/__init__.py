@@ -24,6 +24,10 @@ DEFAULTS = {
     "dense": "cupy.dense.simt",
     "replay": "cupy.replay.simt",
 }
+# bf16 inputs (torch.bfloat16 / uint16 bits): the tiled tensor-core core loses nothing there,
+# so it is the default; float32 inputs keep the exact SIMT scorer above.
+DEFAULTS_BF16 = dict(DEFAULTS, filter="cupy.filter.tiled_mma", recover="cupy.recover.tiled_mma",
+                     dense="cupy.dense.tiled_mma", replay="cupy.replay.tiled_mma")
 
 
 class CupyFamily(Family):

@@ -168,3 +168,41 @@ def score_only_tiled(q, w, keys, lo, hi):
         launch(x.fn("hytopk_score_only_tiled"), x.scan_grid(x.n),
                (*x.head_args(), np.int32(x.n), lo, hi, checksum), x.geo.smem)
         return checksum
+
+
+def _order_keys(s):
+    """reference.order_keys on the device (elementwise)."""
+    b = s.view(cp.uint32)
+    sign = cp.uint32(0x80000000)
+    key = cp.where((b & sign) != 0, ~b, b ^ sign)
+    key = cp.where(b == sign, sign, key)                 # -0.0 ranks as +0.0
+    return cp.where(cp.isnan(s), cp.uint32(0), key)      # NaN below -inf
+
+
+def _key_to_float(key):
+    sign = cp.uint32(0x80000000)
+    return cp.where((key & sign) != 0, key ^ sign, ~key).astype(cp.uint32).view(cp.float32)
+
+
+@register("threshold", "cupy.threshold.tiled_mma", sources=("indexer",), gpu_only=True,
+          notes=f"samples scored through the tiled core's gathered tiles (the tiled filter's own bits), "
+                f"r-th best by a row sort of order keys {BF16}")
+def threshold_tiled(source, lo, hi, M, r):
+    if not isinstance(source, R.IndexerSource):
+        raise TypeError("argument 'source': cupy.threshold.tiled_mma takes the indexer source only")
+    with launch_stream():
+        lo, hi, M, r = i32(lo, "lo"), i32(hi, "hi"), i32(M, "M"), i32(r, "r")
+        n = lo.shape[0]
+        m_max = int(M.max()) if n else 0
+        if m_max == 0:
+            return cp.full(n, cp.nan, cp.float32)
+        # p_j = lo + (j * c) // M in 64-bit integers; slots past M[t] are padding (-1)
+        j = cp.arange(m_max, dtype=cp.int64)[None, :]
+        c = (hi - lo).astype(cp.int64)[:, None]
+        pos = lo.astype(cp.int64)[:, None] + (j * c) // cp.maximum(M, 1).astype(cp.int64)[:, None]
+        pos = cp.where(j < M[:, None], pos, -1).astype(cp.int32)
+        keys = _order_keys(replay_tiled(source.q, source.w, source.keys, pos))
+        keys = cp.where(pos >= 0, keys, cp.uint32(0))        # padding ranks last
+        keys.sort(axis=1)                                     # ascending: the r-th best sits at m_max - r
+        kth = keys[cp.arange(n), m_max - cp.maximum(r, 1)]
+        return cp.where(M > 0, _key_to_float(kth), cp.float32(cp.nan)).astype(cp.float32)
