@@ -18,7 +18,7 @@ SUBSET=(
   "tests/test_cupy_gpu.py::test_score_only_checksum_is_sum_of_order_keys"
 )
 status=0
-for tool in memcheck racecheck; do
+for tool in ${TOOLS:-memcheck racecheck}; do
   log="$OUT/$tool.log"
   echo "== compute-sanitizer --tool $tool"
   HYPOTHESIS_PROFILE=ci "$SAN" --tool "$tool" --target-processes all --print-limit 20 \
