@@ -101,7 +101,10 @@ class Backend:
 
     def stages_for(self, x) -> StageSet:
         """The stage set for inputs like ``x``: DEFAULTS_BF16 for bf16 (torch.bfloat16 / uint16 bits)."""
-        if V.dtype_name(x) not in ("bfloat16", "uint16"):
+        return self._stages_for_dtype(V.dtype_name(x))
+
+    def _stages_for_dtype(self, dtype: str) -> StageSet:
+        if dtype not in ("bfloat16", "uint16"):
             return self.stages
         if self._bf16_stages is None:
             self._bf16_stages = stage_set(self.name, self.chosen, bf16=True)
@@ -110,8 +113,11 @@ class Backend:
     order_keys = staticmethod(R.order_keys)
 
     def __repr__(self):
-        picked = {s: getattr(self.stages, s).name for s in registry.STAGES if getattr(self.stages, s)}
-        return f"Backend({self.name!r}, {picked})"
+        def names(st):
+            return {s: getattr(st, s).name for s in registry.STAGES if getattr(st, s)}
+        f32, bf16 = names(self.stages), names(self._stages_for_dtype("bfloat16"))
+        extra = "" if bf16 == f32 else f", bf16={ {s: n for s, n in bf16.items() if f32.get(s) != n} }"
+        return f"Backend({self.name!r}, {f32}{extra})"
 
     def _dev(self, *xs):
         for name, x in xs:
