@@ -71,7 +71,8 @@ def compare(
     record_winners: bool = typer.Option(True, "--winners/--no-winners", help="record the winners file"),
     family: Optional[List[str]] = typer.Option(None, help="only these families (reference, numba, cupy; repeatable)"),
     budget: Optional[float] = typer.Option(None, help="seconds for the per-stage rows; later ones are skipped "
-                                                     "(pipelines and baselines always run)"),
+                                                     "(pipelines and baselines always run). Default: 120 on a "
+                                                     "GPU preset, none on tiny; 'inf' for no limit"),
 ):
     """Check, then time every variant of each stage, the pipelines and the baselines, side by side."""
     from .harness import report, winners
