@@ -18,13 +18,19 @@ def num_samples(c):
 
 
 def threshold_rank(c, M, k, oversample):
-    """r = min(M, ceil(((oversample * k) * M) / c)) in float64, in exactly that order."""
+    """r = min(M, ceil(((oversample * k) * M) / c)) in float64, in exactly that order.
+
+    The min is taken in float64 before the integer cast, so a huge oversample
+    gives r = M instead of overflowing; r is at least 1 where c > 0 (the formula
+    can only give 0 when the product underflows float64, and there is no
+    0-th best sample)."""
     c = np.asarray(c, dtype=np.int64)
     M = np.asarray(M, dtype=np.int64)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
         r = np.ceil(((np.float64(oversample) * np.float64(k)) * M.astype(np.float64))
                     / c.astype(np.float64))
-    r = np.where(c > 0, r, 0)
+        r = np.minimum(M.astype(np.float64), r)
+    r = np.where(c > 0, np.maximum(r, 1.0), 0.0)
     return np.minimum(M, r.astype(np.int64))
 
 

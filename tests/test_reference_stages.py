@@ -104,3 +104,13 @@ def test_default_capacity_scales_with_rank_spread():
     assert cap_1m > cap_128k >= 3 * k
     assert cap_1m % 256 == 0 and cap_128k % 256 == 0
     assert R.default_capacity(k, np.array([0]), np.array([100])) == k
+
+
+@pytest.mark.parametrize("oversample, want_r", [(1e18, 4096), (1e300, 4096), (5e-324, 1)])
+def test_extreme_oversample_keeps_r_in_1_to_M(oversample, want_r):
+    """r = min(M, ceil(...)) is taken in float64 (no int64 overflow), and never 0."""
+    s = np.random.default_rng(0).standard_normal((1, 5000)).astype(np.float32)
+    res = R.hytopk(s, [0], [5000], 64 if want_r > 1 else 1, oversample=oversample)
+    assert res.rank[0] == want_r and res.num_samples[0] == 4096
+    idx, val = R.topk(s, [0], [5000], 64 if want_r > 1 else 1)
+    assert res.idx.tobytes() == idx.tobytes() and res.val.tobytes() == val.tobytes()
