@@ -31,7 +31,7 @@ for arg in "$@"; do      # NAME or NAME:SECONDS (time box for that phase)
     tests-torch) phase tests-torch ${CAP:-120} $PYT tests/test_torch_*.py ;;
     tests-new) phase tests-new ${CAP:-120} $PYT tests/test_variants.py tests/test_cupy_gpu.py -k "${NEW_K:-threshold or tiled}" ;;
     tests-tiled) phase tests-tiled ${CAP:-120} $PYT tests/test_cupy_gpu.py tests/test_variants.py tests/test_tiled_layout.py -k "tiled" ;;
-    tests-gpu) phase tests-gpu ${CAP:-300} $PYT --durations=15 tests/test_cupy_gpu.py tests/test_variants.py tests/test_torch_gpu.py tests/test_cli_gpu.py tests/test_loader.py tests/test_cupy_bf16.py --junitxml="$OUT/logs/junit-gpu.xml" ;;
+    tests-gpu) phase tests-gpu ${CAP:-300} $PYT --durations=15 tests/test_cupy_gpu.py tests/test_variants.py tests/test_torch_gpu.py tests/test_cli_gpu.py tests/test_example.py tests/test_distributed.py tests/test_loader.py tests/test_cupy_bf16.py --junitxml="$OUT/logs/junit-gpu.xml" ;;
     cp-selftest) phase cp-selftest ${CAP:-120} python3 -m workbench.distributed selftest --backend nccl --world-size "${WS:-2}" ;;
     cp-bench) phase cp-bench ${CAP:-240} python3 -m workbench.distributed bench --world-size "${WS:-2}" --json "$OUT/cp_scaling.json" ${CP_ARGS:-} ;;
     tests) phase tests ${CAP:-560} $PYT tests --junitxml="$OUT/logs/junit.xml" ;;

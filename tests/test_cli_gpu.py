@@ -11,7 +11,7 @@ import torch
 from reference import generate as G
 from workbench.harness.oracle import ReferenceOracle, TorchOracle, order_keys_t
 
-from _cli_util import run_cli
+from _cli_util import ROOT, run_cli
 
 _REASON = None if torch.cuda.is_available() else "needs a CUDA GPU and driver (torch.cuda.is_available() is False)"
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_REASON is not None, reason=str(_REASON))]
@@ -44,3 +44,29 @@ def test_compare_gpu_small_every_row_correct(tmp_path):
     names = {r["name"].split(".")[0] for r in data["rows"] if r["kind"] == "stage"}
     assert {"numba", "cupy"} <= names, f"families that ran: {names}; skipped: {data['missing']}"
     assert {r["stage"] for r in data["rows"] if r["kind"] == "baseline"} >= {"torch", "dense+topk", "score-only"}
+
+
+def test_watch_picks_up_an_edited_cuda_kernel_copy(tmp_path, monkeypatch):
+    """The GPU path of `hytopk watch`: a copy of kernels_cuda/ in a temp folder
+    ($HYTOPK_KERNEL_DIR), its check.cu edited wrong and back; each save is recompiled
+    (the loader's key covers the file contents) and re-checked against the oracle."""
+    import shutil
+
+    from workbench.harness.watch import WatchLoop
+
+    kdir = tmp_path / "kernels"
+    shutil.copytree(ROOT / "kernels_cuda", kdir)
+    monkeypatch.setenv("HYTOPK_KERNEL_DIR", str(kdir))
+    kernel = kdir / "check.cu"
+    original = kernel.read_text()
+    good = "f = c > k && (count[t] > capacity || count[t] < k);"
+    assert good in original, "the check kernel changed: update the edit below"
+    loop = WatchLoop(stage="check", preset="gpu-small", say=lambda m: None)
+    first = loop.on_change(kernel)
+    assert first and all(o.correct for o in first)
+    kernel.write_text(original.replace(good, "f = c > k;"))                  # every sampled query "fails"
+    broken = loop.on_change(kernel)
+    assert broken and not any(o.correct for o in broken)
+    kernel.write_text(original)
+    fixed = loop.on_change(kernel)
+    assert fixed and all(o.correct for o in fixed)

@@ -3,13 +3,14 @@ repeats; CUDA events on a GPU, a perf_counter fallback on CPU; peak extra memory
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 import tracemalloc
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-L2_FLUSH_BYTES = 256 << 20      # H200 L2 is 50 MB: writing 256 MB evicts it
+L2_FLUSH_BYTES = 256 << 20      # H200 L2 is 60 MB: writing 256 MB evicts it
 
 
 @dataclass
@@ -20,6 +21,10 @@ class Timing:
 
 
 def gpu_available() -> bool:
+    """A CUDA GPU the harness may use. NUMBA_ENABLE_CUDASIM=1 asks for the CPU path
+    (Numba variants in the simulator cannot take GPU arrays): then False even on a GPU machine."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        return False
     try:
         import torch
         return bool(torch.cuda.is_available())
