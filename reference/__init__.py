@@ -6,7 +6,7 @@ by one and must equal it bit for bit. Every backend copies this public API.
 from .capacity import default_capacity
 from .candidates import stage_check, stage_filter
 from .indexer import indexer_kl_loss, indexer_scores, replay_scores
-from .order import order_keys, rank_order, topk
+from .order import empty_selection, order_keys, rank_order, topk
 from .pipeline import HyTopKResult, hytopk, hytopk_indexer, run_stages
 from .radix import exact_topk_of_entries, select_kth_key, select_positions, sort_rank_order
 from .sampling import num_samples, sample_plan, sample_positions, stage_threshold, threshold_rank

@@ -161,8 +161,9 @@ INPUT_DTYPES = ("float32", "bfloat16", "uint16")      # uint16 = raw bf16 bits (
 def check_indexer_inputs(q, w, keys, *, dtypes=INPUT_DTYPES):
     """q[n,H,D], w[n,H], keys[L,D]. Returns (n, H, D, L)."""
     n, H, D = check_array("q", q, ndim=3, dtypes=dtypes)
-    check_array("w", w, ndim=2, dtypes=dtypes, shape=(n, H))
-    L, _ = check_array("keys", keys, ndim=2, dtypes=dtypes, shape=(None, D))
+    same = (dtype_name(q),)                      # one input dtype for all three
+    check_array("w", w, ndim=2, dtypes=same, shape=(n, H))
+    L, _ = check_array("keys", keys, ndim=2, dtypes=same, shape=(None, D))
     return n, H, D, L
 
 

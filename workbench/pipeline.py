@@ -15,6 +15,7 @@ from reference import validate as V
 
 from . import registry
 from .arrays import common_kind, to_kind
+from .bf16 import bf16_bits_to_float32
 from .families import Family, get_family
 
 STAGE_ORDER = ("threshold", "filter", "check", "select", "recover")
@@ -40,6 +41,13 @@ def stage_set(family: str, chosen: dict | None = None, bf16: bool = False) -> St
     mod = importlib.import_module(registry.FAMILY_MODULES[family])
     defaults = dict(getattr(mod, "DEFAULTS_BF16", None) if bf16 and hasattr(mod, "DEFAULTS_BF16")
                     else getattr(mod, "DEFAULTS", {}))
+    for stage, name in (chosen or {}).items():
+        if stage not in registry.STAGES:
+            raise ValueError(f"argument 'variants': unknown stage {stage!r}; stages are {sorted(registry.STAGES)}")
+        v = registry.get(name)
+        if v.stage != stage or v.family != family:
+            raise ValueError(f"argument 'variants': {name!r} is a {v.family} {v.stage} variant, "
+                             f"not a {family} {stage} variant")
     defaults.update(chosen or {})
     picked = {}
     for stage in registry.STAGES:
@@ -68,12 +76,10 @@ def run_hytopk(st: StageSet, source, lo, hi, lo_h, hi_h, k, capacity, oversample
     fell_back = nf > max_failed
     if fell_back:
         chunk = max(1, max_failed)
-        idx = val = None
+        idx, val = (fam.to_device(a) for a in R.empty_selection(n, k))    # every row is overwritten below
         for s in range(0, n, chunk):
             part = fam.to_device(np.arange(s, min(n, s + chunk), dtype=np.int32))
             ridx, rval = st.recover(source, lo, hi, part, k)
-            if idx is None:
-                idx, val = st.select(cand_idx, cand_val, count, k)   # right shape/kind; all rows overwritten
             fam.scatter_rows(idx, val, part, ridx, rval)
     else:
         idx, val = st.select(cand_idx, cand_val, count, k)
@@ -120,16 +126,24 @@ class Backend:
         return f"Backend({self.name!r}, {f32}{extra})"
 
     def _dev(self, *xs):
+        out = []
         for name, x in xs:
             if hasattr(x, "__cuda_array_interface__") or type(x).__module__.startswith("cupy"):
                 V.check_contiguous(name, x)
-        return [self.family.to_device(x) for _, x in xs]
+            if V.dtype_name(x) == "uint16" and not self.family.takes_bf16_bits:
+                x = bf16_bits_to_float32(x)          # raw bf16 bits: exact widening for float32 families
+            out.append(self.family.to_device(x))
+        return out
+
+    def _out(self, x, kind):
+        """A result back in the caller's kind; host copies go through the family (its stream)."""
+        return self.family.to_host(x) if kind == "numpy" else to_kind(x, kind)
 
     def _select(self, source, shape, lo, hi, k, capacity, oversample, max_failed, kind, stages=None):
         lo_h, hi_h = V.check_selection_args(shape, lo, hi, k, capacity, oversample, max_failed)
         lo_d, hi_d = self._dev(("lo", lo_h.astype(np.int32)), ("hi", hi_h.astype(np.int32)))
         res = run_hytopk(stages or self.stages, source, lo_d, hi_d, lo_h, hi_h, k, capacity, oversample, max_failed)
-        res.idx, res.val = to_kind(res.idx, kind), to_kind(res.val, kind)
+        res.idx, res.val = self._out(res.idx, kind), self._out(res.val, kind)
         return res
 
     def hytopk(self, scores, lo, hi, k, *, capacity=None, oversample=3.0, max_failed=64):
@@ -154,7 +168,7 @@ class Backend:
                                         ("hi", hi_h.astype(np.int32)),
                                         ("rows", np.arange(n, dtype=np.int32)))
         idx, val = self.stages.recover(R.TableSource(s), lo_d, hi_d, rows, k)
-        return to_kind(idx, kind), to_kind(val, kind)
+        return self._out(idx, kind), self._out(val, kind)
 
     def indexer_scores(self, q, w, keys, lo, hi):
         n, H, D, L = V.check_indexer_inputs(q, w, keys)
@@ -162,13 +176,13 @@ class Backend:
         kind = common_kind(q, w, keys, lo, hi)
         args = self._dev(("q", q), ("w", w), ("keys", keys), ("lo", lo_h.astype(np.int32)),
                          ("hi", hi_h.astype(np.int32)))
-        return to_kind(self.stages_for(q).dense(*args), kind)
+        return self._out(self.stages_for(q).dense(*args), kind)
 
     def replay_scores(self, q, w, keys, idx):
         n, H, D, L = V.check_indexer_inputs(q, w, keys)
         V.check_idx(idx, n, L)
         kind = common_kind(q, w, keys, idx)
-        return to_kind(self.stages_for(q).replay(*self._dev(("q", q), ("w", w), ("keys", keys), ("idx", idx))), kind)
+        return self._out(self.stages_for(q).replay(*self._dev(("q", q), ("w", w), ("keys", keys), ("idx", idx))), kind)
 
 
 def backend(name: str = "reference", variants: dict | None = None) -> Backend:

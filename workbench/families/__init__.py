@@ -12,6 +12,7 @@ import numpy as np
 
 class Family:
     name = "?"
+    takes_bf16_bits = False     # True: its kernels read uint16 bf16 bits; else the Backend widens them to float32
 
     def available(self) -> tuple[bool, str]:
         """(usable here, reason if not)."""

@@ -59,7 +59,8 @@ def record(preset: dict, device: str, gpu: str | None, commit: str | None, date:
 
 def load(preset_or_shape, p: Path | None = None) -> dict:
     """{stage: variant_name} for a preset name, or for a shape dict
-    ({"L":..., "H":..., "D":..., "k":...}): the entry with the same H, D, k and
+    ({"L":..., "H":..., "D":..., "k":..., "dtype":...}): the entry with the same
+    H, D, k (and input dtype when given: bf16 winners round float32 inputs) and
     the nearest L (log scale). {} when nothing fits."""
     entries = read(p)["entries"]
     if isinstance(preset_or_shape, str):
@@ -67,7 +68,7 @@ def load(preset_or_shape, p: Path | None = None) -> dict:
         return dict(e["stages"]) if e else {}
     shape = dict(preset_or_shape)
     fits = [e for e in entries.values()
-            if all(e["shape"].get(k) == shape[k] for k in ("H", "D", "k") if k in shape)]
+            if all(e["shape"].get(k) == shape[k] for k in ("H", "D", "k", "dtype") if k in shape)]
     if not fits:
         return {}
     L = shape.get("L")

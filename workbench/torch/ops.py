@@ -84,7 +84,7 @@ def _select_cuda(q, w, keys, lo, hi, k, capacity=None, oversample=3.0, max_faile
     CALLS["select"] += 1
     capturing = torch.cuda.is_current_stream_capturing()
     n, L = _check_select(q, w, keys, lo, hi, k, capacity, oversample, max_failed, host=not capturing)
-    shape = {"L": L, "H": q.shape[1], "D": q.shape[2], "k": k}
+    shape = {"L": L, "H": q.shape[1], "D": q.shape[2], "k": k, "dtype": V.dtype_name(q)}
     b = None if capturing else dispatch.cuda_backend("select", shape)
     if b is None:
         return scoring.exact_select(q, w, keys, lo, hi, k)
@@ -122,7 +122,7 @@ def _replay_cuda(q, w, keys, idx, deterministic=None):
     CALLS["replay"] += 1
     capturing = torch.cuda.is_current_stream_capturing()
     n, L = _check_replay(q, w, keys, idx, host=False)
-    shape = {"L": L, "H": q.shape[1], "D": q.shape[2], "k": idx.shape[1]}
+    shape = {"L": L, "H": q.shape[1], "D": q.shape[2], "k": idx.shape[1], "dtype": V.dtype_name(q)}
     b = None if capturing else dispatch.cuda_backend("replay", shape)
     if b is None:
         return scoring.replay(q, w, keys, idx)

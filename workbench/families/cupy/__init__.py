@@ -32,6 +32,7 @@ DEFAULTS_BF16 = dict(DEFAULTS, filter="cupy.filter.tiled_mma", recover="cupy.rec
 
 class CupyFamily(Family):
     name = "cupy"
+    takes_bf16_bits = True
 
     def available(self):
         return gpu_status()
@@ -45,7 +46,10 @@ class CupyFamily(Family):
 
     def to_host(self, x):
         if isinstance(x, cp.ndarray):
-            return cp.asnumpy(x)
+            with launch_stream() as s:       # the stream the kernels ran on (torch side streams don't sync)
+                out = x.get(stream=s)
+                s.synchronize()
+            return out
         return np.asarray(x)
 
     def synchronize(self):
