@@ -2,7 +2,8 @@
 # One H200 session (device tool): environment, then the named phases, each time-boxed,
 # logs under $OUT (tarred at the end so they fit the device tool's file limits).
 #   bash scripts/h200_run.sh env tests:330 compare:150 bench-train ...
-# Phases: env tests tests-cupy tests-numba tests-torch sanitize compare bench-train calibrate compile-check
+# Phases: env compile-check tests tests-gpu tests-cupy tests-variants tests-torch tests-app tests-new tests-tiled
+#         sanitize (TOOLS=...) compare (PRESET, BUDGET, COMPARE_ARGS) bench-train cp-selftest cp-bench (WS, CP_ARGS)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/hytopk-out}; mkdir -p "$OUT/logs"
@@ -32,10 +33,11 @@ for arg in "$@"; do      # NAME or NAME:SECONDS (time box for that phase)
     tests-new) phase tests-new ${CAP:-120} $PYT tests/test_variants.py tests/test_cupy_gpu.py -k "${NEW_K:-threshold or tiled}" ;;
     tests-tiled) phase tests-tiled ${CAP:-120} $PYT tests/test_cupy_gpu.py tests/test_variants.py tests/test_tiled_layout.py -k "tiled" ;;
     tests-gpu) phase tests-gpu ${CAP:-300} $PYT --durations=15 tests/test_cupy_gpu.py tests/test_variants.py tests/test_torch_gpu.py tests/test_cli_gpu.py tests/test_example.py tests/test_distributed.py tests/test_loader.py tests/test_cupy_bf16.py --junitxml="$OUT/logs/junit-gpu.xml" ;;
+    tests-app) phase tests-app ${CAP:-240} $PYT --durations=10 tests/test_cli_gpu.py tests/test_example.py tests/test_distributed.py ;;
     cp-selftest) phase cp-selftest ${CAP:-120} python3 -m workbench.distributed selftest --backend nccl --world-size "${WS:-2}" ;;
     cp-bench) phase cp-bench ${CAP:-240} python3 -m workbench.distributed bench --world-size "${WS:-2}" --json "$OUT/cp_scaling.json" ${CP_ARGS:-} ;;
     tests) phase tests ${CAP:-560} $PYT tests --junitxml="$OUT/logs/junit.xml" ;;
-    sanitize) phase sanitize ${CAP:-420} env PYTHON=python3 bash scripts/sanitize.sh ;;
+    sanitize) phase sanitize ${CAP:-420} env PYTHON=python3 TOOLS="${TOOLS:-memcheck racecheck}" bash scripts/sanitize.sh ;;
     compare) phase compare ${CAP:-480} python3 -m workbench compare --preset "${PRESET:-dsv32-128k}" --json "$OUT/compare.json" --plot "$OUT/compare.png" ${BUDGET:+--budget $BUDGET} ${COMPARE_ARGS:-} ;;
     bench-train) phase bench-train ${CAP:-480} python3 -m workbench.torch.bench_train ${BENCH_PRESETS:---preset dsv32-32k --preset dsv32-128k} --json "$OUT/bench_train.json" ;;
     *) echo "unknown phase $p" | tee -a "$S" ;;

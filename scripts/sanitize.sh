@@ -1,33 +1,48 @@
 #!/usr/bin/env bash
-# Run a small subset of the CuPy GPU tests under compute-sanitizer (memcheck and
-# racecheck) and print a summary. Needs a GPU; run from the repo root on the H200:
-#   bash scripts/sanitize.sh            (log files land in results/sanitizer/)
+# CuPy kernels under compute-sanitizer (memcheck, racecheck); prints one summary
+# line per job. Needs a GPU; run from the repo root on the H200:
+#   bash scripts/sanitize.sh                 (logs land in results/sanitizer/)
+#   TOOLS=racecheck bash scripts/sanitize.sh
+# Sanitizers slow kernels 10-100x (racecheck tracks every shared-memory access),
+# so jobs use small shapes and the 'sanitize' Hypothesis profile (3 examples).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SAN=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
 PY=${PYTHON:-python}
 OUT=results/sanitizer
 mkdir -p "$OUT"
-# small shapes only: sanitizers slow kernels down 10-100x
-SUBSET=(
-  "tests/test_cupy_gpu.py::test_table_pipeline_matches_reference[full-relu_plateau]"
-  "tests/test_cupy_gpu.py::test_table_pipeline_matches_reference[causal_tail-specials]"
-  "tests/test_cupy_gpu.py::test_table_pipeline_matches_reference[edge-alias_between_samples]"
-  "tests/test_cupy_gpu.py::test_indexer_exact_matches_reference"
-  "tests/test_cupy_gpu.py::test_select_is_bitwise_deterministic_on_ties"
-  "tests/test_cupy_gpu.py::test_score_only_checksum_is_sum_of_order_keys"
-)
+G=tests/test_cupy_gpu.py
+# the adversarial table pipelines, exact indexer inputs at H=64 / D=128, ties, score-only
+BIG=("$G::test_table_pipeline_matches_reference[full-relu_plateau]"
+     "$G::test_table_pipeline_matches_reference[causal_tail-specials]"
+     "$G::test_table_pipeline_matches_reference[edge-alias_between_samples]"
+     "$G::test_indexer_exact_matches_reference"
+     "$G::test_select_is_bitwise_deterministic_on_ties"
+     "$G::test_score_only_checksum_is_sum_of_order_keys")
+# every registered CuPy variant (stage tests + pipelines) on small Hypothesis cases
+VARIANTS=(tests/test_variants.py -k "cupy and not big and not bad_input")
+# the tiled core at H=64 (4 queries per block), one case per dtype
+TILED64=("$G::test_indexer_exact_matches_reference[float32-cupy.filter.tiled_mma]")
+
 status=0
-for tool in ${TOOLS:-memcheck racecheck}; do
-  log="$OUT/$tool.log"
-  echo "== compute-sanitizer --tool $tool"
-  HYPOTHESIS_PROFILE=ci "$SAN" --tool "$tool" --target-processes all --print-limit 20 \
-      --error-exitcode 99 "$PY" -m pytest -q -x -p no:cacheprovider "${SUBSET[@]}" >"$log" 2>&1
-  rc=$?
+job() {   # job TOOL NAME PYTEST-ARGS...
+  local tool=$1 name=$2; shift 2
+  local log="$OUT/$tool-$name.log"
+  HYPOTHESIS_PROFILE=sanitize "$SAN" --tool "$tool" --target-processes all --print-limit 20 \
+      --error-exitcode 99 "$PY" -m pytest -q -p no:cacheprovider "$@" >"$log" 2>&1
+  local rc=$?
+  local summary tests
   summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error SUMMARY" "$log" | tail -1)
   tests=$(grep -E "[0-9]+ (passed|failed)" "$log" | tail -1)
-  echo "   exit $rc | ${summary:-no sanitizer summary line} | ${tests:-no pytest summary}"
+  echo "$tool $name: exit $rc | ${summary:-no sanitizer summary line} | ${tests:-no pytest summary}"
   [ $rc -ne 0 ] && status=1
+}
+for tool in ${TOOLS:-memcheck racecheck}; do
+  case "$tool" in
+    memcheck) job memcheck big "${BIG[@]}"; job memcheck variants "${VARIANTS[@]}" ;;
+    racecheck) job racecheck variants "${VARIANTS[@]}"; job racecheck tiled64 "${TILED64[@]}" ;;
+    *) echo "unknown tool $tool"; status=1 ;;
+  esac
 done
-echo "logs: $OUT/memcheck.log $OUT/racecheck.log"
+echo "logs: $OUT/"
 exit $status

@@ -2,6 +2,7 @@
 
 HYPOTHESIS_PROFILE=ci (default; derandomised, few examples: CI on 2 cores)
 HYPOTHESIS_PROFILE=dev (many more examples, random seeds: development)
+HYPOTHESIS_PROFILE=sanitize (3 examples: runs under compute-sanitizer)
 """
 import os
 import sys
@@ -17,4 +18,5 @@ _common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, Healt
                                                       HealthCheck.filter_too_much])
 settings.register_profile("ci", max_examples=40, derandomize=True, print_blob=True, **_common)
 settings.register_profile("dev", max_examples=400, print_blob=True, **_common)
+settings.register_profile("sanitize", max_examples=3, derandomize=True, print_blob=True, **_common)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
