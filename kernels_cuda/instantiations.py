@@ -18,11 +18,11 @@ TABLE = "hytopk::TableSource"
 #   "mma": (H, D) only (bf16 tensor-core path); "tiled": (H, D) rounded up by
 #   tiled_shape (the tiled tensor-core core); "plain": not a template
 KERNELS = {
-    "threshold.cu": (("hytopk_threshold", "table+indexer"),),
+    "threshold.cu": (("hytopk_threshold", "table+indexer"), ("hytopk_sample_positions", "plain")),
     "filter.cu": (("hytopk_filter", "table+indexer"),),
     "filter_mma.cu": (("hytopk_filter_mma", "mma"),),
     "check.cu": (("hytopk_check", "plain"),),
-    "select.cu": (("hytopk_select", "plain"),),
+    "select.cu": (("hytopk_select", "plain"), ("hytopk_select_bitonic", "plain")),
     "recover.cu": (("hytopk_score_rows", "indexer"), ("hytopk_select_rows", "plain")),
     "dense.cu": (("hytopk_dense", "indexer"),),
     "replay.cu": (("hytopk_replay", "indexer"),),

@@ -25,3 +25,18 @@ hytopk_select(int n, const int* __restrict__ cand_idx, const u32* __restrict__ c
     const CandidateEntries e = {cand_idx + row, cand_val + row};
     block_exact_topk<WARPS>(e, m, k, idx + (long long)t * k, val + (long long)t * k, smem);
 }
+
+// The same selection with the FAST radix select and a bitonic final sort
+// (hytopk_radix.cuh). grid: n blocks; smem: bitonic_topk_smem_words(k) words.
+extern "C" __global__ void __launch_bounds__(BLOCK)
+hytopk_select_bitonic(int n, const int* __restrict__ cand_idx, const u32* __restrict__ cand_val,
+                      const int* __restrict__ count, int capacity, int k, int* __restrict__ idx,
+                      float* __restrict__ val) {
+    extern __shared__ __align__(16) u32 smem[];
+    const int t = blockIdx.x;
+    if (t >= n) return;
+    const long long row = (long long)t * capacity;
+    const long long m = min(max(count[t], 0), capacity);
+    const CandidateEntries e = {cand_idx + row, cand_val + row};
+    block_exact_topk_bitonic(e, m, k, idx + (long long)t * k, val + (long long)t * k, smem);
+}

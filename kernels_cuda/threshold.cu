@@ -56,3 +56,16 @@ hytopk_threshold(const void* p0, const void* p1, const void* p2, long long L, in
         }
     }
 }
+
+// The sample positions p_j = lo + (j * c) // M of every query (64-bit, as the
+// contract says) as an [n, m_max] int32 matrix; slots j >= M[t] get -1.
+// grid: (n, ceil(m_max / BLOCK)).
+extern "C" __global__ void __launch_bounds__(BLOCK)
+hytopk_sample_positions(int n, int m_max, const int* __restrict__ lo, const int* __restrict__ hi,
+                        const int* __restrict__ M, int* __restrict__ pos) {
+    const int t = blockIdx.x, j = blockIdx.y * blockDim.x + threadIdx.x;
+    if (t >= n || j >= m_max) return;
+    const int Mt = M[t];
+    const long long a = lo[t], c = (long long)hi[t] - a;
+    pos[(long long)t * m_max + j] = j < Mt ? (int)(a + ((long long)j * c) / Mt) : -1;
+}

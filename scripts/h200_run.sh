@@ -3,7 +3,7 @@
 # logs under $OUT (tarred at the end so they fit the device tool's file limits).
 #   bash scripts/h200_run.sh env tests:330 compare:150 bench-train ...
 # Phases: env compile-check tests tests-gpu tests-cupy tests-variants tests-torch tests-app tests-new tests-tiled
-#         sanitize (TOOLS=...) compare (PRESET, BUDGET, COMPARE_ARGS) bench-train cp-selftest cp-bench (WS, CP_ARGS)
+#         sanitize (JOBS=...) compare (PRESET, BUDGET, COMPARE_ARGS) bench-train cp-selftest cp-bench (WS, CP_ARGS)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/hytopk-out}; mkdir -p "$OUT/logs"
@@ -18,7 +18,7 @@ phase() {   # phase NAME SECONDS CMD...
   local t0=$(date +%s)
   timeout "$secs" "$@" >"$OUT/logs/$name.log" 2>&1
   local rc=$?
-  local tail1; tail1=$(grep -E "passed|failed|error|OK|FAIL" "$OUT/logs/$name.log" | tail -n 1)
+  local tail1; tail1=$(grep -E "passed|failed|error|OK|FAIL|PASS:" "$OUT/logs/$name.log" | tail -n 1)
   printf '%-14s rc=%-3s %4ss  %s\n' "$name" "$rc" "$(( $(date +%s) - t0 ))" "$tail1" | tee -a "$S"
 }
 PYT="python3 -m pytest -q -p no:cacheprovider -rfE --timeout=${TEST_TIMEOUT:-120}"
@@ -37,7 +37,7 @@ for arg in "$@"; do      # NAME or NAME:SECONDS (time box for that phase)
     cp-selftest) phase cp-selftest ${CAP:-120} python3 -m workbench.distributed selftest --backend nccl --world-size "${WS:-2}" ;;
     cp-bench) phase cp-bench ${CAP:-240} python3 -m workbench.distributed bench --world-size "${WS:-2}" --json "$OUT/cp_scaling.json" ${CP_ARGS:-} ;;
     tests) phase tests ${CAP:-560} $PYT tests --junitxml="$OUT/logs/junit.xml" ;;
-    sanitize) phase sanitize ${CAP:-420} env PYTHON=python3 TOOLS="${TOOLS:-memcheck racecheck}" bash scripts/sanitize.sh ;;
+    sanitize) phase sanitize ${CAP:-420} env PYTHON=python3 bash scripts/sanitize.sh ;;
     compare) phase compare ${CAP:-480} python3 -m workbench compare --preset "${PRESET:-dsv32-128k}" --json "$OUT/compare.json" --plot "$OUT/compare.png" ${BUDGET:+--budget $BUDGET} ${COMPARE_ARGS:-} ;;
     bench-train) phase bench-train ${CAP:-480} python3 -m workbench.torch.bench_train ${BENCH_PRESETS:---preset dsv32-32k --preset dsv32-128k} --json "$OUT/bench_train.json" ;;
     *) echo "unknown phase $p" | tee -a "$S" ;;

@@ -2,7 +2,7 @@
 # CuPy kernels under compute-sanitizer (memcheck, racecheck); prints one summary
 # line per job. Needs a GPU; run from the repo root on the H200:
 #   bash scripts/sanitize.sh                 (logs land in results/sanitizer/)
-#   TOOLS=racecheck bash scripts/sanitize.sh
+#   JOBS="racecheck:variants memcheck:variants" bash scripts/sanitize.sh   (a subset of the jobs)
 # Sanitizers slow kernels 10-100x (racecheck tracks every shared-memory access),
 # so jobs use small shapes and the 'sanitize' Hypothesis profile (3 examples).
 set -uo pipefail
@@ -37,11 +37,12 @@ job() {   # job TOOL NAME PYTEST-ARGS...
   echo "$tool $name: exit $rc | ${summary:-no sanitizer summary line} | ${tests:-no pytest summary}"
   [ $rc -ne 0 ] && status=1
 }
-for tool in ${TOOLS:-memcheck racecheck}; do
-  case "$tool" in
-    memcheck) job memcheck big "${BIG[@]}"; job memcheck variants "${VARIANTS[@]}" ;;
-    racecheck) job racecheck variants "${VARIANTS[@]}"; job racecheck tiled64 "${TILED64[@]}" ;;
-    *) echo "unknown tool $tool"; status=1 ;;
+for j in ${JOBS:-memcheck:big memcheck:variants racecheck:variants racecheck:tiled64}; do
+  case "$j" in
+    *:big) job "${j%%:*}" big "${BIG[@]}" ;;
+    *:variants) job "${j%%:*}" variants "${VARIANTS[@]}" ;;
+    *:tiled64) job "${j%%:*}" tiled64 "${TILED64[@]}" ;;
+    *) echo "unknown job $j (TOOL:big|variants|tiled64)"; status=1 ;;
   esac
 done
 echo "logs: $OUT/"

@@ -61,13 +61,68 @@ def stage_set(family: str, chosen: dict | None = None, bf16: bool = False) -> St
     return StageSet(fam, **picked)
 
 
-def run_hytopk(st: StageSet, source, lo, hi, lo_h, hi_h, k, capacity, oversample, max_failed):
-    """Run the pipeline on family-native device arrays. Returns a reference.HyTopKResult
-    whose idx/val are family-native and whose statistics are host NumPy arrays."""
+SCRATCH_BYTES = 48 << 20      # default bound on one pass's selection scratch (see query_chunk_for)
+
+
+def query_chunk_for(n: int, capacity: int, m_max: int, query_chunk=None) -> int:
+    """Queries per pass. ``query_chunk`` if given; else as many as keep a pass's scratch
+    (the candidate buffer, capacity x 8 B per query, and the sampled scores and positions,
+    M x 8 B) within SCRATCH_BYTES, spread evenly over the passes and rounded up to a
+    multiple of 8 (the tiled kernels take 4 or 8 queries per block)."""
+    if query_chunk is not None:
+        if isinstance(query_chunk, bool) or not isinstance(query_chunk, (int, np.integer)) or query_chunk < 1:
+            raise ValueError(f"argument 'query_chunk' must be a positive int, got {query_chunk!r}")
+        return int(query_chunk)
+    per_query = 8 * int(capacity) + 8 * int(m_max) + 16
+    fit = max(1, SCRATCH_BYTES // per_query)
+    if fit >= n:
+        return max(1, n)
+    passes = -(-n // fit)
+    even = -(-n // passes)
+    return min(fit, -(-even // 8) * 8) if fit >= 8 else fit
+
+
+def _rows(source, a, b):
+    """The score source of queries a .. b-1 (row slices: views, no copies)."""
+    if isinstance(source, R.TableSource):
+        return R.TableSource(source.scores[a:b])
+    return R.IndexerSource(source.q[a:b], source.w[a:b], source.keys)
+
+
+def run_hytopk(st: StageSet, source, lo, hi, lo_h, hi_h, k, capacity, oversample, max_failed, query_chunk=None):
+    """Run the pipeline on family-native device arrays, in passes of at most
+    ``query_chunk`` queries (default: query_chunk_for) so that the scratch memory stays
+    bounded whatever n is. Queries are independent, so passes change no bit of idx/val;
+    ``max_failed`` applies per pass and ``fell_back`` says whether any pass fell back.
+    Returns a reference.HyTopKResult whose idx/val are family-native and whose
+    statistics are host NumPy arrays."""
     fam = st.family
-    if capacity is None:
+    if capacity is None:                       # one capacity for every pass
         capacity = R.default_capacity(k, lo_h, hi_h, oversample)
     M, r = R.sample_plan(lo_h, hi_h, k, oversample)
+    n = len(lo_h)
+    chunk = query_chunk_for(n, capacity, int(M.max()) if n else 0, query_chunk)
+    if chunk >= n:
+        parts = [(0, _run_pass(st, source, lo, hi, lo_h, hi_h, M, r, k, capacity, max_failed))]
+        idx, val = parts[0][1][:2]
+    else:
+        idx, val = fam.empty_selection(n, k)          # every row is written by its pass
+        parts = []
+        for a in range(0, n, chunk):
+            b = min(n, a + chunk)
+            out = _run_pass(st, _rows(source, a, b), lo[a:b], hi[a:b], lo_h[a:b], hi_h[a:b], M[a:b], r[a:b],
+                            k, capacity, max_failed)
+            fam.scatter_rows(idx, val, fam.to_device(np.arange(a, b, dtype=np.int32)), out[0], out[1])
+            parts.append((a, out))
+    host = lambda j, dt: np.concatenate([fam.to_host(p[j]).astype(dt) for _, p in parts])
+    return R.HyTopKResult(idx, val, host(2, np.float32), host(3, np.int32), host(4, bool),
+                          any(p[5] for _, p in parts), M, r, int(capacity))
+
+
+def _run_pass(st, source, lo, hi, lo_h, hi_h, M, r, k, capacity, max_failed):
+    """One pass of the stages over some queries: (idx, val, T, count, failed, fell_back),
+    statistics left on the device."""
+    fam = st.family
     T = st.threshold(source, lo, hi, fam.to_device(M), fam.to_device(r))
     cand_idx, cand_val, count = st.filter(source, lo, hi, T, capacity)
     failed, rows = st.check(count, lo, hi, k, capacity)
@@ -75,8 +130,9 @@ def run_hytopk(st: StageSet, source, lo, hi, lo_h, hi_h, k, capacity, oversample
     nf = int(rows.shape[0])
     fell_back = nf > max_failed
     if fell_back:
+        del cand_idx, cand_val
         chunk = max(1, max_failed)
-        idx, val = (fam.to_device(a) for a in R.empty_selection(n, k))    # every row is overwritten below
+        idx, val = fam.empty_selection(n, k)          # every row is overwritten below
         for s in range(0, n, chunk):
             part = fam.to_device(np.arange(s, min(n, s + chunk), dtype=np.int32))
             ridx, rval = st.recover(source, lo, hi, part, k)
@@ -86,8 +142,7 @@ def run_hytopk(st: StageSet, source, lo, hi, lo_h, hi_h, k, capacity, oversample
         if nf:
             ridx, rval = st.recover(source, lo, hi, rows, k)
             fam.scatter_rows(idx, val, rows, ridx, rval)
-    return R.HyTopKResult(idx, val, fam.to_host(T).astype(np.float32), fam.to_host(count).astype(np.int32),
-                          fam.to_host(failed).astype(bool), bool(fell_back), M, r, int(capacity))
+    return idx, val, T, count, failed, fell_back
 
 
 class Backend:
@@ -139,24 +194,29 @@ class Backend:
         """A result back in the caller's kind; host copies go through the family (its stream)."""
         return self.family.to_host(x) if kind == "numpy" else to_kind(x, kind)
 
-    def _select(self, source, shape, lo, hi, k, capacity, oversample, max_failed, kind, stages=None):
+    def _select(self, source, shape, lo, hi, k, capacity, oversample, max_failed, query_chunk, kind, stages=None):
         lo_h, hi_h = V.check_selection_args(shape, lo, hi, k, capacity, oversample, max_failed)
         lo_d, hi_d = self._dev(("lo", lo_h.astype(np.int32)), ("hi", hi_h.astype(np.int32)))
-        res = run_hytopk(stages or self.stages, source, lo_d, hi_d, lo_h, hi_h, k, capacity, oversample, max_failed)
+        res = run_hytopk(stages or self.stages, source, lo_d, hi_d, lo_h, hi_h, k, capacity, oversample, max_failed,
+                         query_chunk)
         res.idx, res.val = self._out(res.idx, kind), self._out(res.val, kind)
         return res
 
-    def hytopk(self, scores, lo, hi, k, *, capacity=None, oversample=3.0, max_failed=64):
+    def hytopk(self, scores, lo, hi, k, *, capacity=None, oversample=3.0, max_failed=64, query_chunk=None):
+        """``query_chunk``: queries per pass (default: as many as keep the scratch within
+        pipeline.SCRATCH_BYTES); the selection does not depend on it."""
         shape = V.check_array("scores", scores, ndim=2, dtypes=V.SCORE_DTYPES)
         kind = common_kind(scores, lo, hi)
         (s,) = self._dev(("scores", scores))
-        return self._select(R.TableSource(s), shape, lo, hi, k, capacity, oversample, max_failed, kind)
+        return self._select(R.TableSource(s), shape, lo, hi, k, capacity, oversample, max_failed, query_chunk, kind)
 
-    def hytopk_indexer(self, q, w, keys, lo, hi, k, *, capacity=None, oversample=3.0, max_failed=64):
+    def hytopk_indexer(self, q, w, keys, lo, hi, k, *, capacity=None, oversample=3.0, max_failed=64,
+                       query_chunk=None):
         n, H, D, L = V.check_indexer_inputs(q, w, keys)
         kind = common_kind(q, w, keys, lo, hi)
         src = R.IndexerSource(*self._dev(("q", q), ("w", w), ("keys", keys)))
-        return self._select(src, (n, L), lo, hi, k, capacity, oversample, max_failed, kind, self.stages_for(q))
+        return self._select(src, (n, L), lo, hi, k, capacity, oversample, max_failed, query_chunk, kind,
+                            self.stages_for(q))
 
     def topk(self, scores, lo, hi, k):
         """Exact top-k of every query (the recovery path over all rows)."""

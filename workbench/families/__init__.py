@@ -28,6 +28,11 @@ class Family:
     def synchronize(self):
         pass
 
+    def empty_selection(self, n: int, k: int):
+        """Device idx [n, k] int32 and val [n, k] float32 for the caller to fill."""
+        import reference as R
+        return tuple(self.to_device(a) for a in R.empty_selection(n, k))
+
     def scatter_rows(self, dst_idx, dst_val, rows, src_idx, src_val):
         """dst[rows[j]] = src[j] for the recovery results (in place)."""
         raise NotImplementedError

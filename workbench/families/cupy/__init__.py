@@ -19,15 +19,16 @@ DEFAULTS = {
     "threshold": "cupy.threshold.block",
     "filter": "cupy.filter.simt",
     "check": "cupy.check.atomic",
-    "select": "cupy.select.radix",
+    "select": "cupy.select.radix_bitonic",
     "recover": "cupy.recover.materialise",
     "dense": "cupy.dense.simt",
     "replay": "cupy.replay.simt",
 }
 # bf16 inputs (torch.bfloat16 / uint16 bits): the tiled tensor-core core loses nothing there,
-# so it is the default; float32 inputs keep the exact SIMT scorer above.
-DEFAULTS_BF16 = dict(DEFAULTS, filter="cupy.filter.tiled_mma", recover="cupy.recover.tiled_mma",
-                     dense="cupy.dense.tiled_mma", replay="cupy.replay.tiled_mma")
+# so it is the default (the threshold too: its samples get the filter's own bits); float32
+# inputs keep the exact SIMT scorer above.
+DEFAULTS_BF16 = dict(DEFAULTS, threshold="cupy.threshold.tiled_mma", filter="cupy.filter.tiled_mma",
+                     recover="cupy.recover.tiled_mma", dense="cupy.dense.tiled_mma", replay="cupy.replay.tiled_mma")
 
 
 class CupyFamily(Family):
@@ -55,6 +56,9 @@ class CupyFamily(Family):
     def synchronize(self):
         with launch_stream() as s:
             s.synchronize()
+
+    def empty_selection(self, n, k):
+        return cp.empty((n, k), cp.int32), cp.empty((n, k), cp.float32)
 
     def scatter_rows(self, dst_idx, dst_val, rows, src_idx, src_val):
         with launch_stream():

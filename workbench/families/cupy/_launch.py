@@ -216,8 +216,20 @@ def max_k() -> int:
     return (limit // 4 - (RADIX + 4 + WARPS * RADIX)) // 6
 
 
-def check_k_fits(k: int):
+def check_k_fits(k: int, smem_bytes=exact_topk_smem_bytes):
+    """k, if the exact top-k buffers of k entries (smem_bytes(k)) fit this device's shared memory."""
     k = V.check_k(k)
-    if k > max_k():
-        raise ValueError(f"argument 'k' = {k} exceeds {max_k()}, the largest k the CuPy select keeps in shared memory")
+    limit = cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
+    if smem_bytes(k) > limit:
+        raise ValueError(f"argument 'k' = {k} needs {smem_bytes(k)} bytes of shared memory for its select buffers; "
+                         f"this device has {limit} (largest k for the radix-sort select: {max_k()})")
     return k
+
+
+def next_pow2(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+def bitonic_topk_smem_bytes(k: int) -> int:
+    """hytopk_radix.cuh bitonic_topk_smem_words(k), in bytes."""
+    return 4 * (RADIX + 4 + 3 * next_pow2(k))

@@ -6,13 +6,24 @@ import cupy as cp
 import numpy as np
 
 from ...registry import register
-from ._launch import check_k_fits, exact_topk_smem_bytes, i32, kernel, launch, launch_stream
+from ._launch import bitonic_topk_smem_bytes, check_k_fits, exact_topk_smem_bytes, i32, kernel, launch, launch_stream
 
 
 @register("select", "cupy.select.radix", gpu_only=True)
 def select(cand_idx, cand_val, count, k):
     """Bitwise deterministic: the result depends only on the stored entries, not their order."""
-    k = check_k_fits(k)
+    return _select("hytopk_select", exact_topk_smem_bytes, cand_idx, cand_val, count, k)
+
+
+@register("select", "cupy.select.radix_bitonic", gpu_only=True,
+          notes="radix select with warp-aggregated histograms and a warp-parallel digit search, "
+                "then a bitonic sort of the k kept (key, ~position) words")
+def select_bitonic(cand_idx, cand_val, count, k):
+    return _select("hytopk_select_bitonic", bitonic_topk_smem_bytes, cand_idx, cand_val, count, k)
+
+
+def _select(name, smem_bytes, cand_idx, cand_val, count, k):
+    k = check_k_fits(k, smem_bytes)
     with launch_stream():
         cand_idx = i32(cand_idx, "cand_idx")
         cand_val = cp.ascontiguousarray(cp.asarray(cand_val, cp.float32))
@@ -23,7 +34,7 @@ def select(cand_idx, cand_val, count, k):
                              f"got {cand_val.shape}/{count.shape}")
         idx = cp.empty((n, k), cp.int32)
         val = cp.empty((n, k), cp.float32)
-        launch(kernel("select.cu", "hytopk_select"), (n,),
+        launch(kernel("select.cu", name), (n,),
                (np.int32(n), cand_idx, cand_val, count, np.int32(capacity), np.int32(k), idx, val),
-               exact_topk_smem_bytes(k))
+               smem_bytes(k))
         return idx, val

@@ -184,25 +184,51 @@ def _key_to_float(key):
     return cp.where((key & sign) != 0, key ^ sign, ~key).astype(cp.uint32).view(cp.float32)
 
 
+def _sample_scores(source, lo, hi, M):
+    """[n, m_max] float32 scores of every query's samples through the tiled core's
+    gathered tiles (the tiled filter's own bits), -inf past M[t]; None when m_max = 0."""
+    n = lo.shape[0]
+    m_max = int(M.max()) if n else 0
+    if m_max == 0:
+        return None
+    pos = cp.empty((n, m_max), cp.int32)
+    launch(kernel("threshold.cu", "hytopk_sample_positions"), (n, chunks(m_max, 256)),
+           (np.int32(n), np.int32(m_max), lo, hi, M, pos))
+    return replay_tiled(source.q, source.w, source.keys, pos)
+
+
 @register("threshold", "cupy.threshold.tiled_mma", sources=("indexer",), gpu_only=True,
           notes=f"samples scored through the tiled core's gathered tiles (the tiled filter's own bits), "
-                f"r-th best by a row sort of order keys {BF16}")
+                f"r-th best by the block threshold's in-shared-memory radix select {BF16}")
 def threshold_tiled(source, lo, hi, M, r):
     if not isinstance(source, R.IndexerSource):
         raise TypeError("argument 'source': cupy.threshold.tiled_mma takes the indexer source only")
+    from .threshold import threshold as threshold_block
+    with launch_stream():
+        lo, hi, M, r = i32(lo, "lo"), i32(hi, "hi"), i32(M, "M"), i32(r, "r")
+        s = _sample_scores(source, lo, hi, M)
+        if s is None:
+            return cp.full(lo.shape[0], cp.nan, cp.float32)
+        # row t of s holds exactly its M[t] samples at 0 .. M[t]-1: as a table with
+        # contexts [0, M[t]) sampled M[t] times, sample j is column j
+        return threshold_block(R.TableSource(s), cp.zeros_like(M), M, M, r)
+
+
+@register("threshold", "cupy.threshold.tiled_mma_rowsort", sources=("indexer",), gpu_only=True,
+          notes=f"v1 of the tiled threshold: the same sample scores, r-th best by a cupy row sort "
+                f"of the [n, M] order keys (kept to show the progression) {BF16}")
+def threshold_tiled_rowsort(source, lo, hi, M, r):
+    if not isinstance(source, R.IndexerSource):
+        raise TypeError("argument 'source': cupy.threshold.tiled_mma_rowsort takes the indexer source only")
     with launch_stream():
         lo, hi, M, r = i32(lo, "lo"), i32(hi, "hi"), i32(M, "M"), i32(r, "r")
         n = lo.shape[0]
-        m_max = int(M.max()) if n else 0
-        if m_max == 0:
+        s = _sample_scores(source, lo, hi, M)
+        if s is None:
             return cp.full(n, cp.nan, cp.float32)
-        # p_j = lo + (j * c) // M in 64-bit integers; slots past M[t] are padding (-1)
-        j = cp.arange(m_max, dtype=cp.int64)[None, :]
-        c = (hi - lo).astype(cp.int64)[:, None]
-        pos = lo.astype(cp.int64)[:, None] + (j * c) // cp.maximum(M, 1).astype(cp.int64)[:, None]
-        pos = cp.where(j < M[:, None], pos, -1).astype(cp.int32)
-        keys = _order_keys(replay_tiled(source.q, source.w, source.keys, pos))
-        keys = cp.where(pos >= 0, keys, cp.uint32(0))        # padding ranks last
+        m_max = s.shape[1]
+        keys = _order_keys(s)
+        keys = cp.where(cp.arange(m_max)[None, :] < M[:, None], keys, cp.uint32(0))   # padding ranks last
         keys.sort(axis=1)                                     # ascending: the r-th best sits at m_max - r
         kth = keys[cp.arange(n), m_max - cp.maximum(r, 1)]
         return cp.where(M > 0, _key_to_float(kth), cp.float32(cp.nan)).astype(cp.float32)

@@ -56,6 +56,9 @@ class NumbaFamily(Family):
     def synchronize(self):
         common.stream().synchronize()
 
+    def empty_selection(self, n, k):
+        return cuda.device_array((n, k), np.int32), cuda.device_array((n, k), np.float32)
+
     def scatter_rows(self, dst_idx, dst_val, rows, src_idx, src_val):
         nr, k = int(rows.shape[0]), int(src_idx.shape[1])
         if nr == 0 or k == 0:
