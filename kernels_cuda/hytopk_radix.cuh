@@ -41,6 +41,7 @@ __device__ u32 block_radix_select(const Get& get, long long m, u32 rank, u32* hi
         for (int b = threadIdx.x; b < RADIX; b += blockDim.x) hist[b] = 0u;
         __syncthreads();
         const u32 prefix = sc->prefix;
+        const u32 rem = sc->remaining;       // read before the barrier below; written only after it
         if (FAST) {
             const long long m_round = (m + blockDim.x - 1) / blockDim.x * blockDim.x;
             for (long long i = threadIdx.x; i < m_round; i += blockDim.x) {
@@ -72,7 +73,6 @@ __device__ u32 block_radix_select(const Get& get, long long m, u32 rank, u32* hi
                     const u32 y = __shfl_up_sync(0xffffffffu, incl, off);
                     if (l >= (u32)off) incl += y;
                 }
-                const u32 rem = sc->remaining;
                 const u32 found = __ballot_sync(0xffffffffu, incl >= rem);
                 if (l == (found ? (u32)(__ffs(found) - 1) : 31u)) {
                     u32 before = incl - own, hd = 0u;
@@ -90,7 +90,7 @@ __device__ u32 block_radix_select(const Get& get, long long m, u32 rank, u32* hi
                 }
             }
         } else if (threadIdx.x == 0) {
-            u32 before = 0u, rem = sc->remaining;
+            u32 before = 0u;
             int digit = LARGEST ? RADIX - 1 : 0;
             for (int j = 0; j < RADIX; ++j) {           // best digit first
                 digit = LARGEST ? RADIX - 1 - j : j;

@@ -30,7 +30,7 @@ for arg in "$@"; do      # NAME or NAME:SECONDS (time box for that phase)
     tests-cupy) phase tests-cupy ${CAP:-240} $PYT tests/test_cupy_gpu.py tests/test_loader.py tests/test_compile_check.py tests/test_cupy_bf16.py ;;
     tests-variants) phase tests-variants ${CAP:-200} $PYT tests/test_variants.py ;;
     tests-torch) phase tests-torch ${CAP:-120} $PYT tests/test_torch_*.py ;;
-    tests-new) phase tests-new ${CAP:-120} $PYT tests/test_variants.py tests/test_cupy_gpu.py -k "${NEW_K:-threshold or tiled}" ;;
+    tests-new) phase tests-new ${CAP:-120} $PYT ${NEW_FILES:-tests/test_variants.py tests/test_cupy_gpu.py} -k "${NEW_K:-threshold or tiled}" ;;
     tests-tiled) phase tests-tiled ${CAP:-120} $PYT tests/test_cupy_gpu.py tests/test_variants.py tests/test_tiled_layout.py -k "tiled" ;;
     tests-gpu) phase tests-gpu ${CAP:-300} $PYT --durations=15 tests/test_cupy_gpu.py tests/test_variants.py tests/test_torch_gpu.py tests/test_cli_gpu.py tests/test_example.py tests/test_distributed.py tests/test_loader.py tests/test_cupy_bf16.py --junitxml="$OUT/logs/junit-gpu.xml" ;;
     tests-app) phase tests-app ${CAP:-240} $PYT --durations=10 tests/test_cli_gpu.py tests/test_example.py tests/test_distributed.py ;;

@@ -103,46 +103,55 @@ def run_hytopk(st: StageSet, source, lo, hi, lo_h, hi_h, k, capacity, oversample
     n = len(lo_h)
     chunk = query_chunk_for(n, capacity, int(M.max()) if n else 0, query_chunk)
     if chunk >= n:
-        parts = [(0, _run_pass(st, source, lo, hi, lo_h, hi_h, M, r, k, capacity, max_failed))]
-        idx, val = parts[0][1][:2]
+        parts = [_run_pass(st, source, lo, hi, lo_h, hi_h, M, r, k, capacity, max_failed)]
+        idx, val, rows = parts[0][0], parts[0][1], parts[0][6]
     else:
         idx, val = fam.empty_selection(n, k)          # every row is written by its pass
-        parts = []
+        parts, pending = [], []
         for a in range(0, n, chunk):
             b = min(n, a + chunk)
             out = _run_pass(st, _rows(source, a, b), lo[a:b], hi[a:b], lo_h[a:b], hi_h[a:b], M[a:b], r[a:b],
                             k, capacity, max_failed)
             fam.scatter_rows(idx, val, fam.to_device(np.arange(a, b, dtype=np.int32)), out[0], out[1])
-            parts.append((a, out))
-    host = lambda j, dt: np.concatenate([fam.to_host(p[j]).astype(dt) for _, p in parts])
+            if out[6].shape[0]:
+                pending.append(fam.to_host(out[6]).astype(np.int32) + a)
+            parts.append(out)
+        rows = fam.to_device(np.concatenate(pending) if pending else np.zeros(0, np.int32))
+    # The failed queries of every pass, recovered together at the end: a pass's few failed
+    # rows alone would leave most of the GPU idle (one block per row).
+    nf = int(rows.shape[0])
+    step = max(1, max_failed)
+    for s in range(0, nf, step):
+        part = rows[s:s + step] if nf > step else rows
+        ridx, rval = st.recover(source, lo, hi, part, k)
+        fam.scatter_rows(idx, val, part, ridx, rval)
+    host = lambda j, dt: np.concatenate([fam.to_host(p[j]).astype(dt) for p in parts])
     return R.HyTopKResult(idx, val, host(2, np.float32), host(3, np.int32), host(4, bool),
-                          any(p[5] for _, p in parts), M, r, int(capacity))
+                          any(p[5] for p in parts), M, r, int(capacity))
 
 
 def _run_pass(st, source, lo, hi, lo_h, hi_h, M, r, k, capacity, max_failed):
-    """One pass of the stages over some queries: (idx, val, T, count, failed, fell_back),
-    statistics left on the device."""
+    """One pass of the stages over some queries: (idx, val, T, count, failed, fell_back,
+    rows still to recover), statistics left on the device. A pass with more than
+    max_failed failed queries takes the exact path for all of its queries (in chunks of
+    max_failed rows) and leaves nothing to recover."""
     fam = st.family
     T = st.threshold(source, lo, hi, fam.to_device(M), fam.to_device(r))
     cand_idx, cand_val, count = st.filter(source, lo, hi, T, capacity)
     failed, rows = st.check(count, lo, hi, k, capacity)
     n = len(lo_h)
-    nf = int(rows.shape[0])
-    fell_back = nf > max_failed
-    if fell_back:
-        del cand_idx, cand_val
-        chunk = max(1, max_failed)
-        idx, val = fam.empty_selection(n, k)          # every row is overwritten below
-        for s in range(0, n, chunk):
-            part = fam.to_device(np.arange(s, min(n, s + chunk), dtype=np.int32))
-            ridx, rval = st.recover(source, lo, hi, part, k)
-            fam.scatter_rows(idx, val, part, ridx, rval)
-    else:
+    fell_back = int(rows.shape[0]) > max_failed
+    if not fell_back:
         idx, val = st.select(cand_idx, cand_val, count, k)
-        if nf:
-            ridx, rval = st.recover(source, lo, hi, rows, k)
-            fam.scatter_rows(idx, val, rows, ridx, rval)
-    return idx, val, T, count, failed, fell_back
+        return idx, val, T, count, failed, False, rows
+    del cand_idx, cand_val
+    chunk = max(1, max_failed)
+    idx, val = fam.empty_selection(n, k)              # every row is overwritten below
+    for s in range(0, n, chunk):
+        part = fam.to_device(np.arange(s, min(n, s + chunk), dtype=np.int32))
+        ridx, rval = st.recover(source, lo, hi, part, k)
+        fam.scatter_rows(idx, val, part, ridx, rval)
+    return idx, val, T, count, failed, True, fam.to_device(np.zeros(0, np.int32))
 
 
 class Backend:

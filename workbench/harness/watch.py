@@ -119,6 +119,7 @@ class WatchLoop:
             chosen = [v for v in registry.variants(load=False) if v.fn.__module__ == module]
         else:
             stages = stage_of_source(path)
+            registry.load_family("cupy")          # its variants are listed only once it is imported
             chosen = [v for v in registry.variants(load=False) if v.family == "cupy" and v.stage in stages]
         if self.stage:
             chosen = [v for v in chosen if v.stage == self.stage]
