@@ -157,9 +157,14 @@ def current_arch() -> str:
     return str(cupy.cuda.Device().compute_capability)
 
 
+COMPILES = 0      # NVRTC compiles so far in this process (timers use it to spot a cold first call)
+
+
 def compile_cupy(source: str, options: Sequence[str], names: Sequence[str], file: str):
     """NVRTC through cupy.RawModule for the current device; errors -> KernelCompileError."""
     import cupy
+    global COMPILES
+    COMPILES += 1
     try:
         mod = cupy.RawModule(code=source, options=tuple(options), name_expressions=list(names),
                              backend="nvrtc")

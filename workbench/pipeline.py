@@ -61,7 +61,7 @@ def stage_set(family: str, chosen: dict | None = None, bf16: bool = False) -> St
     return StageSet(fam, **picked)
 
 
-SCRATCH_BYTES = 48 << 20      # default bound on one pass's selection scratch (see query_chunk_for)
+SCRATCH_BYTES = 32 << 20      # default bound on one pass's selection scratch (see query_chunk_for)
 
 
 def query_chunk_for(n: int, capacity: int, m_max: int, query_chunk=None) -> int:
@@ -94,6 +94,8 @@ def run_hytopk(st: StageSet, source, lo, hi, lo_h, hi_h, k, capacity, oversample
     ``query_chunk`` queries (default: query_chunk_for) so that the scratch memory stays
     bounded whatever n is. Queries are independent, so passes change no bit of idx/val;
     ``max_failed`` applies per pass and ``fell_back`` says whether any pass fell back.
+    The failed queries of all passes are recovered together at the end (at most
+    max_failed rows per recovery call).
     Returns a reference.HyTopKResult whose idx/val are family-native and whose
     statistics are host NumPy arrays."""
     fam = st.family
@@ -102,21 +104,25 @@ def run_hytopk(st: StageSet, source, lo, hi, lo_h, hi_h, k, capacity, oversample
     M, r = R.sample_plan(lo_h, hi_h, k, oversample)
     n = len(lo_h)
     chunk = query_chunk_for(n, capacity, int(M.max()) if n else 0, query_chunk)
+    # Host arrays go to the device once: a copy from pageable host memory waits for the
+    # stream, and a wait per pass would leave the GPU idle while Python launches the next.
+    M_d, r_d = fam.to_device(M), fam.to_device(r)
     if chunk >= n:
-        parts = [_run_pass(st, source, lo, hi, lo_h, hi_h, M, r, k, capacity, max_failed)]
+        parts = [_run_pass(st, source, lo, hi, n, M_d, r_d, k, capacity, max_failed)]
         idx, val, rows = parts[0][0], parts[0][1], parts[0][6]
     else:
         idx, val = fam.empty_selection(n, k)          # every row is written by its pass
         parts, pending = [], []
         for a in range(0, n, chunk):
             b = min(n, a + chunk)
-            out = _run_pass(st, _rows(source, a, b), lo[a:b], hi[a:b], lo_h[a:b], hi_h[a:b], M[a:b], r[a:b],
+            out = _run_pass(st, _rows(source, a, b), lo[a:b], hi[a:b], b - a, M_d[a:b], r_d[a:b],
                             k, capacity, max_failed)
-            fam.scatter_rows(idx, val, fam.to_device(np.arange(a, b, dtype=np.int32)), out[0], out[1])
+            fam.place_rows(idx, val, a, out[0], out[1])
             if out[6].shape[0]:
-                pending.append(fam.to_host(out[6]).astype(np.int32) + a)
+                pending.append((a, out[6]))           # to the host after the last pass (no wait here)
             parts.append(out)
-        rows = fam.to_device(np.concatenate(pending) if pending else np.zeros(0, np.int32))
+        rows = [fam.to_host(x).astype(np.int32) + a for a, x in pending]
+        rows = fam.to_device(np.concatenate(rows) if rows else np.zeros(0, np.int32))
     # The failed queries of every pass, recovered together at the end: a pass's few failed
     # rows alone would leave most of the GPU idle (one block per row).
     nf = int(rows.shape[0])
@@ -130,16 +136,15 @@ def run_hytopk(st: StageSet, source, lo, hi, lo_h, hi_h, k, capacity, oversample
                           any(p[5] for p in parts), M, r, int(capacity))
 
 
-def _run_pass(st, source, lo, hi, lo_h, hi_h, M, r, k, capacity, max_failed):
-    """One pass of the stages over some queries: (idx, val, T, count, failed, fell_back,
-    rows still to recover), statistics left on the device. A pass with more than
+def _run_pass(st, source, lo, hi, n, M, r, k, capacity, max_failed):
+    """One pass of the stages over n queries (device M, r): (idx, val, T, count, failed,
+    fell_back, rows still to recover), statistics left on the device. A pass with more than
     max_failed failed queries takes the exact path for all of its queries (in chunks of
     max_failed rows) and leaves nothing to recover."""
     fam = st.family
-    T = st.threshold(source, lo, hi, fam.to_device(M), fam.to_device(r))
+    T = st.threshold(source, lo, hi, M, r)
     cand_idx, cand_val, count = st.filter(source, lo, hi, T, capacity)
     failed, rows = st.check(count, lo, hi, k, capacity)
-    n = len(lo_h)
     fell_back = int(rows.shape[0]) > max_failed
     if not fell_back:
         idx, val = st.select(cand_idx, cand_val, count, k)

@@ -37,6 +37,11 @@ class Family:
         """dst[rows[j]] = src[j] for the recovery results (in place)."""
         raise NotImplementedError
 
+    def place_rows(self, dst_idx, dst_val, start: int, src_idx, src_val):
+        """dst[start : start + len(src)] = src (in place; a pass's results)."""
+        dst_idx[start:start + src_idx.shape[0]] = src_idx
+        dst_val[start:start + src_val.shape[0]] = src_val
+
 
 def get_family(name: str) -> Family:
     from .. import registry

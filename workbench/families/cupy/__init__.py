@@ -60,6 +60,10 @@ class CupyFamily(Family):
     def empty_selection(self, n, k):
         return cp.empty((n, k), cp.int32), cp.empty((n, k), cp.float32)
 
+    def place_rows(self, dst_idx, dst_val, start, src_idx, src_val):
+        with launch_stream():
+            super().place_rows(dst_idx, dst_val, start, src_idx, src_val)
+
     def scatter_rows(self, dst_idx, dst_val, rows, src_idx, src_val):
         with launch_stream():
             rows = as_device(rows)

@@ -12,10 +12,18 @@ from ._launch import MAX_SAMPLES, RADIX, bind, i32, kernel, launch, launch_strea
 def threshold(source, lo, hi, M, r):
     """r-th best of the M samples by an in-block radix select over order keys."""
     with launch_stream():
+        M = i32(M, "M")
+        if M.size and int(M.max()) > MAX_SAMPLES:        # (a sync: validation of a direct call)
+            raise ValueError(f"argument 'M': at most {MAX_SAMPLES} samples per query")
+        return threshold_unchecked(source, lo, hi, M, r)
+
+
+def threshold_unchecked(source, lo, hi, M, r):
+    """The block threshold without the host-side check of M (no sync); the kernel
+    itself never reads past MAX_SAMPLES samples."""
+    with launch_stream():
         src = bind(source)
         lo, hi, M, r = i32(lo, "lo"), i32(hi, "hi"), i32(M, "M"), i32(r, "r")
-        if M.size and int(M.max()) > MAX_SAMPLES:
-            raise ValueError(f"argument 'M': at most {MAX_SAMPLES} samples per query")
         T = cp.empty(src.n, cp.float32)
         fn = kernel("threshold.cu", f"hytopk_threshold<{src.cxx}>", src.shapes)
         smem = 4 * (src.smem_floats + MAX_SAMPLES + RADIX + 4)

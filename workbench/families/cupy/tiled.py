@@ -15,8 +15,8 @@ from kernels_cuda import instantiations as INST
 
 from ...bf16 import float32_to_bf16_bits
 from ...registry import register
-from ._launch import (as_device, check_k_fits, chunks, exact_topk_smem_bytes, i32, input_dtype, kernel,
-                      launch, launch_stream, pad_inputs)
+from ._launch import (MAX_SAMPLES, as_device, check_k_fits, chunks, exact_topk_smem_bytes, i32, input_dtype,
+                      kernel, launch, launch_stream, pad_inputs)
 from .filter import _buffers, _capacity
 
 BF16 = "(inputs rounded to bf16)"
@@ -185,16 +185,23 @@ def _key_to_float(key):
 
 
 def _sample_scores(source, lo, hi, M):
-    """[n, m_max] float32 scores of every query's samples through the tiled core's
-    gathered tiles (the tiled filter's own bits), -inf past M[t]; None when m_max = 0."""
-    n = lo.shape[0]
-    m_max = int(M.max()) if n else 0
-    if m_max == 0:
-        return None
+    """([n, m_max] float32 scores of every query's samples through the tiled core's gathered
+    tiles (the tiled filter's own bits), -inf past M[t]; M clamped to m_max).
+
+    m_max = num_samples(L) from the host: M(c) grows with c and c <= L, so no query of the
+    contract has more samples, and no device-to-host sync is needed. A larger M (not from
+    the contract's formula) is clamped to m_max, so nothing is read out of bounds."""
+    n, L = lo.shape[0], int(source.keys.shape[0])
+    m_max = int(R.num_samples(L))
+    if m_max > MAX_SAMPLES:
+        raise ValueError(f"argument 'M': at most {MAX_SAMPLES} samples per query (num_samples(L) = {m_max})")
+    M = cp.minimum(M, np.int32(m_max))
+    if n == 0 or m_max == 0:
+        return cp.zeros((n, 0), cp.float32), M
     pos = cp.empty((n, m_max), cp.int32)
     launch(kernel("threshold.cu", "hytopk_sample_positions"), (n, chunks(m_max, 256)),
            (np.int32(n), np.int32(m_max), lo, hi, M, pos))
-    return replay_tiled(source.q, source.w, source.keys, pos)
+    return replay_tiled(source.q, source.w, source.keys, pos), M
 
 
 @register("threshold", "cupy.threshold.tiled_mma", sources=("indexer",), gpu_only=True,
@@ -203,15 +210,14 @@ def _sample_scores(source, lo, hi, M):
 def threshold_tiled(source, lo, hi, M, r):
     if not isinstance(source, R.IndexerSource):
         raise TypeError("argument 'source': cupy.threshold.tiled_mma takes the indexer source only")
-    from .threshold import threshold as threshold_block
     with launch_stream():
         lo, hi, M, r = i32(lo, "lo"), i32(hi, "hi"), i32(M, "M"), i32(r, "r")
-        s = _sample_scores(source, lo, hi, M)
-        if s is None:
+        s, M = _sample_scores(source, lo, hi, M)
+        if s.shape[1] == 0:
             return cp.full(lo.shape[0], cp.nan, cp.float32)
         # row t of s holds exactly its M[t] samples at 0 .. M[t]-1: as a table with
         # contexts [0, M[t]) sampled M[t] times, sample j is column j
-        return threshold_block(R.TableSource(s), cp.zeros_like(M), M, M, r)
+        return threshold_unchecked(R.TableSource(s), cp.zeros_like(M), M, M, r)
 
 
 @register("threshold", "cupy.threshold.tiled_mma_rowsort", sources=("indexer",), gpu_only=True,
@@ -223,8 +229,8 @@ def threshold_tiled_rowsort(source, lo, hi, M, r):
     with launch_stream():
         lo, hi, M, r = i32(lo, "lo"), i32(hi, "hi"), i32(M, "M"), i32(r, "r")
         n = lo.shape[0]
-        s = _sample_scores(source, lo, hi, M)
-        if s is None:
+        s, M = _sample_scores(source, lo, hi, M)
+        if s.shape[1] == 0:
             return cp.full(n, cp.nan, cp.float32)
         m_max = s.shape[1]
         keys = _order_keys(s)
