@@ -18,6 +18,7 @@ from ...registry import register
 from ._launch import (MAX_SAMPLES, as_device, check_k_fits, chunks, exact_topk_smem_bytes, i32, input_dtype,
                       kernel, launch, launch_stream, pad_inputs)
 from .filter import _buffers, _capacity
+from .threshold import threshold_unchecked
 
 BF16 = "(inputs rounded to bf16)"
 
