@@ -92,10 +92,14 @@ def _rows(source, a, b):
 def run_hytopk(st: StageSet, source, lo, hi, lo_h, hi_h, k, capacity, oversample, max_failed, query_chunk=None):
     """Run the pipeline on family-native device arrays, in passes of at most
     ``query_chunk`` queries (default: query_chunk_for) so that the scratch memory stays
-    bounded whatever n is. Queries are independent, so passes change no bit of idx/val;
-    ``max_failed`` applies per pass and ``fell_back`` says whether any pass fell back.
-    The failed queries of all passes are recovered together at the end (at most
-    max_failed rows per recovery call).
+    bounded whatever n is. Queries are independent, so passes change no bit of idx/val.
+
+    The passes never wait for the GPU: threshold, filter and select of every pass are
+    queued back to back, each pass's results placed into the full outputs; the check then
+    runs once over all queries (the first wait), and the failed queries of every pass are
+    recovered together, at most max_failed rows per recovery call. ``max_failed`` applies
+    per pass: a pass with more failed queries takes the exact path for all of its queries,
+    and ``fell_back`` says whether any pass did.
     Returns a reference.HyTopKResult whose idx/val are family-native and whose
     statistics are host NumPy arrays."""
     fam = st.family
@@ -104,59 +108,45 @@ def run_hytopk(st: StageSet, source, lo, hi, lo_h, hi_h, k, capacity, oversample
     M, r = R.sample_plan(lo_h, hi_h, k, oversample)
     n = len(lo_h)
     chunk = query_chunk_for(n, capacity, int(M.max()) if n else 0, query_chunk)
-    # Host arrays go to the device once: a copy from pageable host memory waits for the
-    # stream, and a wait per pass would leave the GPU idle while Python launches the next.
+    passes = [(a, min(n, a + chunk)) for a in range(0, n, chunk)] or [(0, 0)]
+    # host arrays go to the device once: a copy from pageable memory waits for the stream
     M_d, r_d = fam.to_device(M), fam.to_device(r)
-    if chunk >= n:
-        parts = [_run_pass(st, source, lo, hi, n, M_d, r_d, k, capacity, max_failed)]
-        idx, val, rows = parts[0][0], parts[0][1], parts[0][6]
+    if len(passes) == 1:
+        T, count, idx, val = _select_pass(st, source, lo, hi, M_d, r_d, k, capacity)
     else:
-        idx, val = fam.empty_selection(n, k)          # every row is written by its pass
-        parts, pending = [], []
-        for a in range(0, n, chunk):
-            b = min(n, a + chunk)
-            out = _run_pass(st, _rows(source, a, b), lo[a:b], hi[a:b], b - a, M_d[a:b], r_d[a:b],
-                            k, capacity, max_failed)
-            fam.place_rows(idx, val, a, out[0], out[1])
-            if out[6].shape[0]:
-                pending.append((a, out[6]))           # to the host after the last pass (no wait here)
-            parts.append(out)
-        rows = [fam.to_host(x).astype(np.int32) + a for a, x in pending]
-        rows = fam.to_device(np.concatenate(rows) if rows else np.zeros(0, np.int32))
-    # The failed queries of every pass, recovered together at the end: a pass's few failed
-    # rows alone would leave most of the GPU idle (one block per row).
-    nf = int(rows.shape[0])
+        idx, val = fam.empty_selection(n, k)
+        T, count = fam.empty((n,), np.float32), fam.empty((n,), np.int32)
+        for a, b in passes:
+            out = _select_pass(st, _rows(source, a, b), lo[a:b], hi[a:b], M_d[a:b], r_d[a:b], k, capacity)
+            for dst, part in zip((T, count, idx, val), out):
+                fam.place(dst, a, part)
+            del out                            # this pass's scratch goes back to the pool
+    failed, rows = st.check(count, lo, hi, k, capacity)
+    rows_h = np.asarray(fam.to_host(rows), np.int64)
+    redo, fell_back = [], False
+    for a, b in passes:
+        mine = rows_h[(rows_h >= a) & (rows_h < b)]
+        if mine.size > max_failed:             # the exact path for every query of this pass
+            mine, fell_back = np.arange(a, b), True
+        redo.append(mine)
+    redo = np.concatenate(redo).astype(np.int32)
     step = max(1, max_failed)
-    for s in range(0, nf, step):
-        part = rows[s:s + step] if nf > step else rows
+    for s in range(0, redo.size, step):
+        part = fam.to_device(redo[s:s + step])
         ridx, rval = st.recover(source, lo, hi, part, k)
         fam.scatter_rows(idx, val, part, ridx, rval)
-    host = lambda j, dt: np.concatenate([fam.to_host(p[j]).astype(dt) for p in parts])
-    return R.HyTopKResult(idx, val, host(2, np.float32), host(3, np.int32), host(4, bool),
-                          any(p[5] for p in parts), M, r, int(capacity))
+    return R.HyTopKResult(idx, val, fam.to_host(T).astype(np.float32), fam.to_host(count).astype(np.int32),
+                          fam.to_host(failed).astype(bool), fell_back, M, r, int(capacity))
 
 
-def _run_pass(st, source, lo, hi, n, M, r, k, capacity, max_failed):
-    """One pass of the stages over n queries (device M, r): (idx, val, T, count, failed,
-    fell_back, rows still to recover), statistics left on the device. A pass with more than
-    max_failed failed queries takes the exact path for all of its queries (in chunks of
-    max_failed rows) and leaves nothing to recover."""
-    fam = st.family
+def _select_pass(st, source, lo, hi, M, r, k, capacity):
+    """Threshold, filter and exact select of one pass's queries (nothing waits for the
+    GPU): (T, count, idx, val). The select of a query that failed the check is replaced
+    by its recovery afterwards."""
     T = st.threshold(source, lo, hi, M, r)
     cand_idx, cand_val, count = st.filter(source, lo, hi, T, capacity)
-    failed, rows = st.check(count, lo, hi, k, capacity)
-    fell_back = int(rows.shape[0]) > max_failed
-    if not fell_back:
-        idx, val = st.select(cand_idx, cand_val, count, k)
-        return idx, val, T, count, failed, False, rows
-    del cand_idx, cand_val
-    chunk = max(1, max_failed)
-    idx, val = fam.empty_selection(n, k)              # every row is overwritten below
-    for s in range(0, n, chunk):
-        part = fam.to_device(np.arange(s, min(n, s + chunk), dtype=np.int32))
-        ridx, rval = st.recover(source, lo, hi, part, k)
-        fam.scatter_rows(idx, val, part, ridx, rval)
-    return idx, val, T, count, failed, True, fam.to_device(np.zeros(0, np.int32))
+    idx, val = st.select(cand_idx, cand_val, count, k)
+    return T, count, idx, val
 
 
 class Backend:

@@ -28,19 +28,22 @@ class Family:
     def synchronize(self):
         pass
 
+    def empty(self, shape, dtype):
+        """An uninitialised device array for the caller to fill."""
+        return self.to_device(np.empty(shape, dtype))
+
     def empty_selection(self, n: int, k: int):
         """Device idx [n, k] int32 and val [n, k] float32 for the caller to fill."""
-        import reference as R
-        return tuple(self.to_device(a) for a in R.empty_selection(n, k))
+        return self.empty((n, k), np.int32), self.empty((n, k), np.float32)
+
+    def place(self, dst, start: int, src):
+        """dst[start : start + len(src)] = src, in place (a pass's rows into the full result)."""
+        dst[start:start + src.shape[0]] = src
 
     def scatter_rows(self, dst_idx, dst_val, rows, src_idx, src_val):
         """dst[rows[j]] = src[j] for the recovery results (in place)."""
         raise NotImplementedError
 
-    def place_rows(self, dst_idx, dst_val, start: int, src_idx, src_val):
-        """dst[start : start + len(src)] = src (in place; a pass's results)."""
-        dst_idx[start:start + src_idx.shape[0]] = src_idx
-        dst_val[start:start + src_val.shape[0]] = src_val
 
 
 def get_family(name: str) -> Family:

@@ -86,6 +86,19 @@ def git_commit() -> str | None:
     return _run(["git", "-C", str(ROOT), "rev-parse", "HEAD"])
 
 
+def source_digest() -> str:
+    """sha256 of the project's source files (workbench/, reference/, kernels_cuda/): names
+    the code that produced a result even where the checkout's git metadata is stale
+    (a copied working tree)."""
+    import hashlib
+    h = hashlib.sha256()
+    for pkg in ("workbench", "reference", "kernels_cuda"):
+        for p in sorted((ROOT / pkg).rglob("*")):
+            if p.is_file() and p.suffix in (".py", ".cu", ".cuh"):
+                h.update(str(p.relative_to(ROOT)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def environment() -> dict:
     """Facts recorded with every result."""
     return {
@@ -93,6 +106,7 @@ def environment() -> dict:
         "host": platform.node(),
         "python": platform.python_version(),
         "git_commit": git_commit(),
+        "source_digest": source_digest(),
         "gpu": gpu_info(),
         "driver": driver_version(),
         "numba_cudasim": os.environ.get("NUMBA_ENABLE_CUDASIM") == "1",

@@ -57,12 +57,12 @@ class CupyFamily(Family):
         with launch_stream() as s:
             s.synchronize()
 
-    def empty_selection(self, n, k):
-        return cp.empty((n, k), cp.int32), cp.empty((n, k), cp.float32)
+    def empty(self, shape, dtype):
+        return cp.empty(shape, dtype)
 
-    def place_rows(self, dst_idx, dst_val, start, src_idx, src_val):
+    def place(self, dst, start, src):
         with launch_stream():
-            super().place_rows(dst_idx, dst_val, start, src_idx, src_val)
+            super().place(dst, start, as_device(src))
 
     def scatter_rows(self, dst_idx, dst_val, rows, src_idx, src_val):
         with launch_stream():

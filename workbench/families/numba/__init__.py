@@ -56,15 +56,12 @@ class NumbaFamily(Family):
     def synchronize(self):
         common.stream().synchronize()
 
-    def empty_selection(self, n, k):
-        return cuda.device_array((n, k), np.int32), cuda.device_array((n, k), np.float32)
+    def empty(self, shape, dtype):
+        return cuda.device_array(shape, dtype, stream=common.stream())
 
-    def place_rows(self, dst_idx, dst_val, start, src_idx, src_val):
-        b = start + int(src_idx.shape[0])
-        if b == start or src_idx.size == 0:
-            return
-        dst_idx[start:b].copy_to_device(src_idx, stream=common.stream())
-        dst_val[start:b].copy_to_device(src_val, stream=common.stream())
+    def place(self, dst, start, src):
+        if src.size:
+            dst[start:start + int(src.shape[0])].copy_to_device(src, stream=common.stream())
 
     def scatter_rows(self, dst_idx, dst_val, rows, src_idx, src_val):
         nr, k = int(rows.shape[0]), int(src_idx.shape[1])
