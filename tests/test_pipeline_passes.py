@@ -9,12 +9,13 @@ from workbench import pipeline as P
 
 
 def test_default_chunk_bounds_scratch_and_balances_passes():
-    cap, m = 8960, 4096                        # dsv32-128k: default capacity, M = 4096
-    chunk = P.query_chunk_for(4096, cap, m)
-    per_query = 8 * cap + 8 * m + 16
-    assert chunk % 8 == 0 and chunk * per_query <= P.SCRATCH_BYTES
+    cap, m, k = 8960, 4096, 2048               # dsv32-128k: default capacity, M = 4096
+    chunk = P.query_chunk_for(4096, cap, m, k=k)
+    per_query = 8 * cap + 8 * m + 8 * k + 16
+    assert chunk * per_query <= P.SCRATCH_BYTES
     passes = -(-4096 // chunk)
     assert passes * chunk - 4096 < 8 * passes          # passes are even (up to the rounding to 8)
+    assert P.query_chunk_for(4096, 1000, 100, k=64) % 8 == 0
     assert P.query_chunk_for(100, cap, m) == 100       # fits in one pass
     assert P.query_chunk_for(0, cap, m) == 1
     assert P.query_chunk_for(10**6, 10**9, 0) == 1     # a huge capacity still makes progress
@@ -34,9 +35,28 @@ def test_default_passes_change_no_bit(monkeypatch):
     scores = G.score_table("ties_at_kth", n, L, k, rng, lo, hi)
     monkeypatch.setattr(P, "SCRATCH_BYTES", 8 * 1024)
     cap = R.default_capacity(k, lo, hi, 3.0)
-    assert P.query_chunk_for(n, cap, int(R.sample_plan(lo, hi, k, 3.0)[0].max())) < n
+    assert P.query_chunk_for(n, cap, int(R.num_samples(L)), k=k) < n
     res = workbench.backend("reference").hytopk(scores, lo, hi, k)
     ref = R.hytopk(scores, lo, hi, k)
     np.testing.assert_array_equal(res.idx, ref.idx)
     np.testing.assert_array_equal(res.val.view(np.uint32), ref.val.view(np.uint32))
     np.testing.assert_array_equal(res.count, ref.count)
+    np.testing.assert_array_equal(res.failed, ref.failed)
+    assert res.fell_back == ref.fell_back
+
+
+def test_more_failures_than_max_failed_fall_back_for_every_query():
+    """DESIGN §3.7 over all queries, whatever the passes: every query of a ReLU plateau
+    (T = 0 floods the buffer) fails; with max_failed = 1 the whole batch takes the exact path."""
+    rng = np.random.default_rng(9)
+    n, L, k = 6, 5000, 4
+    lo, hi = np.zeros(n, np.int32), np.full(n, L, np.int32)
+    scores = np.zeros((n, L), np.float32)
+    scores[:, rng.integers(0, L, 2)] = 1.0                 # fewer than k positive scores
+    ref = R.hytopk(scores, lo, hi, k, max_failed=1, capacity=16)
+    assert ref.fell_back and ref.failed.all()
+    for chunk in (None, 1, 2, 4, 6):
+        res = workbench.backend("reference").hytopk(scores, lo, hi, k, max_failed=1, capacity=16, query_chunk=chunk)
+        assert res.fell_back
+        np.testing.assert_array_equal(res.idx, ref.idx)
+        np.testing.assert_array_equal(res.failed, ref.failed)

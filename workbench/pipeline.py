@@ -64,16 +64,17 @@ def stage_set(family: str, chosen: dict | None = None, bf16: bool = False) -> St
 SCRATCH_BYTES = 32 << 20      # default bound on one pass's selection scratch (see query_chunk_for)
 
 
-def query_chunk_for(n: int, capacity: int, m_max: int, query_chunk=None) -> int:
+def query_chunk_for(n: int, capacity: int, m_max: int, query_chunk=None, k: int = 0) -> int:
     """Queries per pass. ``query_chunk`` if given; else as many as keep a pass's scratch
-    (the candidate buffer, capacity x 8 B per query, and the sampled scores and positions,
-    M x 8 B) within SCRATCH_BYTES, spread evenly over the passes and rounded up to a
-    multiple of 8 (the tiled kernels take 4 or 8 queries per block)."""
+    (the candidate buffer, capacity x 8 B per query, the sampled scores and positions,
+    M x 8 B, and the pass's selection, k x 8 B) within SCRATCH_BYTES, spread evenly over
+    the passes and rounded up to a multiple of 8 (the tiled kernels take 4 or 8 queries
+    per block) where that still fits."""
     if query_chunk is not None:
         if isinstance(query_chunk, bool) or not isinstance(query_chunk, (int, np.integer)) or query_chunk < 1:
             raise ValueError(f"argument 'query_chunk' must be a positive int, got {query_chunk!r}")
         return int(query_chunk)
-    per_query = 8 * int(capacity) + 8 * int(m_max) + 16
+    per_query = 8 * int(capacity) + 8 * int(m_max) + 8 * int(k) + 16
     fit = max(1, SCRATCH_BYTES // per_query)
     if fit >= n:
         return max(1, n)
@@ -92,14 +93,13 @@ def _rows(source, a, b):
 def run_hytopk(st: StageSet, source, lo, hi, lo_h, hi_h, k, capacity, oversample, max_failed, query_chunk=None):
     """Run the pipeline on family-native device arrays, in passes of at most
     ``query_chunk`` queries (default: query_chunk_for) so that the scratch memory stays
-    bounded whatever n is. Queries are independent, so passes change no bit of idx/val.
+    bounded whatever n is. Queries are independent, so passes change no bit of the result.
 
-    The passes never wait for the GPU: threshold, filter and select of every pass are
-    queued back to back, each pass's results placed into the full outputs; the check then
-    runs once over all queries (the first wait), and the failed queries of every pass are
-    recovered together, at most max_failed rows per recovery call. ``max_failed`` applies
-    per pass: a pass with more failed queries takes the exact path for all of its queries,
-    and ``fell_back`` says whether any pass did.
+    The driver adds no wait for the GPU between passes (a stage variant may have its own):
+    threshold, filter and select of every pass are queued back to back and each pass's rows
+    placed into the full outputs; the check then runs once over all queries, and the failed
+    queries are recovered together, at most max_failed rows per recovery call (more than
+    max_failed failed queries: the exact path for every query, as DESIGN §3.7 says).
     Returns a reference.HyTopKResult whose idx/val are family-native and whose
     statistics are host NumPy arrays."""
     fam = st.family
@@ -107,7 +107,8 @@ def run_hytopk(st: StageSet, source, lo, hi, lo_h, hi_h, k, capacity, oversample
         capacity = R.default_capacity(k, lo_h, hi_h, oversample)
     M, r = R.sample_plan(lo_h, hi_h, k, oversample)
     n = len(lo_h)
-    chunk = query_chunk_for(n, capacity, int(M.max()) if n else 0, query_chunk)
+    # the sample count of the longest possible context bounds every threshold variant's buffer
+    chunk = query_chunk_for(n, capacity, int(R.num_samples(source.shape[1])), query_chunk, k)
     passes = [(a, min(n, a + chunk)) for a in range(0, n, chunk)] or [(0, 0)]
     # host arrays go to the device once: a copy from pageable memory waits for the stream
     M_d, r_d = fam.to_device(M), fam.to_device(r)
@@ -122,14 +123,11 @@ def run_hytopk(st: StageSet, source, lo, hi, lo_h, hi_h, k, capacity, oversample
                 fam.place(dst, a, part)
             del out                            # this pass's scratch goes back to the pool
     failed, rows = st.check(count, lo, hi, k, capacity)
-    rows_h = np.asarray(fam.to_host(rows), np.int64)
-    redo, fell_back = [], False
-    for a, b in passes:
-        mine = rows_h[(rows_h >= a) & (rows_h < b)]
-        if mine.size > max_failed:             # the exact path for every query of this pass
-            mine, fell_back = np.arange(a, b), True
-        redo.append(mine)
-    redo = np.concatenate(redo).astype(np.int32)
+    redo = np.asarray(fam.to_host(rows), np.int64)
+    fell_back = redo.size > max_failed
+    if fell_back:                              # DESIGN §3.7: the exact path for every query
+        redo = np.arange(n)
+    redo = redo.astype(np.int32)
     step = max(1, max_failed)
     for s in range(0, redo.size, step):
         part = fam.to_device(redo[s:s + step])
@@ -140,8 +138,8 @@ def run_hytopk(st: StageSet, source, lo, hi, lo_h, hi_h, k, capacity, oversample
 
 
 def _select_pass(st, source, lo, hi, M, r, k, capacity):
-    """Threshold, filter and exact select of one pass's queries (nothing waits for the
-    GPU): (T, count, idx, val). The select of a query that failed the check is replaced
+    """Threshold, filter and exact select of one pass's queries (the driver adds no wait):
+    (T, count, idx, val). The select of a query that failed the check is replaced
     by its recovery afterwards."""
     T = st.threshold(source, lo, hi, M, r)
     cand_idx, cand_val, count = st.filter(source, lo, hi, T, capacity)

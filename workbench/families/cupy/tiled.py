@@ -191,12 +191,13 @@ def _sample_scores(source, lo, hi, M):
 
     m_max = num_samples(L) from the host: M(c) grows with c and c <= L, so no query of the
     contract has more samples, and no device-to-host sync is needed. A larger M (not from
-    the contract's formula) is clamped to m_max, so nothing is read out of bounds."""
+    the contract's formula) is clamped to m_max, so nothing is read out of bounds; an empty
+    context gets M = 0 (T = NaN, as the block threshold gives it)."""
     n, L = lo.shape[0], int(source.keys.shape[0])
     m_max = int(R.num_samples(L))
     if m_max > MAX_SAMPLES:
         raise ValueError(f"argument 'M': at most {MAX_SAMPLES} samples per query (num_samples(L) = {m_max})")
-    M = cp.minimum(M, np.int32(m_max))
+    M = cp.where(hi > lo, cp.minimum(M, np.int32(m_max)), np.int32(0))    # no samples of an empty context
     if n == 0 or m_max == 0:
         return cp.zeros((n, 0), cp.float32), M
     pos = cp.empty((n, m_max), cp.int32)
