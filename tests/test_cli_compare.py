@@ -57,6 +57,18 @@ def test_compare_tiny_simulator_every_row_correct(tmp_path):
         assert {r["stage"] for r in numba_rows} >= set(registry.STAGES), "Numba variants did not run in the simulator"
 
 
+def test_exclude_skips_matching_variants_and_keeps_pipelines():
+    """--exclude drops stage rows by name (listed as skipped, with the reason); pipelines,
+    which run the family's own stages, and the baselines still run."""
+    res = CMP.run_compare("tiny", say=lambda m: None, families=["reference"], exclude=["select", "recover"])
+    names = {r.name for r in res.rows if r.kind == "stage"}
+    assert names and not any("select" in n or "recover" in n for n in names)
+    assert {s["name"] for s in res.skipped if s["reason"] == "excluded (--exclude)"} == \
+        {v.name for v in registry.variants(load=False) if v.stage in ("select", "recover")}
+    assert any(r.kind == "pipeline" and r.correct for r in res.rows)
+    assert any(r.kind == "baseline" and r.stage == "torch" for r in res.rows)
+
+
 def test_compare_unknown_preset_names_the_argument(tmp_path):
     p = run_cli(["compare", "--preset", "nope"], tmp_path)
     assert p.returncode == 2 and "argument 'preset'" in p.stdout

@@ -73,6 +73,9 @@ def compare(
     budget: Optional[float] = typer.Option(None, help="seconds for the per-stage rows; later ones are skipped "
                                                      "(pipelines and baselines always run). Default: 120 on a "
                                                      "GPU preset, none on tiny; 'inf' for no limit"),
+    exclude: Optional[List[str]] = typer.Option(None, help="skip stage variants and score-only floors whose name "
+                                                           "contains this (repeatable; pipelines still run), "
+                                                           "e.g. --exclude simt on glm5-256k-allkeys"),
 ):
     """Check, then time every variant of each stage, the pipelines and the baselines, side by side."""
     from .harness import report, winners
@@ -80,7 +83,8 @@ def compare(
     from .harness.compare import run_compare
     try:
         res = run_compare(preset, stage, variant, repeats, say=lambda m: console.print(f"[cyan]{escape(m)}[/]"),
-                          progress_factory=_progress(console), families=family or None, budget_s=budget)
+                          progress_factory=_progress(console), families=family or None, budget_s=budget,
+                          exclude=exclude or ())
     except ValueError as e:
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(2)
@@ -98,13 +102,13 @@ def compare(
         plot = plot or json_path.with_suffix(".png")
     if plot:
         console.print(f"plot: {report.compare_plot(res, plot)}")
-    if record_winners and not variant and not family:
+    if record_winners and not variant and not family and not exclude:
         p = winners.record(res.preset, res.device, res.environment["gpu"].get("name"),
                            res.environment["git_commit"], res.environment["date"], res.winners,
                            stages_run=stage or None)
         console.print(f"winners: {p}")
-    elif variant or family:
-        console.print("winners not updated (--variant/--family compare a subset)")
+    elif variant or family or exclude:
+        console.print("winners not updated (--variant/--family/--exclude compare a subset)")
     if wrong:
         console.print(f"[bold red]{len(wrong)} row(s) wrong:[/] " + ", ".join(r.label for r in wrong))
         raise typer.Exit(1)

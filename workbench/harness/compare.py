@@ -387,8 +387,13 @@ def torch_indexer_topk(q, w, keys, lo, hi, k, rows_per_chunk):
 
 def run_compare(preset: str | None = None, stages=None, variant_names=None, repeats=None,
                 say: Callable[[str], None] = print, progress_factory=None, families=None,
-                budget_s: float | None = None) -> CompareResult:
-    """Run the comparison; `say` prints notes, `progress_factory(total)` gives an advance(label) callable."""
+                budget_s: float | None = None, exclude=()) -> CompareResult:
+    """Run the comparison; `say` prints notes, `progress_factory(total)` gives an advance(label) callable.
+    ``exclude``: substrings; stage variants (and score-only floors) whose name contains one are
+    skipped, while the pipelines and the other baselines still run (e.g. ("simt",) on the largest
+    presets, where a scalar row takes seconds per call)."""
+    exclude = tuple(exclude or ())
+    excluded = lambda name: any(x in name for x in exclude)
     gpu = gpu_available()
     notes = []
     name = preset or default_preset(gpu)
@@ -428,6 +433,9 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
     for s in stages:
         for v in registry.variants(s, load=False):
             if variant_names and v.name not in variant_names:
+                continue
+            if excluded(v.name):
+                skipped.append({"name": v.name, "stage": s, "reason": "excluded (--exclude)"})
                 continue
             if not usable.get(v.family, False):
                 skipped.append({"name": v.name, "stage": s, "reason": missing.get(v.family, "family unavailable")})
@@ -499,6 +507,10 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
                 notes.append("baseline dense+topk: no correct dense variant here")
         elif s == "score-only":
             for variant in ("simt", "tiled"):
+                if excluded(f"score_only[{variant}]"):
+                    skipped.append({"name": f"cupy score_only[{variant}]", "stage": "score-only",
+                                    "reason": "excluded (--exclude)"})
+                    continue
                 r = runner.score_only_baseline(variant) if usable.get("cupy") else None
                 if r is None:
                     notes.append("baseline score-only: needs workbench.families.cupy.score_only (CuPy on a GPU)")
