@@ -123,11 +123,10 @@ def run_hytopk(st: StageSet, source, lo, hi, lo_h, hi_h, k, capacity, oversample
                 fam.place(dst, a, part)
             del out                            # this pass's scratch goes back to the pool
     failed, rows = st.check(count, lo, hi, k, capacity)
-    redo = np.asarray(fam.to_host(rows), np.int64)
+    redo = np.asarray(fam.to_host(rows), np.int32)
     fell_back = redo.size > max_failed
     if fell_back:                              # DESIGN §3.7: the exact path for every query
-        redo = np.arange(n)
-    redo = redo.astype(np.int32)
+        redo = np.arange(n, dtype=np.int32)
     step = max(1, max_failed)
     for s in range(0, redo.size, step):
         part = fam.to_device(redo[s:s + step])

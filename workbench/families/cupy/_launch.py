@@ -210,19 +210,17 @@ def exact_topk_smem_bytes(k: int) -> int:
     return 4 * (RADIX + 4 + WARPS * RADIX + 6 * k)
 
 
-def max_k() -> int:
-    """Largest k whose select buffers fit this device's opt-in shared memory."""
-    limit = cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
-    return (limit // 4 - (RADIX + 4 + WARPS * RADIX)) // 6
-
-
 def check_k_fits(k: int, smem_bytes=exact_topk_smem_bytes):
     """k, if the exact top-k buffers of k entries (smem_bytes(k)) fit this device's shared memory."""
     k = V.check_k(k)
     limit = cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
     if smem_bytes(k) > limit:
+        lo, hi = 0, k                  # largest k that fits (smem_bytes grows with k)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if smem_bytes(mid) <= limit else (lo, mid - 1)
         raise ValueError(f"argument 'k' = {k} needs {smem_bytes(k)} bytes of shared memory for its select buffers; "
-                         f"this device has {limit} (largest k for the radix-sort select: {max_k()})")
+                         f"this device has {limit}: at most k = {lo} here")
     return k
 
 
