@@ -15,8 +15,8 @@ TABLE = "hytopk::TableSource"
 
 # file -> (kernel, what it is instantiated over)
 #   "table+indexer": every source; "indexer": indexer sources only;
-#   "mma": (H, D) only (bf16 tensor-core path); "tiled": (H, D) rounded up by
-#   tiled_shape (the tiled tensor-core core); "plain": not a template
+#   "mma": (H, D) only (bf16 tensor-core path); "tiled" and "wgmma": (H, D) rounded up by
+#   tiled_shape (the tiled and wgmma bf16 cores); "wgmma_fp8": by fp8_shape; "plain": not a template
 KERNELS = {
     "threshold.cu": (("hytopk_threshold", "table+indexer"), ("hytopk_sample_positions", "plain")),
     "filter.cu": (("hytopk_filter", "table+indexer"),),
@@ -30,7 +30,12 @@ KERNELS = {
     "tiled.cu": (("hytopk_filter_tiled", "tiled"), ("hytopk_dense_tiled", "tiled"),
                  ("hytopk_score_rows_tiled", "tiled"), ("hytopk_score_only_tiled", "tiled"),
                  ("hytopk_replay_tiled", "tiled")),
+    "wgmma.cu": tuple((f"hytopk_{k}_{kind}", kind) for kind in ("wgmma", "wgmma_fp8")
+                      for k in ("filter", "dense", "score_rows", "score_only")),
 }
+# files that need an arch-specific target (wgmma exists on sm_90a only): NVRTC options, nvcc -gencode
+FILE_OPTIONS = {"wgmma.cu": ("-arch=sm_90a",)}
+FILE_GENCODE = {"wgmma.cu": "-gencode=arch=compute_90a,code=sm_90a"}
 TILED_HEADS = (16, 32, 64)                   # the tiled core's H (hytopk_mma_tile.cuh); fewer heads are zero-padded
 
 
@@ -56,6 +61,12 @@ def tiled_shape(H: int, D: int) -> tuple[int, int]:
     return next(h for h in TILED_HEADS if h >= H), -(-D // 16) * 16
 
 
+def fp8_shape(H: int, D: int) -> tuple[int, int]:
+    """The wgmma fp8 core's (H, D): H as tiled_shape, D up to a multiple of 32 (one k32 MMA step)."""
+    H, D = tiled_shape(H, D)
+    return H, -(-D // 32) * 32
+
+
 def name(kernel: str, source: str | None = None, shape: tuple | None = None) -> str:
     """The name expression of one instantiation (the string NVRTC and get_function use)."""
     if source is not None:
@@ -72,8 +83,9 @@ def name_expressions(file: str, shapes=SHAPES, dtypes=DTYPES) -> list[str]:
         if over == "plain":
             out.append(name(kernel))
             continue
-        if over == "tiled":
-            tiled = dict.fromkeys(tiled_shape(*s) for s in shapes)      # ordered, deduplicated
+        if over in ("tiled", "wgmma", "wgmma_fp8"):
+            rounded = fp8_shape if over == "wgmma_fp8" else tiled_shape
+            tiled = dict.fromkeys(rounded(*s) for s in shapes)          # ordered, deduplicated
             out += [name(kernel, shape=s) for s in tiled]
             continue
         if over == "mma":

@@ -100,7 +100,8 @@ def run_nvcc(nvcc: str, src: Path, names, arch: str, workdir: Path):
     """(ok, log) of compiling one .cu with its instantiations."""
     unit = workdir / f"inst_{src.stem}.cu"
     unit.write_text(instantiation_unit(src, names))
-    cmd = [nvcc, *NVCC_FLAGS, f"-arch=sm_{arch}", f"-I{src.parent}", str(unit),
+    target = INST.FILE_GENCODE.get(src.name, f"-arch=sm_{arch}")
+    cmd = [nvcc, *NVCC_FLAGS, target, f"-I{src.parent}", str(unit),
            "-o", str(workdir / f"{src.stem}.cubin")]
     p = subprocess.run(cmd, capture_output=True, text=True)
     return p.returncode == 0, p.stdout + p.stderr
@@ -114,7 +115,8 @@ def run_nvrtc(src: Path, names, arch: str):
     try:
         for n in names:
             nvrtc.nvrtcAddNameExpression(prog, n.encode())
-        opts = [o.encode() for o in (*loader.BASE_OPTIONS, f"-arch=sm_{arch}")]
+        target = INST.FILE_OPTIONS.get(src.name, (f"-arch=sm_{arch}",))
+        opts = [o.encode() for o in (*loader.BASE_OPTIONS, *target)]
         (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         _, size = nvrtc.nvrtcGetProgramLogSize(prog)
         buf = b" " * size

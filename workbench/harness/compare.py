@@ -349,6 +349,37 @@ class Runner:
         check = lambda out: C.topk_values(out[1], out[0], E, wl.lo_t, wl.hi_t)
         return self.measure(row, fn, [()], check)
 
+    def fp8_rows(self) -> list:
+        """The wgmma core on fp8 e4m3 inputs: the fused filter (a stage row, source
+        'indexer_fp8', checked like the bf16 filter) and its score-only floor. The preset's
+        inputs are small integers, exact in e4m3: with key scales of 1 the scores equal the
+        oracle's bit for bit, so the same checks apply."""
+        import cupy as cp
+        from reference.fp8 import exact_fp8_source
+        from ..families.cupy import wgmma
+        wl, E = self.wl, self.wl.E
+        fam = get_family("cupy")
+        X = to_family(fam, {k: wl.dev[k].float() for k in ("q", "w", "keys")}, wl.device)
+        src = exact_fp8_source(X["q"], X["w"], X["keys"], cp)
+        lo, hi = (to_family(fam, {"x": wl.dev[k]}, wl.device)["x"] for k in ("lo", "hi"))
+        T = to_family(fam, {"T": E.T.float().to(wl.device)}, wl.device)["T"]
+        out = []
+        row = Row("stage", "filter", "cupy.filter.wgmma", "indexer_fp8")
+        row.flops, row.bytes = wl.work("filter", "indexer")
+        row.bytes -= wl.p.L * wl.p.D * (2 if wl.p.dtype == "bfloat16" else 4) - wl.p.L * (wl.p.D + 4)
+        ctx = dict(E=E, oracle=wl.oracle, lo=wl.lo_t, hi=wl.hi_t, rows=wl.rec_rows.to(wl.device))
+        check = lambda res: C.STAGE_CHECKS["filter"](_as_torch_out(res, fam, wl.device), **ctx)
+        out.append(self.measure(row, wgmma.filter_wgmma, [(src, lo, hi, T, E.capacity)], check))
+        row = Row("baseline", "score-only-wgmma-fp8", "cupy score_only[wgmma_fp8] (checksum)")
+        row.flops, row.bytes = wl.work("score-only", None)
+        want = wl.oracle.key_checksum()
+
+        def check_sum(res):
+            got = int(np.asarray(fam.to_host(res)).reshape(-1)[0])
+            return (True, "checksum matches") if got == want else (False, f"checksum {got} != expected {want}")
+        out.append(self.measure(row, wgmma.score_only_wgmma, [(src, lo, hi)], check_sum))
+        return out
+
     def score_only_baseline(self, variant: str = "simt") -> Row | None:
         """The floor: the same scoring code as a fused filter, nothing written but a checksum."""
         try:
@@ -368,6 +399,15 @@ class Runner:
             got = int(np.asarray(fam.to_host(out)).reshape(-1)[0])
             return (True, "checksum matches") if got == want else (False, f"checksum {got} != expected {want}")
         return self.measure(row, lambda *a: score_only(*a, variant=variant), [args], check)
+
+
+def fp8_usable() -> tuple[bool, str]:
+    try:
+        from ..families.cupy import wgmma
+        wgmma.require_sm90()
+        return True, ""
+    except Exception as e:
+        return False, f"fp8 rows need the wgmma core on a Hopper GPU: {type(e).__name__}: {e}"
 
 
 def torch_indexer_topk(q, w, keys, lo, hi, k, rows_per_chunk):
@@ -467,6 +507,8 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
         if wl.table_ok and not (f == "numba" and device == "cpu"):
             jobs.append(("pipeline", "hytopk", f, None))
     jobs += [("baseline", b, None, None) for b in ("torch", "dense+topk", "score-only")]
+    if device != "cpu" and usable.get("cupy") and not variant_names and not excluded("fp8"):
+        jobs.append(("baseline", "fp8", None, None))
 
     advance = progress_factory(len(jobs)) if progress_factory else (lambda label: None)
     live = device != "cpu"          # GPU runs are long: a line per row as it lands (logs show progress)
@@ -506,7 +548,7 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
             else:
                 notes.append("baseline dense+topk: no correct dense variant here")
         elif s == "score-only":
-            for variant in ("simt", "tiled"):
+            for variant in ("simt", "tiled", "wgmma"):
                 if excluded(f"score_only[{variant}]"):
                     skipped.append({"name": f"cupy score_only[{variant}]", "stage": "score-only",
                                     "reason": "excluded (--exclude)"})
@@ -516,6 +558,12 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
                     notes.append("baseline score-only: needs workbench.families.cupy.score_only (CuPy on a GPU)")
                     break
                 rows.append(r)
+        elif s == "fp8":
+            ok, why = fp8_usable()
+            if ok:
+                rows += runner.fp8_rows()
+            else:
+                skipped.append({"name": "cupy.filter.wgmma[indexer_fp8]", "stage": "filter", "reason": why})
         if rows and live:
             r = rows[-1]
             t = f"{r.time_ms:.4g} ms" if r.time_ms else "-"
@@ -530,6 +578,10 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
             r.ratios = {b: r.time_ms / t for b, t in base_t.items() if t}
             r.tflops = r.flops / (r.time_ms * 1e-3) / 1e12 if r.flops else None
             r.gbps = r.bytes / (r.time_ms * 1e-3) / 1e9 if r.bytes else None
+        if r.source == "indexer_fp8" and r.time_ms:                    # issue 7: fp8 fused rate / bf16 fused rate
+            bf16 = [x for x in rows if x.name == r.name and x.source == "indexer" and x.correct and x.time_ms]
+            if bf16:
+                r.ratios["fp8_rate_vs_bf16"] = bf16[0].time_ms / r.time_ms
         if r.kind == "pipeline" and r.peak_extra_bytes is not None:    # issue 7's memory target: <= 1/16
             r.ratios["peak_memory_vs_table"] = r.peak_extra_bytes / (4.0 * p.n * p.L)
     res = CompareResult(p.as_dict(), device, environment(), ceilings, rows, skipped, missing, notes)

@@ -187,7 +187,7 @@ def kernel(file: str, name: str, shapes=INST.SHAPES):
     names = INST.name_expressions(file, shapes)
     if name not in names:
         raise KeyError(f"{name!r} is not instantiated in {file}; known: {names}")
-    return loader.module(file, names).function(name)
+    return loader.module(file, names, options=INST.FILE_OPTIONS.get(file, ())).function(name)
 
 
 def launch(fn, grid, args, smem_bytes=0):

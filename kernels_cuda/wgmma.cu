@@ -1,0 +1,249 @@
+// The wgmma core (hytopk_wgmma_tile.cuh, sm_90a) with its epilogues: fused
+// filter, dense table, recovery rows and the score-only checksum, for bf16
+// inputs (*_wgmma) and fp8 e4m3 inputs with per-key scales (*_wgmma_fp8).
+// Arguments: q[n,H,D], w[n,H] (bf16 bits; float32 for fp8), keys[L,D],
+// kscale[L] (fp8 only; ignored for bf16), all 16-byte aligned.
+// Every slot's scores come from Block::scores(): one score function per kind.
+#include "hytopk_wgmma_tile.cuh"
+using namespace hytopk;
+using namespace hytopk::wg;
+
+namespace {
+
+// Filter: compare on chip; lane tig appends for slots j = tig (mod 4), one
+// atomic per warp, slot and ballot; count keeps counting past capacity.
+struct FilterEpi {
+    int capacity;
+    int* cand_idx;
+    u32* cand_val;
+    int* count;
+    template <class B, int QPB>
+    __device__ void scores(const B& blk, long long s_warp, const float (&p)[QPB][2]) {
+        const int lane = (int)lane_id(), g = lane >> 2, tig = lane & 3;
+#pragma unroll
+        for (int j = 0; j < QPB; ++j) {
+            const int t = blk.s_t[j];
+            if (t < 0) continue;                                       // warp-uniform
+            const long long a = blk.s_a[j], b = blk.s_b[j];
+            const u32 tkey = blk.s_aux[j];
+            const long long s0 = s_warp + g, s1 = s0 + 8;
+            const u32 b0 = __float_as_uint(p[j][0]), b1 = __float_as_uint(p[j][1]);
+            const bool mine = tig == (j & 3);
+            const bool pass0 = mine && s0 >= a && s0 < b && order_key_bits(b0) >= tkey;
+            const bool pass1 = mine && s1 >= a && s1 < b && order_key_bits(b1) >= tkey;
+            const u32 m0 = __ballot_sync(0xffffffffu, pass0), m1 = __ballot_sync(0xffffffffu, pass1);
+            const int total = __popc(m0) + __popc(m1);
+            if (total == 0) continue;                                  // warp-uniform
+            int base = 0;
+            if (lane == 0) base = atomicAdd(count + t, total);
+            base = __shfl_sync(0xffffffffu, base, 0);
+            const long long row = (long long)t * capacity;
+            const int slot0 = base + __popc(m0 & lanes_below_mask());
+            const int slot1 = base + __popc(m0) + __popc(m1 & lanes_below_mask());
+            if (pass0 && slot0 < capacity) { cand_idx[row + slot0] = (int)s0; cand_val[row + slot0] = b0; }
+            if (pass1 && slot1 < capacity) { cand_idx[row + slot1] = (int)s1; cand_val[row + slot1] = b1; }
+        }
+    }
+    template <class B>
+    __device__ void skipped(const B&, long long) {}
+};
+
+// Dense: out[t, s] = score inside the context, -inf elsewhere (every s < L).
+struct DenseEpi {
+    u32* out;
+    static constexpr u32 NEG_INF = 0xff800000u;
+    template <class B, int QPB>
+    __device__ void scores(const B& blk, long long s_warp, const float (&p)[QPB][2]) {
+        const int lane = (int)lane_id(), g = lane >> 2, tig = lane & 3;
+#pragma unroll
+        for (int j = 0; j < QPB; ++j) {
+            const int t = blk.s_t[j];
+            if (t < 0 || tig != (j & 3)) continue;
+            const long long a = blk.s_a[j], b = blk.s_b[j];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const long long s = s_warp + g + 8 * e;
+                if (s < blk.L) out[(long long)t * blk.L + s] = (s >= a && s < b) ? __float_as_uint(p[j][e]) : NEG_INF;
+            }
+        }
+    }
+    template <class B>
+    __device__ void skipped(const B& blk, long long s_warp) {       // this warp's 16 keys miss every context
+        const int lane = (int)lane_id();
+        for (int j = 0; j < B::Geometry::QPB; ++j) {
+            const int t = blk.s_t[j];
+            const long long s = s_warp + (lane & 15);
+            if (t >= 0 && lane < 16 && s < blk.L) out[(long long)t * blk.L + s] = NEG_INF;
+        }
+    }
+};
+
+// Recovery rows: buf[entry, s - a] for s in [a, min(b, a + stride)).
+struct RowsEpi {
+    u32* buf;
+    long long stride;
+    template <class B, int QPB>
+    __device__ void scores(const B& blk, long long s_warp, const float (&p)[QPB][2]) {
+        const int lane = (int)lane_id(), g = lane >> 2, tig = lane & 3;
+#pragma unroll
+        for (int j = 0; j < QPB; ++j) {
+            if (blk.s_t[j] < 0 || tig != (j & 3)) continue;
+            const long long a = blk.s_a[j], end = min((long long)blk.s_b[j], a + stride);
+            u32* row = buf + (long long)(blockIdx.x * QPB + j) * stride - a;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const long long s = s_warp + g + 8 * e;
+                if (s >= a && s < end) row[s] = __float_as_uint(p[j][e]);
+            }
+        }
+    }
+    template <class B>
+    __device__ void skipped(const B&, long long) {}
+};
+
+// Score-only: the wrapping sum of the order keys of every in-context score.
+struct ChecksumEpi {
+    u64 sum;
+    template <class B, int QPB>
+    __device__ void scores(const B& blk, long long s_warp, const float (&p)[QPB][2]) {
+        const int lane = (int)lane_id(), g = lane >> 2, tig = lane & 3;
+#pragma unroll
+        for (int j = 0; j < QPB; ++j) {
+            if (blk.s_t[j] < 0 || tig != (j & 3)) continue;
+            const long long a = blk.s_a[j], b = blk.s_b[j];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const long long s = s_warp + g + 8 * e;
+                if (s >= a && s < b) sum += order_key(p[j][e]);
+            }
+        }
+    }
+    template <class B>
+    __device__ void skipped(const B&, long long) {}
+};
+
+template <class In, int H, int D>
+using BlockOf = Block<Shape<H, D, In>>;
+
+template <class In, int H, int D>
+__device__ __forceinline__ void filter_body(const typename In::elem* q, const typename In::weight* w,
+                                            const typename In::elem* keys, const float* kscale, long long L, int n,
+                                            const int* lo, const int* hi, const u32* T, int capacity,
+                                            int* cand_idx, u32* cand_val, int* count) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    BlockOf<In, H, D> blk;
+    blk.init(smem, q, w, keys, kscale, L, nullptr, n, lo, hi);
+    long long tile0;
+    int ntiles;
+    blk.union_tiles(tile0, ntiles);
+    if (ntiles <= 0) return;                                          // block-uniform
+    if (threadIdx.x < Shape<H, D, In>::QPB && blk.s_t[threadIdx.x] >= 0)
+        blk.s_aux[threadIdx.x] = order_key_bits(T[blk.s_t[threadIdx.x]]);
+    __syncthreads();
+    FilterEpi epi = {capacity, cand_idx, cand_val, count};
+    blk.scan(tile0, ntiles, epi);
+}
+
+template <class In, int H, int D>
+__device__ __forceinline__ void dense_body(const typename In::elem* q, const typename In::weight* w,
+                                           const typename In::elem* keys, const float* kscale, long long L, int n,
+                                           const int* lo, const int* hi, u32* out) {
+    typedef Shape<H, D, In> S;
+    extern __shared__ __align__(128) unsigned char smem[];
+    BlockOf<In, H, D> blk;
+    blk.init(smem, q, w, keys, kscale, L, nullptr, n, lo, hi);
+    const long long all_tiles = (L + S::KT - 1) / S::KT;
+    const long long b0 = (long long)blockIdx.y * S::TILES_PER_BLOCK;
+    const long long b1 = min(all_tiles, b0 + S::TILES_PER_BLOCK);
+    if (b0 >= b1) return;
+    // tiles of this block that meet the union of contexts are scanned; the rest are -inf
+    long long t0 = b1, t1 = b1;
+    if (blk.glo < blk.ghi) {
+        t0 = max(b0, blk.glo / S::KT);
+        t1 = min(b1, (blk.ghi + S::KT - 1) / S::KT);
+        if (t0 >= t1) t0 = t1 = b1;
+    }
+    const long long f[2][2] = {{b0 * S::KT, t0 * S::KT}, {t1 * S::KT, min(L, b1 * S::KT)}};
+    for (int j = 0; j < S::QPB; ++j) {
+        const int tj = blk.s_t[j];
+        if (tj < 0) continue;
+        for (int part = 0; part < 2; ++part)
+            for (long long s = f[part][0] + threadIdx.x; s < f[part][1]; s += S::THREADS)
+                out[(long long)tj * L + s] = DenseEpi::NEG_INF;
+    }
+    if (t0 >= t1) return;                                             // block-uniform
+    DenseEpi epi = {out};
+    blk.scan(t0, (int)(t1 - t0), epi);
+}
+
+template <class In, int H, int D>
+__device__ __forceinline__ void rows_body(const typename In::elem* q, const typename In::weight* w,
+                                          const typename In::elem* keys, const float* kscale, long long L,
+                                          const int* rows, int nrows, const int* lo, const int* hi,
+                                          u32* buf, long long stride) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    BlockOf<In, H, D> blk;
+    blk.init(smem, q, w, keys, kscale, L, rows, nrows, lo, hi);
+    long long tile0;
+    int ntiles;
+    blk.union_tiles(tile0, ntiles);
+    if (ntiles <= 0) return;
+    RowsEpi epi = {buf, stride};
+    blk.scan(tile0, ntiles, epi);
+}
+
+template <class In, int H, int D>
+__device__ __forceinline__ void score_only_body(const typename In::elem* q, const typename In::weight* w,
+                                                const typename In::elem* keys, const float* kscale, long long L,
+                                                int n, const int* lo, const int* hi, u64* checksum) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    BlockOf<In, H, D> blk;
+    blk.init(smem, q, w, keys, kscale, L, nullptr, n, lo, hi);
+    long long tile0;
+    int ntiles;
+    blk.union_tiles(tile0, ntiles);
+    if (ntiles <= 0) return;
+    ChecksumEpi epi = {0ull};
+    blk.scan(tile0, ntiles, epi);
+    u64 sum = epi.sum;
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (lane_id() == 0 && sum) atomicAdd(checksum, sum);
+}
+
+}  // namespace
+
+// One kernel per (stage, input kind); grids as the tiled core's (hytopk_mma_tile.cuh) with
+// QPB queries per block and KT * TILES_PER_BLOCK keys per block; smem: Shape::SMEM_BYTES.
+#define HYTOPK_WG_KERNELS(SUFFIX, IN)                                                                              \
+    template <int H, int D>                                                                                        \
+    __global__ void __launch_bounds__(256, 1) hytopk_filter_##SUFFIX(                                              \
+        const IN::elem* __restrict__ q, const IN::weight* __restrict__ w, const IN::elem* __restrict__ keys,      \
+        const float* __restrict__ kscale, long long L, int n, const int* __restrict__ lo,                          \
+        const int* __restrict__ hi, const u32* __restrict__ T, int capacity, int* __restrict__ cand_idx,          \
+        u32* __restrict__ cand_val, int* __restrict__ count) {                                                     \
+        filter_body<IN, H, D>(q, w, keys, kscale, L, n, lo, hi, T, capacity, cand_idx, cand_val, count);          \
+    }                                                                                                              \
+    template <int H, int D>                                                                                        \
+    __global__ void __launch_bounds__(256, 1) hytopk_dense_##SUFFIX(                                               \
+        const IN::elem* __restrict__ q, const IN::weight* __restrict__ w, const IN::elem* __restrict__ keys,      \
+        const float* __restrict__ kscale, long long L, int n, const int* __restrict__ lo,                          \
+        const int* __restrict__ hi, u32* __restrict__ out) {                                                       \
+        dense_body<IN, H, D>(q, w, keys, kscale, L, n, lo, hi, out);                                              \
+    }                                                                                                              \
+    template <int H, int D>                                                                                        \
+    __global__ void __launch_bounds__(256, 1) hytopk_score_rows_##SUFFIX(                                          \
+        const IN::elem* __restrict__ q, const IN::weight* __restrict__ w, const IN::elem* __restrict__ keys,      \
+        const float* __restrict__ kscale, long long L, const int* __restrict__ rows, int nrows,                    \
+        const int* __restrict__ lo, const int* __restrict__ hi, u32* __restrict__ buf, long long stride) {        \
+        rows_body<IN, H, D>(q, w, keys, kscale, L, rows, nrows, lo, hi, buf, stride);                             \
+    }                                                                                                              \
+    template <int H, int D>                                                                                        \
+    __global__ void __launch_bounds__(256, 1) hytopk_score_only_##SUFFIX(                                          \
+        const IN::elem* __restrict__ q, const IN::weight* __restrict__ w, const IN::elem* __restrict__ keys,      \
+        const float* __restrict__ kscale, long long L, int n, const int* __restrict__ lo,                          \
+        const int* __restrict__ hi, unsigned long long* __restrict__ checksum) {                                   \
+        score_only_body<IN, H, D>(q, w, keys, kscale, L, n, lo, hi, checksum);                                    \
+    }
+
+HYTOPK_WG_KERNELS(wgmma, Bf16In)
+HYTOPK_WG_KERNELS(wgmma_fp8, E4m3In)
