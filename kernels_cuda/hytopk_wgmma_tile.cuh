@@ -69,6 +69,10 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
+// Named barriers: 0 is __syncthreads; 1, 2 order a warpgroup's own tiles; 3, 4 pass the MMA turn.
+__device__ __forceinline__ void bar_sync(int id, int threads) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int threads) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
+
 // Matrix descriptor: no swizzle, K-major; addresses and offsets in 16-byte units.
 __device__ __forceinline__ u64 smem_desc(u32 addr, u32 lead, u32 stride) {
 #ifdef HYTOPK_WG_SWAP_OFFSETS          // probe: the two offsets' roles swapped
@@ -108,13 +112,18 @@ struct Shape {
     static constexpr int CH = ROW_BYTES / 16;           // 16-byte chunks per row
     static constexpr int KSTEPS = ROW_BYTES / 32;       // one wgmma per 32 bytes of K
     static constexpr int GROUP_BYTES = CH * 128;        // 8 rows
-    static constexpr int KT = 128;                      // keys per tile (64 per warpgroup)
-    static constexpr int STAGES = 3;
+    static constexpr int KT = 128;                      // keys per tile: 64 per warpgroup
+    static constexpr int STAGES = 3;                    // block-synchronous scan: 128-key tiles
+    static constexpr int WG_STAGES = 4;                 // ping-pong scan: 64-key tiles per warpgroup
     static constexpr int Q_BYTES = NROWS * ROW_BYTES;
     static constexpr int TILE_BYTES = KT * ROW_BYTES;
+    static constexpr int WG_TILE_BYTES = 64 * ROW_BYTES;
+    static constexpr int STAGE_BYTES = (STAGES * TILE_BYTES > 2 * WG_STAGES * WG_TILE_BYTES)
+                                           ? STAGES * TILE_BYTES : 2 * WG_STAGES * WG_TILE_BYTES;
     static constexpr int W_BYTES = NROWS * 4;
     static constexpr int SLOT_BYTES = QPB * 16;
-    static constexpr int SMEM_BYTES = Q_BYTES + STAGES * TILE_BYTES + W_BYTES + SLOT_BYTES;
+    static constexpr int SMEM_BYTES = Q_BYTES + STAGE_BYTES + W_BYTES + SLOT_BYTES;
+    static_assert(SMEM_BYTES <= 227 * 1024, "wgmma core: shared memory over the 227 KiB a block can have");
     static constexpr int TILES_PER_BLOCK = 32;          // keys per block: 4096
     static constexpr int JQ = H / 8;                    // n8 column blocks per query
 };
@@ -147,7 +156,7 @@ struct Block {
                          const typename In::elem* k_, const float* ks_, long long L_, const int* qmap_, int nq_,
                          const int* lo, const int* hi) {
         smem = smem_; q = q_; keys = k_; kscale = ks_; L = L_; qmap = qmap_; nq = nq_;
-        s_w = reinterpret_cast<float*>(smem + S::Q_BYTES + S::STAGES * S::TILE_BYTES);
+        s_w = reinterpret_cast<float*>(smem + S::Q_BYTES + S::STAGE_BYTES);
         s_t = reinterpret_cast<int*>(s_w + S::NROWS);
         s_a = s_t + S::QPB;
         s_b = s_a + S::QPB;
@@ -215,6 +224,18 @@ struct Block {
         wgmma_wait_all();
     }
 
+    // Warpgroup wgi's 64 keys of its stage st (ping-pong scan) against all NROWS rows.
+    __device__ void mma_wg(int wgi, int st, float (&d)[128]) const {
+        const u32 a0 = smem_addr(smem + S::Q_BYTES + (wgi * S::WG_STAGES + st) * S::WG_TILE_BYTES);
+        const u32 b0 = smem_addr(smem);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < S::KSTEPS; ++ks)
+            In::mma(d, smem_desc(a0 + 256u * ks, 128u, S::GROUP_BYTES), smem_desc(b0 + 256u * ks, 128u, S::GROUP_BYTES), ks > 0);
+        wgmma_commit();
+        wgmma_wait_all();
+    }
+
     // p[j][e] = score of (slot j, key s_warp + g + 8e), the same bits in the 4 lanes of a g.
     __device__ void scores(const float (&d)[128], long long s_warp, float (&p)[S::QPB][2]) const {
         const int lane = (int)lane_id(), g = lane >> 2, tig = lane & 3;
@@ -248,7 +269,8 @@ struct Block {
         for (int j = 0; j < S::QPB; ++j) { p[j][0] += 0.0f; p[j][1] += 0.0f; }
     }
 
-    // Score tiles [tile0, tile0 + ntiles) (keys KT * tile ...), STAGES deep. Per warp:
+    // Block-synchronous scan (v1, kept as the *_sync filter to show the progression):
+    // score tiles [tile0, tile0 + ntiles) (keys KT * tile ...), STAGES deep. Per warp:
     // epi.scores(*this, s_warp, p) for its 16 keys s_warp .. s_warp + 15 when its
     // warpgroup's 64 keys meet the union, else epi.skipped(*this, s_warp).
     template <class Epi>
@@ -279,6 +301,62 @@ struct Block {
                 epi.skipped(*this, s_warp);
             }
         }
+        cp_async_wait<0>();
+    }
+
+    // Warpgroup wgi's 64 keys [s0, s0 + 64) into its stage st (ping-pong scan), by its 128 threads.
+    // Thread tw copies 16-byte pieces tw + 128 j: consecutive threads fill one core matrix.
+    __device__ void load_wg_tile(int wgi, int st, long long s0) const {
+        const int tw = (int)(threadIdx.x & 127);
+        const u32 dst = smem_addr(smem + S::Q_BYTES + (wgi * S::WG_STAGES + st) * S::WG_TILE_BYTES);
+        const unsigned char* base = reinterpret_cast<const unsigned char*>(keys);
+#pragma unroll
+        for (int j = 0; j < (64 * S::CH) / 128; ++j) {
+            const int i = tw + 128 * j;
+            const int r = (i / (8 * S::CH)) * 8 + (i & 7), c = (i >> 3) % S::CH;
+            const long long s = s0 + r;
+            const bool ok = s >= glo && s < ghi;
+            cp_async16(dst + 16u * (u32)i, base + (ok ? s * S::ROW_BYTES + c * 16 : 0), ok);
+        }
+    }
+
+    // Ping-pong scan: the two warpgroups own the two 64-key halves of every tile as
+    // before (same keys, same scores), but each runs its own cp.async pipeline and
+    // named barrier, and the MMA turn passes between them (barriers 3, 4), so one
+    // warpgroup's epilogue (and its atomics' latency) runs under the other's MMAs.
+    template <class Epi>
+    __device__ void scan_pingpong(long long tile0, int ntiles, Epi& epi) const {
+        const int wgi = (int)(threadIdx.x >> 7), wi = (int)((threadIdx.x >> 5) & 3);
+        load_q();
+        cp_async_commit();
+#pragma unroll
+        for (int st = 0; st < S::WG_STAGES - 1; ++st) {
+            if (st < ntiles) load_wg_tile(wgi, st, (tile0 + st) * S::KT + wgi * 64);
+            cp_async_commit();
+        }
+        for (int i = 0; i < ntiles; ++i) {
+            cp_async_wait<S::WG_STAGES - 2>();
+            fence_proxy_async();
+            if (i == 0) __syncthreads();    // q (copied by all 256 threads) and tile 0 landed
+            else bar_sync(1 + wgi, 128);    // this warpgroup's tile i landed; its stage i-1 is free
+            const int nxt = i + S::WG_STAGES - 1;
+            if (nxt < ntiles) load_wg_tile(wgi, nxt % S::WG_STAGES, (tile0 + nxt) * S::KT + wgi * 64);
+            cp_async_commit();
+            const long long s_wg = (tile0 + i) * S::KT + wgi * 64, s_warp = s_wg + wi * 16;
+            const bool active = s_wg < ghi && s_wg + 64 > glo;              // warpgroup-uniform
+            if (wgi == 1 || i > 0) bar_sync(3 + wgi, 256);                   // my turn for the tensor cores
+            float d[128];
+            if (active) mma_wg(wgi, i % S::WG_STAGES, d);
+            bar_arrive(4 - wgi, 256);                                        // the other warpgroup's turn
+            if (active) {
+                float p[S::QPB][2];
+                scores(d, s_warp, p);
+                epi.scores(*this, s_warp, p);
+            } else {
+                epi.skipped(*this, s_warp);
+            }
+        }
+        if (wgi == 0 && ntiles > 0) bar_sync(3, 256);                       // warpgroup 1's last turn
         cp_async_wait<0>();
     }
 

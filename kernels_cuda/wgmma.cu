@@ -10,8 +10,9 @@ using namespace hytopk::wg;
 
 namespace {
 
-// Filter: compare on chip; lane tig appends for slots j = tig (mod 4), one
-// atomic per warp, slot and ballot; count keeps counting past capacity.
+// Filter: compare on chip; lane tig tests slots j = tig (mod 4). The warp's appends
+// for all slots take one round of atomics in flight together (lane j adds slot j's
+// total), not one dependent atomic per slot; count keeps counting past capacity.
 struct FilterEpi {
     int capacity;
     int* cand_idx;
@@ -20,28 +21,38 @@ struct FilterEpi {
     template <class B, int QPB>
     __device__ void scores(const B& blk, long long s_warp, const float (&p)[QPB][2]) {
         const int lane = (int)lane_id(), g = lane >> 2, tig = lane & 3;
+        u32 m[QPB][2];
+        int mybase = 0;
+        bool any = false;
 #pragma unroll
         for (int j = 0; j < QPB; ++j) {
             const int t = blk.s_t[j];
-            if (t < 0) continue;                                       // warp-uniform
             const long long a = blk.s_a[j], b = blk.s_b[j];
             const u32 tkey = blk.s_aux[j];
-            const long long s0 = s_warp + g, s1 = s0 + 8;
-            const u32 b0 = __float_as_uint(p[j][0]), b1 = __float_as_uint(p[j][1]);
-            const bool mine = tig == (j & 3);
-            const bool pass0 = mine && s0 >= a && s0 < b && order_key_bits(b0) >= tkey;
-            const bool pass1 = mine && s1 >= a && s1 < b && order_key_bits(b1) >= tkey;
-            const u32 m0 = __ballot_sync(0xffffffffu, pass0), m1 = __ballot_sync(0xffffffffu, pass1);
-            const int total = __popc(m0) + __popc(m1);
-            if (total == 0) continue;                                  // warp-uniform
-            int base = 0;
-            if (lane == 0) base = atomicAdd(count + t, total);
-            base = __shfl_sync(0xffffffffu, base, 0);
-            const long long row = (long long)t * capacity;
-            const int slot0 = base + __popc(m0 & lanes_below_mask());
-            const int slot1 = base + __popc(m0) + __popc(m1 & lanes_below_mask());
-            if (pass0 && slot0 < capacity) { cand_idx[row + slot0] = (int)s0; cand_val[row + slot0] = b0; }
-            if (pass1 && slot1 < capacity) { cand_idx[row + slot1] = (int)s1; cand_val[row + slot1] = b1; }
+            const bool mine = t >= 0 && tig == (j & 3);
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const long long s = s_warp + g + 8 * e;
+                m[j][e] = __ballot_sync(0xffffffffu, mine && s >= a && s < b && order_key(p[j][e]) >= tkey);
+            }
+            const int total = __popc(m[j][0]) + __popc(m[j][1]);
+            any |= total != 0;
+            if (lane == j && total) mybase = atomicAdd(count + t, total);
+        }
+        if (!any) return;                                              // warp-uniform
+#pragma unroll
+        for (int j = 0; j < QPB; ++j) {
+            const int base = __shfl_sync(0xffffffffu, mybase, j);
+            if ((m[j][0] | m[j][1]) == 0u) continue;                   // warp-uniform
+            const long long row = (long long)blk.s_t[j] * capacity;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int slot = base + (e ? __popc(m[j][0]) : 0) + __popc(m[j][e] & lanes_below_mask());
+                if ((m[j][e] >> lane) & 1u && slot < capacity) {
+                    cand_idx[row + slot] = (int)(s_warp + g + 8 * e);
+                    cand_val[row + slot] = __float_as_uint(p[j][e]);
+                }
+            }
         }
     }
     template <class B>
@@ -125,7 +136,7 @@ struct ChecksumEpi {
 template <class In, int H, int D>
 using BlockOf = Block<Shape<H, D, In>>;
 
-template <class In, int H, int D>
+template <class In, int H, int D, bool PINGPONG>
 __device__ __forceinline__ void filter_body(const typename In::elem* q, const typename In::weight* w,
                                             const typename In::elem* keys, const float* kscale, long long L, int n,
                                             const int* lo, const int* hi, const u32* T, int capacity,
@@ -141,7 +152,8 @@ __device__ __forceinline__ void filter_body(const typename In::elem* q, const ty
         blk.s_aux[threadIdx.x] = order_key_bits(T[blk.s_t[threadIdx.x]]);
     __syncthreads();
     FilterEpi epi = {capacity, cand_idx, cand_val, count};
-    blk.scan(tile0, ntiles, epi);
+    if (PINGPONG) blk.scan_pingpong(tile0, ntiles, epi);
+    else blk.scan(tile0, ntiles, epi);
 }
 
 template <class In, int H, int D>
@@ -173,7 +185,7 @@ __device__ __forceinline__ void dense_body(const typename In::elem* q, const typ
     }
     if (t0 >= t1) return;                                             // block-uniform
     DenseEpi epi = {out};
-    blk.scan(t0, (int)(t1 - t0), epi);
+    blk.scan_pingpong(t0, (int)(t1 - t0), epi);
 }
 
 template <class In, int H, int D>
@@ -189,7 +201,7 @@ __device__ __forceinline__ void rows_body(const typename In::elem* q, const type
     blk.union_tiles(tile0, ntiles);
     if (ntiles <= 0) return;
     RowsEpi epi = {buf, stride};
-    blk.scan(tile0, ntiles, epi);
+    blk.scan_pingpong(tile0, ntiles, epi);
 }
 
 template <class In, int H, int D>
@@ -204,7 +216,7 @@ __device__ __forceinline__ void score_only_body(const typename In::elem* q, cons
     blk.union_tiles(tile0, ntiles);
     if (ntiles <= 0) return;
     ChecksumEpi epi = {0ull};
-    blk.scan(tile0, ntiles, epi);
+    blk.scan_pingpong(tile0, ntiles, epi);
     u64 sum = epi.sum;
     for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
     if (lane_id() == 0 && sum) atomicAdd(checksum, sum);
@@ -221,7 +233,7 @@ __device__ __forceinline__ void score_only_body(const typename In::elem* q, cons
         const float* __restrict__ kscale, long long L, int n, const int* __restrict__ lo,                          \
         const int* __restrict__ hi, const u32* __restrict__ T, int capacity, int* __restrict__ cand_idx,          \
         u32* __restrict__ cand_val, int* __restrict__ count) {                                                     \
-        filter_body<IN, H, D>(q, w, keys, kscale, L, n, lo, hi, T, capacity, cand_idx, cand_val, count);          \
+        filter_body<IN, H, D, true>(q, w, keys, kscale, L, n, lo, hi, T, capacity, cand_idx, cand_val, count);    \
     }                                                                                                              \
     template <int H, int D>                                                                                        \
     __global__ void __launch_bounds__(256, 1) hytopk_dense_##SUFFIX(                                               \
@@ -246,4 +258,15 @@ __device__ __forceinline__ void score_only_body(const typename In::elem* q, cons
     }
 
 HYTOPK_WG_KERNELS(wgmma, Bf16In)
+
+// v1 of the bf16 filter: the block-synchronous scan (both warpgroups' MMAs, then both
+// epilogues), kept as cupy.filter.wgmma_sync so `compare` shows the progression.
+template <int H, int D>
+__global__ void __launch_bounds__(256, 1) hytopk_filter_wgmma_sync(
+    const bf16_bits* __restrict__ q, const bf16_bits* __restrict__ w, const bf16_bits* __restrict__ keys,
+    const float* __restrict__ kscale, long long L, int n, const int* __restrict__ lo, const int* __restrict__ hi,
+    const u32* __restrict__ T, int capacity, int* __restrict__ cand_idx, u32* __restrict__ cand_val,
+    int* __restrict__ count) {
+    filter_body<Bf16In, H, D, false>(q, w, keys, kscale, L, n, lo, hi, T, capacity, cand_idx, cand_val, count);
+}
 HYTOPK_WG_KERNELS(wgmma_fp8, E4m3In)

@@ -23,6 +23,9 @@ BIG=("$G::test_table_pipeline_matches_reference[full-relu_plateau]"
 VARIANTS=(tests/test_variants.py -k "cupy and not big and not bad_input")
 # the tiled core at H=64 (4 queries per block), one case per dtype
 TILED64=("$G::test_indexer_exact_matches_reference[float32-cupy.filter.tiled_mma]")
+# the wgmma core (ping-pong named barriers, async-proxy fences): bf16 at H=8 (16 slots), fp8 at H=64
+W=tests/test_wgmma.py::test_wgmma_epilogues_agree_bitwise_on_random_inputs
+WGMMA=("$W[8-bf16]" "$W[64-fp8]")
 
 status=0
 job() {   # job TOOL NAME PYTEST-ARGS...
@@ -42,7 +45,8 @@ for j in ${JOBS:-memcheck:big memcheck:variants racecheck:variants racecheck:til
     *:big) job "${j%%:*}" big "${BIG[@]}" ;;
     *:variants) job "${j%%:*}" variants "${VARIANTS[@]}" ;;
     *:tiled64) job "${j%%:*}" tiled64 "${TILED64[@]}" ;;
-    *) echo "unknown job $j (TOOL:big|variants|tiled64)"; status=1 ;;
+    *:wgmma) job "${j%%:*}" wgmma "${WGMMA[@]}" ;;
+    *) echo "unknown job $j (TOOL:big|variants|tiled64|wgmma)"; status=1 ;;
   esac
 done
 echo "logs: $OUT/"

@@ -26,7 +26,8 @@ from .tiled import BF16, TiledInputs
 
 KT = 128                  # keys per tile (64 per warpgroup)
 TILES_PER_BLOCK = 32      # keys per block: 4096
-STAGES = 3
+STAGES = 3                # block-synchronous scan (the *_sync filter): 128-key tiles
+WG_STAGES = 4             # ping-pong scan: 64-key tiles per warpgroup
 
 
 class WgGeometry:
@@ -36,7 +37,8 @@ class WgGeometry:
         self.H, self.D = H, D
         self.qpb = 256 // H
         row = D * elem_bytes
-        self.smem = 256 * row + STAGES * KT * row + 256 * 4 + self.qpb * 16
+        stages = max(STAGES * KT * row, 2 * WG_STAGES * 64 * row)     # block-synchronous / ping-pong
+        self.smem = 256 * row + stages + 256 * 4 + self.qpb * 16
         self.block_keys = KT * TILES_PER_BLOCK
 
     def groups(self, n: int) -> int:
@@ -94,8 +96,9 @@ class WgInputs:
         self.L = self.keys.shape[0]
         self.shapes = INST.SHAPES if (self.H, self.D) in default else ((self.H, self.D),)
 
-    def fn(self, stage: str):
-        return kernel("wgmma.cu", f"hytopk_{stage}_{self.kind}<{self.H}, {self.D}>", self.shapes)
+    def fn(self, stage: str, kind: str | None = None):
+        kind = self.kind if kind is None else kind
+        return kernel("wgmma.cu", f"hytopk_{stage}{'_' + kind if kind else ''}<{self.H}, {self.D}>", self.shapes)
 
     def head_args(self):
         return (self.q, self.w, self.keys, self.kscale, np.int64(self.L))
@@ -118,6 +121,23 @@ def filter_wgmma(source, lo, hi, T, capacity):
         T = cp.ascontiguousarray(cp.asarray(T, cp.float32))
         cand_idx, cand_val, count = _buffers(x.n, capacity)
         launch(x.fn("filter"), x.scan_grid(x.n),
+               (*x.head_args(), np.int32(x.n), lo, hi, T, np.int32(capacity), cand_idx, cand_val, count), x.geo.smem)
+        return cand_idx, cand_val, count
+
+
+@register("filter", "cupy.filter.wgmma_sync", sources=("indexer",), gpu_only=True,
+          notes=f"v1 of the wgmma filter: block-synchronous scan (both warpgroups' MMAs, then both "
+                f"epilogues), one dependent atomic per slot {BF16}")
+def filter_wgmma_sync(source, lo, hi, T, capacity):
+    capacity = _capacity(capacity)
+    with launch_stream():
+        x = WgInputs(source)
+        if x.kind != "wgmma":
+            raise TypeError("argument 'source': cupy.filter.wgmma_sync takes the bf16 indexer source only")
+        lo, hi = i32(lo, "lo"), i32(hi, "hi")
+        T = cp.ascontiguousarray(cp.asarray(T, cp.float32))
+        cand_idx, cand_val, count = _buffers(x.n, capacity)
+        launch(x.fn("filter_wgmma_sync", kind=""), x.scan_grid(x.n),
                (*x.head_args(), np.int32(x.n), lo, hi, T, np.int32(capacity), cand_idx, cand_val, count), x.geo.smem)
         return cand_idx, cand_val, count
 
