@@ -122,7 +122,12 @@ struct Shape {
                                            ? STAGES * TILE_BYTES : 2 * WG_STAGES * WG_TILE_BYTES;
     static constexpr int W_BYTES = NROWS * 4;
     static constexpr int SLOT_BYTES = QPB * 16;
-    static constexpr int SMEM_BYTES = Q_BYTES + STAGE_BYTES + W_BYTES + SLOT_BYTES;
+    // the filter's candidate staging: per warp and slot E entries of (position, bits)
+    static constexpr int BASE_BYTES = Q_BYTES + STAGE_BYTES + W_BYTES + SLOT_BYTES;
+    static constexpr int E_FIT = ((227 * 1024 - BASE_BYTES) / (8 * QPB * 8)) / 16 * 16;
+    static constexpr int E = E_FIT < 128 ? E_FIT : 128;
+    static_assert(E >= 16, "wgmma core: no room for the filter's candidate staging");
+    static constexpr int SMEM_BYTES = BASE_BYTES + 8 * QPB * E * 8;
     static_assert(SMEM_BYTES <= 227 * 1024, "wgmma core: shared memory over the 227 KiB a block can have");
     static constexpr int TILES_PER_BLOCK = 32;          // keys per block: 4096
     static constexpr int JQ = H / 8;                    // n8 column blocks per query
@@ -148,6 +153,7 @@ struct Block {
     int* s_b;
     u32* s_aux;                   // epilogue data per slot (the filter's threshold key)
     float* s_w;                   // [QPB * H] weights as float
+    uint2* s_stage;               // [8 warps][QPB][E] staged candidates (filter)
 
     __device__ long long query_of(int e) const { return e < nq ? (qmap ? (long long)qmap[e] : (long long)e) : -1; }
 
@@ -161,6 +167,7 @@ struct Block {
         s_a = s_t + S::QPB;
         s_b = s_a + S::QPB;
         s_aux = reinterpret_cast<u32*>(s_b + S::QPB);
+        s_stage = reinterpret_cast<uint2*>(smem + S::BASE_BYTES);
         glo = L;
         ghi = 0;
         for (int j = 0; j < S::QPB; ++j) {
@@ -224,8 +231,9 @@ struct Block {
         wgmma_wait_all();
     }
 
-    // Warpgroup wgi's 64 keys of its stage st (ping-pong scan) against all NROWS rows.
-    __device__ void mma_wg(int wgi, int st, float (&d)[128]) const {
+    // Warpgroup wgi's 64 keys of its stage st (ping-pong scan) against all NROWS rows:
+    // issued and committed; the caller waits (wgmma_wait_all) after passing the turn.
+    __device__ void mma_wg_issue(int wgi, int st, float (&d)[128]) const {
         const u32 a0 = smem_addr(smem + S::Q_BYTES + (wgi * S::WG_STAGES + st) * S::WG_TILE_BYTES);
         const u32 b0 = smem_addr(smem);
         wgmma_fence();
@@ -233,7 +241,6 @@ struct Block {
         for (int ks = 0; ks < S::KSTEPS; ++ks)
             In::mma(d, smem_desc(a0 + 256u * ks, 128u, S::GROUP_BYTES), smem_desc(b0 + 256u * ks, 128u, S::GROUP_BYTES), ks > 0);
         wgmma_commit();
-        wgmma_wait_all();
     }
 
     // p[j][e] = score of (slot j, key s_warp + g + 8e), the same bits in the 4 lanes of a g.
@@ -346,9 +353,10 @@ struct Block {
             const bool active = s_wg < ghi && s_wg + 64 > glo;              // warpgroup-uniform
             if (wgi == 1 || i > 0) bar_sync(3 + wgi, 256);                   // my turn for the tensor cores
             float d[128];
-            if (active) mma_wg(wgi, i % S::WG_STAGES, d);
-            bar_arrive(4 - wgi, 256);                                        // the other warpgroup's turn
+            if (active) mma_wg_issue(wgi, i % S::WG_STAGES, d);
+            bar_arrive(4 - wgi, 256);          // the other warpgroup's MMAs queue behind these: no bubble
             if (active) {
+                wgmma_wait_all();
                 float p[S::QPB][2];
                 scores(d, s_warp, p);
                 epi.scores(*this, s_warp, p);
@@ -358,6 +366,7 @@ struct Block {
         }
         if (wgi == 0 && ntiles > 0) bar_sync(3, 256);                       // warpgroup 1's last turn
         cp_async_wait<0>();
+        epi.finish(*this);
     }
 
     // The tiles this block scans when blocks along grid.y split the union into

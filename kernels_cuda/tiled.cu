@@ -166,7 +166,7 @@ hytopk_dense_tiled(const bf16_bits* __restrict__ q, const bf16_bits* __restrict_
         t1 = min(b1, (blk.ghi + S::NTILE - 1) / S::NTILE);
         if (t0 >= t1) t0 = t1 = b1;
     }
-    const long long f[2][2] = {{b0 * S::NTILE, t0 * S::NTILE}, {t1 * S::NTILE, min(L, b1 * S::NTILE)}};
+    const long long f[2][2] = {{b0 * S::NTILE, min(L, t0 * S::NTILE)}, {t1 * S::NTILE, min(L, b1 * S::NTILE)}};   // t0 = b1: the whole run
     for (int j = 0; j < S::QPB; ++j) {
         const long long tj = blk.query_of(blockIdx.x * S::QPB + j);
         if (tj < 0) continue;

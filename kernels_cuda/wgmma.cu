@@ -10,10 +10,84 @@ using namespace hytopk::wg;
 
 namespace {
 
-// Filter: compare on chip; lane tig tests slots j = tig (mod 4). The warp's appends
-// for all slots take one round of atomics in flight together (lane j adds slot j's
-// total), not one dependent atomic per slot; count keeps counting past capacity.
+// Filter of the ping-pong scan: compare on chip (lane tig tests slots j = tig mod 4),
+// append passing (position, bits) to this warp's staging buffer of the slot in shared
+// memory (ballot ranks, a warp-uniform fill count: no atomics); a full buffer, and
+// every buffer at the end, is flushed with one global atomic for its whole run.
+// Atomic latency was the v1 bottleneck: one dependent round trip per slot and tile.
+template <class S>
 struct FilterEpi {
+    int capacity;
+    int* cand_idx;
+    u32* cand_val;
+    int* count;
+    int cnt[S::QPB];               // warp-uniform: entries in this warp's buffer of slot j
+
+    __device__ __forceinline__ uint2* buffer(const Block<S>& blk, int j) const {
+        return blk.s_stage + ((int)(threadIdx.x >> 5) * S::QPB + j) * S::E;
+    }
+    // copy entries [0, n) of buffer j to the slot's candidates from global index base
+    __device__ __forceinline__ void copy_out(const Block<S>& blk, int j, int base, int n) const {
+        const uint2* buf = buffer(blk, j);
+        const long long row = (long long)blk.s_t[j] * capacity;
+        for (int k = (int)lane_id(); k < n; k += 32)
+            if (base + k < capacity) {
+                const uint2 e = buf[k];
+                cand_idx[row + base + k] = (int)e.x;
+                cand_val[row + base + k] = e.y;
+            }
+    }
+    template <class B, int QPB>
+    __device__ __forceinline__ void scores(const B& blk, long long s_warp, const float (&p)[QPB][2]) {
+        const int lane = (int)lane_id(), g = lane >> 2, tig = lane & 3;
+#pragma unroll
+        for (int j = 0; j < QPB; ++j) {
+            const int t = blk.s_t[j];
+            const long long a = blk.s_a[j], b = blk.s_b[j];
+            const u32 tkey = blk.s_aux[j];
+            const bool mine = t >= 0 && tig == (j & 3);
+            const long long s0 = s_warp + g, s1 = s0 + 8;
+            const bool pass0 = mine && s0 >= a && s0 < b && order_key(p[j][0]) >= tkey;
+            const bool pass1 = mine && s1 >= a && s1 < b && order_key(p[j][1]) >= tkey;
+            const u32 m0 = __ballot_sync(0xffffffffu, pass0), m1 = __ballot_sync(0xffffffffu, pass1);
+            const int total = __popc(m0) + __popc(m1);
+            if (total == 0) continue;                                  // warp-uniform
+            if (cnt[j] + total > S::E) {                               // full: flush the run (rare)
+                __syncwarp();
+                int base = 0;
+                if (lane == 0) base = atomicAdd(count + t, cnt[j]);
+                base = __shfl_sync(0xffffffffu, base, 0);
+                copy_out(blk, j, base, cnt[j]);
+                __syncwarp();
+                cnt[j] = 0;
+            }
+            uint2* buf = buffer(blk, j);
+            if (pass0) buf[cnt[j] + __popc(m0 & lanes_below_mask())] = make_uint2((u32)s0, __float_as_uint(p[j][0]));
+            if (pass1) buf[cnt[j] + __popc(m0) + __popc(m1 & lanes_below_mask())] = make_uint2((u32)s1, __float_as_uint(p[j][1]));
+            cnt[j] += total;
+        }
+    }
+    template <class B>
+    __device__ void skipped(const B&, long long) {}
+    // every buffer's run: all slots' atomics in flight together (lane j adds slot j's)
+    __device__ __forceinline__ void finish(const Block<S>& blk) {
+        __syncwarp();
+        const int lane = (int)lane_id();
+        int mybase = 0;
+#pragma unroll
+        for (int j = 0; j < S::QPB; ++j)
+            if (lane == j && cnt[j] > 0) mybase = atomicAdd(count + blk.s_t[j], cnt[j]);
+#pragma unroll
+        for (int j = 0; j < S::QPB; ++j) {
+            const int base = __shfl_sync(0xffffffffu, mybase, j);
+            if (cnt[j] > 0) copy_out(blk, j, base, cnt[j]);
+        }
+    }
+};
+
+// Filter of the block-synchronous scan (v1): one round of atomics per warp and tile
+// (lane j adds slot j's total), the candidates written straight to global memory.
+struct FilterDirectEpi {
     int capacity;
     int* cand_idx;
     u32* cand_val;
@@ -57,6 +131,8 @@ struct FilterEpi {
     }
     template <class B>
     __device__ void skipped(const B&, long long) {}
+    template <class B>
+    __device__ void finish(const B&) {}
 };
 
 // Dense: out[t, s] = score inside the context, -inf elsewhere (every s < L).
@@ -87,6 +163,8 @@ struct DenseEpi {
             if (t >= 0 && lane < 16 && s < blk.L) out[(long long)t * blk.L + s] = NEG_INF;
         }
     }
+    template <class B>
+    __device__ void finish(const B&) {}
 };
 
 // Recovery rows: buf[entry, s - a] for s in [a, min(b, a + stride)).
@@ -110,6 +188,8 @@ struct RowsEpi {
     }
     template <class B>
     __device__ void skipped(const B&, long long) {}
+    template <class B>
+    __device__ void finish(const B&) {}
 };
 
 // Score-only: the wrapping sum of the order keys of every in-context score.
@@ -131,6 +211,8 @@ struct ChecksumEpi {
     }
     template <class B>
     __device__ void skipped(const B&, long long) {}
+    template <class B>
+    __device__ void finish(const B&) {}
 };
 
 template <class In, int H, int D>
@@ -151,9 +233,15 @@ __device__ __forceinline__ void filter_body(const typename In::elem* q, const ty
     if (threadIdx.x < Shape<H, D, In>::QPB && blk.s_t[threadIdx.x] >= 0)
         blk.s_aux[threadIdx.x] = order_key_bits(T[blk.s_t[threadIdx.x]]);
     __syncthreads();
-    FilterEpi epi = {capacity, cand_idx, cand_val, count};
-    if (PINGPONG) blk.scan_pingpong(tile0, ntiles, epi);
-    else blk.scan(tile0, ntiles, epi);
+    if (PINGPONG) {
+        FilterEpi<Shape<H, D, In>> epi = {capacity, cand_idx, cand_val, count};
+#pragma unroll
+        for (int j = 0; j < Shape<H, D, In>::QPB; ++j) epi.cnt[j] = 0;
+        blk.scan_pingpong(tile0, ntiles, epi);
+    } else {
+        FilterDirectEpi epi = {capacity, cand_idx, cand_val, count};
+        blk.scan(tile0, ntiles, epi);
+    }
 }
 
 template <class In, int H, int D>
@@ -175,7 +263,7 @@ __device__ __forceinline__ void dense_body(const typename In::elem* q, const typ
         t1 = min(b1, (blk.ghi + S::KT - 1) / S::KT);
         if (t0 >= t1) t0 = t1 = b1;
     }
-    const long long f[2][2] = {{b0 * S::KT, t0 * S::KT}, {t1 * S::KT, min(L, b1 * S::KT)}};
+    const long long f[2][2] = {{b0 * S::KT, min(L, t0 * S::KT)}, {t1 * S::KT, min(L, b1 * S::KT)}};   // t0 = b1: the whole run
     for (int j = 0; j < S::QPB; ++j) {
         const int tj = blk.s_t[j];
         if (tj < 0) continue;

@@ -238,3 +238,29 @@ def test_wgmma_bad_inputs_name_the_argument():
                                          cp.ones(8, cp.float32)), lo, hi, cp.zeros(2, cp.float32), 8)
     with pytest.raises(TypeError, match="argument 'source'"):
         WG.filter_wgmma(R.TableSource(cp.zeros((2, 9), cp.float32)), lo, hi, cp.zeros(2, cp.float32), 8)
+
+
+@gpu
+@pytest.mark.parametrize("core", ["tiled", "wgmma", "wgmma_fp8"])
+def test_dense_never_writes_past_the_table(core):
+    """Contexts far from a block's last key run: that run is filled with -inf up to L, not up
+    to the end of the tile (regression: the fill ran up to 127 entries past the table)."""
+    import cupy as cp
+    from workbench.families.cupy import tiled as TL
+    from workbench.families.cupy import wgmma as WG
+    from workbench.families.cupy._launch import chunks, launch
+    n, L, H, D = 37, 9001, 8, 40
+    src, _, _, _ = _inputs("fp8" if core == "wgmma_fp8" else "bf16", n, L, H, D, 3, exact=True)
+    lo, hi = cp.zeros(n, cp.int32), cp.full(n, 100, cp.int32)
+    guard = cp.full(n * L + 4096, 12345.0, cp.float32)
+    out = guard[:n * L].reshape(n, L)
+    if core == "tiled":
+        x = TL.TiledInputs(src.q, src.w, src.keys)
+        launch(x.fn("hytopk_dense_tiled"), (x.geo.groups(n), chunks(L, x.geo.block_keys)),
+               (*x.head_args(), np.int32(n), lo, hi, out), x.geo.smem)
+    else:
+        x = WG.WgInputs(src)
+        launch(x.fn("dense"), (x.geo.groups(n), chunks(L, x.geo.block_keys)),
+               (*x.head_args(), np.int32(n), lo, hi, out), x.geo.smem)
+    assert bool(cp.all(guard[n * L:] == 12345.0)), "dense wrote past the end of the table"
+    assert bool(cp.all(cp.isinf(out[:, 100:]))) and bool(cp.all(cp.isfinite(out[:, :100])))

@@ -28,6 +28,7 @@ KT = 128                  # keys per tile (64 per warpgroup)
 TILES_PER_BLOCK = 32      # keys per block: 4096
 STAGES = 3                # block-synchronous scan (the *_sync filter): 128-key tiles
 WG_STAGES = 4             # ping-pong scan: 64-key tiles per warpgroup
+SMEM_LIMIT = 227 * 1024   # a block's shared memory on sm_90
 
 
 class WgGeometry:
@@ -38,7 +39,9 @@ class WgGeometry:
         self.qpb = 256 // H
         row = D * elem_bytes
         stages = max(STAGES * KT * row, 2 * WG_STAGES * 64 * row)     # block-synchronous / ping-pong
-        self.smem = 256 * row + stages + 256 * 4 + self.qpb * 16
+        base = 256 * row + stages + 256 * 4 + self.qpb * 16
+        self.stage_entries = min(128, (SMEM_LIMIT - base) // (8 * self.qpb * 8) // 16 * 16)   # filter staging
+        self.smem = base + 8 * self.qpb * self.stage_entries * 8
         self.block_keys = KT * TILES_PER_BLOCK
 
     def groups(self, n: int) -> int:
@@ -112,7 +115,8 @@ NOTE = "wgmma m64n256 (sm_90a): keys as A, the block's (query, head) rows as B, 
 
 
 @register("filter", "cupy.filter.wgmma", sources=("indexer",), gpu_only=True,
-          notes=f"{NOTE}; on-chip threshold compare {BF16}; fp8 e4m3 from an Fp8IndexerSource")
+          notes=f"{NOTE}; ping-pong warpgroups, on-chip threshold compare, candidates staged in shared "
+                f"memory {BF16}; fp8 e4m3 from an Fp8IndexerSource")
 def filter_wgmma(source, lo, hi, T, capacity):
     capacity = _capacity(capacity)
     with launch_stream():
@@ -127,7 +131,7 @@ def filter_wgmma(source, lo, hi, T, capacity):
 
 @register("filter", "cupy.filter.wgmma_sync", sources=("indexer",), gpu_only=True,
           notes=f"v1 of the wgmma filter: block-synchronous scan (both warpgroups' MMAs, then both "
-                f"epilogues), one dependent atomic per slot {BF16}")
+                f"epilogues), a round of global atomics per warp and tile {BF16}")
 def filter_wgmma_sync(source, lo, hi, T, capacity):
     capacity = _capacity(capacity)
     with launch_stream():
