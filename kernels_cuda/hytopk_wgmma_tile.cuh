@@ -50,9 +50,29 @@ __device__ __forceinline__ void wgmma_m64n256k32_e4m3(float (&d)[128], u64 da, u
 }
 
 
+__device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], u64 da, u64 db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, %67, %68, %69, %70;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(scale_d), "n"(1), "n"(1), "n"(0), "n"(0));
+}
+
+__device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], u64 da, u64 db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, %67, %68;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(scale_d), "n"(1), "n"(1));
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+template <int N>        // until at most N committed groups of this warpgroup are pending
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 // ordinary (cp.async) writes to shared memory become visible to the tensor cores' async proxy
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
@@ -88,6 +108,7 @@ struct Bf16In {                        // q, keys, w: bf16 bits; no key scale
     static constexpr int BYTES = 2;
     static constexpr bool SCALED = false;
     static __device__ __forceinline__ void mma(float (&d)[128], u64 da, u64 db, int acc) { wgmma_m64n256k16_bf16(d, da, db, acc); }
+    static __device__ __forceinline__ void mma(float (&d)[64], u64 da, u64 db, int acc) { wgmma_m64n128k16_bf16(d, da, db, acc); }
 };
 struct E4m3In {                        // q, keys: fp8 e4m3 bits; w: float32; scale[L]: float32 per key
     typedef e4m3_bits elem;
@@ -95,6 +116,7 @@ struct E4m3In {                        // q, keys: fp8 e4m3 bits; w: float32; sc
     static constexpr int BYTES = 1;
     static constexpr bool SCALED = true;
     static __device__ __forceinline__ void mma(float (&d)[128], u64 da, u64 db, int acc) { wgmma_m64n256k32_e4m3(d, da, db, acc); }
+    static __device__ __forceinline__ void mma(float (&d)[64], u64 da, u64 db, int acc) { wgmma_m64n128k32_e4m3(d, da, db, acc); }
 };
 
 // Compile-time geometry (256 threads = 2 warpgroups).
@@ -243,25 +265,28 @@ struct Block {
         wgmma_commit();
     }
 
-    // p[j][e] = score of (slot j, key s_warp + g + 8e), the same bits in the 4 lanes of a g.
-    __device__ void scores(const float (&d)[128], long long s_warp, float (&p)[S::QPB][2]) const {
+    // p[jj][e] = score of (slot J0 + jj, key s_warp + g + 8e), the same bits in the 4 lanes
+    // of a g, from accumulators d of the MMA over the rows of slots [J0, J0 + NJ).
+    template <int J0, int NJ, int NACC>
+    __device__ __forceinline__ void scores(const float (&d)[NACC], long long s_warp, float (&p)[NJ][2]) const {
+        static_assert(NACC == NJ * S::H / 2, "accumulators: NJ slots x H heads / (128 threads / 64 keys)");
         const int lane = (int)lane_id(), g = lane >> 2, tig = lane & 3;
-        const float2* w2 = reinterpret_cast<const float2*>(s_w);
+        const float2* w2 = reinterpret_cast<const float2*>(s_w) + J0 * S::H / 2;
 #pragma unroll
-        for (int j = 0; j < S::QPB; ++j)
+        for (int jj = 0; jj < NJ; ++jj)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 float s = 0.0f;
 #pragma unroll
-                for (int jj = 0; jj < S::JQ; ++jj) {
-                    const int nb = j * S::JQ + jj;
+                for (int q8 = 0; q8 < S::JQ; ++q8) {
+                    const int nb = jj * S::JQ + q8;
                     const float2 wv = w2[4 * nb + tig];              // w of columns 8nb + 2tig, + 1
                     s = fmaf(wv.x, fmaxf(d[4 * nb + 2 * e], 0.0f), s);
                     s = fmaf(wv.y, fmaxf(d[4 * nb + 2 * e + 1], 0.0f), s);
                 }
                 s += __shfl_xor_sync(0xffffffffu, s, 1);
                 s += __shfl_xor_sync(0xffffffffu, s, 2);
-                p[j][e] = s;
+                p[jj][e] = s;
             }
         if (In::SCALED) {
 #pragma unroll
@@ -269,11 +294,81 @@ struct Block {
                 const long long s = s_warp + g + 8 * e;
                 const float sc = (s < L) ? kscale[s] : 0.0f;
 #pragma unroll
-                for (int j = 0; j < S::QPB; ++j) p[j][e] *= sc;
+                for (int jj = 0; jj < NJ; ++jj) p[jj][e] *= sc;
             }
         }
 #pragma unroll
-        for (int j = 0; j < S::QPB; ++j) { p[j][0] += 0.0f; p[j][1] += 0.0f; }
+        for (int jj = 0; jj < NJ; ++jj) { p[jj][0] += 0.0f; p[jj][1] += 0.0f; }
+    }
+
+    // Half h of the (query, head) rows (slots [h * QPB/2, (h+1) * QPB/2)) against the
+    // warpgroup's 64 keys of stage st: issued and committed as one group.
+    __device__ __forceinline__ void issue_half(int wgi, int st, int h, float (&d)[64]) const {
+        const u32 a0 = smem_addr(smem + S::Q_BYTES + (wgi * S::WG_STAGES + st) * S::WG_TILE_BYTES);
+        const u32 b0 = smem_addr(smem) + (u32)(h * (S::NROWS / 16) * S::GROUP_BYTES);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < S::KSTEPS; ++ks)
+            In::mma(d, smem_desc(a0 + 256u * ks, 128u, S::GROUP_BYTES), smem_desc(b0 + 256u * ks, 128u, S::GROUP_BYTES), ks > 0);
+        wgmma_commit();
+    }
+
+    // Split-N scan (v4, the default): each warpgroup runs its own cp.async pipeline
+    // over its 64-key halves of the tiles (as the ping-pong scan) and splits the 256
+    // (query, head) rows into two N = 128 MMAs with their own accumulators, so the
+    // tensor cores always hold one: epilogue of half A of tile i under half B's MMA,
+    // epilogue of half B under half A of tile i + 1. No turn protocol between the
+    // warpgroups; the same keys per warp and the same score function as before.
+    template <class Epi>
+    __device__ void scan_halves(long long tile0, int ntiles, Epi& epi) const {
+        constexpr int NJ = S::QPB / 2;
+        const int wgi = (int)(threadIdx.x >> 7), wi = (int)((threadIdx.x >> 5) & 3);
+        load_q();
+        cp_async_commit();
+#pragma unroll
+        for (int st = 0; st < S::WG_STAGES - 1; ++st) {
+            if (st < ntiles) load_wg_tile(wgi, st, (tile0 + st) * S::KT + wgi * 64);
+            cp_async_commit();
+        }
+        cp_async_wait<S::WG_STAGES - 2>();
+        fence_proxy_async();
+        __syncthreads();                                 // q (copied by all 256 threads) and tile 0 landed
+        float dA[64], dB[64];
+        const long long s_first = tile0 * S::KT + wgi * 64;
+        bool act = s_first < ghi && s_first + 64 > glo;  // warpgroup-uniform
+        if (act) { issue_half(wgi, 0, 0, dA); issue_half(wgi, 0, 1, dB); }
+        for (int i = 0; i < ntiles; ++i) {
+            const long long s_wg = (tile0 + i) * S::KT + wgi * 64, s_warp = s_wg + wi * 16;
+            const bool more = i + 1 < ntiles;
+            const bool act1 = more && s_wg + S::KT < ghi && s_wg + S::KT + 64 > glo;
+            if (act) {
+                wgmma_wait<1>();                         // half A of tile i done, half B may run
+                float p[NJ][2];
+                scores<0, NJ>(dA, s_warp, p);
+                epi.template scores<0>(*this, s_warp, p);
+            } else {
+                epi.skipped(*this, s_warp);
+            }
+            if (more) {
+                cp_async_wait<S::WG_STAGES - 2>();
+                fence_proxy_async();
+                bar_sync(1 + wgi, 128);                  // tile i+1 landed; every warp is past tile i-1's MMAs
+                const int nxt = i + S::WG_STAGES - 1;
+                if (nxt < ntiles) load_wg_tile(wgi, nxt % S::WG_STAGES, (tile0 + nxt) * S::KT + wgi * 64);
+                cp_async_commit();
+                if (act1) issue_half(wgi, (i + 1) % S::WG_STAGES, 0, dA);
+            }
+            if (act) {
+                if (act1) wgmma_wait<1>(); else wgmma_wait<0>();   // half B of tile i done
+                float p[NJ][2];
+                scores<NJ, NJ>(dB, s_warp, p);
+                epi.template scores<NJ>(*this, s_warp, p);
+            }
+            if (act1) issue_half(wgi, (i + 1) % S::WG_STAGES, 1, dB);
+            act = act1;
+        }
+        cp_async_wait<0>();
+        epi.finish(*this);
     }
 
     // Block-synchronous scan (v1, kept as the *_sync filter to show the progression):
@@ -302,8 +397,8 @@ struct Block {
                 float d[128];
                 mma_tile(i % S::STAGES, d);
                 float p[S::QPB][2];
-                scores(d, s_warp, p);
-                epi.scores(*this, s_warp, p);
+                scores<0, S::QPB>(d, s_warp, p);
+                epi.template scores<0>(*this, s_warp, p);
             } else {
                 epi.skipped(*this, s_warp);
             }
@@ -358,8 +453,8 @@ struct Block {
             if (active) {
                 wgmma_wait_all();
                 float p[S::QPB][2];
-                scores(d, s_warp, p);
-                epi.scores(*this, s_warp, p);
+                scores<0, S::QPB>(d, s_warp, p);
+                epi.template scores<0>(*this, s_warp, p);
             } else {
                 epi.skipped(*this, s_warp);
             }

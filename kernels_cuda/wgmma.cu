@@ -37,18 +37,19 @@ struct FilterEpi {
                 cand_val[row + base + k] = e.y;
             }
     }
-    template <class B, int QPB>
-    __device__ __forceinline__ void scores(const B& blk, long long s_warp, const float (&p)[QPB][2]) {
+    template <int J0, class B, int NJ>
+    __device__ __forceinline__ void scores(const B& blk, long long s_warp, const float (&p)[NJ][2]) {
         const int lane = (int)lane_id(), g = lane >> 2, tig = lane & 3;
 #pragma unroll
-        for (int j = 0; j < QPB; ++j) {
+        for (int jj = 0; jj < NJ; ++jj) {
+            const int j = J0 + jj;
             const int t = blk.s_t[j];
             const long long a = blk.s_a[j], b = blk.s_b[j];
             const u32 tkey = blk.s_aux[j];
             const bool mine = t >= 0 && tig == (j & 3);
             const long long s0 = s_warp + g, s1 = s0 + 8;
-            const bool pass0 = mine && s0 >= a && s0 < b && order_key(p[j][0]) >= tkey;
-            const bool pass1 = mine && s1 >= a && s1 < b && order_key(p[j][1]) >= tkey;
+            const bool pass0 = mine && s0 >= a && s0 < b && order_key(p[jj][0]) >= tkey;
+            const bool pass1 = mine && s1 >= a && s1 < b && order_key(p[jj][1]) >= tkey;
             const u32 m0 = __ballot_sync(0xffffffffu, pass0), m1 = __ballot_sync(0xffffffffu, pass1);
             const int total = __popc(m0) + __popc(m1);
             if (total == 0) continue;                                  // warp-uniform
@@ -62,8 +63,8 @@ struct FilterEpi {
                 cnt[j] = 0;
             }
             uint2* buf = buffer(blk, j);
-            if (pass0) buf[cnt[j] + __popc(m0 & lanes_below_mask())] = make_uint2((u32)s0, __float_as_uint(p[j][0]));
-            if (pass1) buf[cnt[j] + __popc(m0) + __popc(m1 & lanes_below_mask())] = make_uint2((u32)s1, __float_as_uint(p[j][1]));
+            if (pass0) buf[cnt[j] + __popc(m0 & lanes_below_mask())] = make_uint2((u32)s0, __float_as_uint(p[jj][0]));
+            if (pass1) buf[cnt[j] + __popc(m0) + __popc(m1 & lanes_below_mask())] = make_uint2((u32)s1, __float_as_uint(p[jj][1]));
             cnt[j] += total;
         }
     }
@@ -92,14 +93,15 @@ struct FilterDirectEpi {
     int* cand_idx;
     u32* cand_val;
     int* count;
-    template <class B, int QPB>
-    __device__ void scores(const B& blk, long long s_warp, const float (&p)[QPB][2]) {
+    template <int J0, class B, int NJ>
+    __device__ void scores(const B& blk, long long s_warp, const float (&p)[NJ][2]) {
         const int lane = (int)lane_id(), g = lane >> 2, tig = lane & 3;
-        u32 m[QPB][2];
+        u32 m[NJ][2];
         int mybase = 0;
         bool any = false;
 #pragma unroll
-        for (int j = 0; j < QPB; ++j) {
+        for (int jj = 0; jj < NJ; ++jj) {
+            const int j = J0 + jj;
             const int t = blk.s_t[j];
             const long long a = blk.s_a[j], b = blk.s_b[j];
             const u32 tkey = blk.s_aux[j];
@@ -107,24 +109,25 @@ struct FilterDirectEpi {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const long long s = s_warp + g + 8 * e;
-                m[j][e] = __ballot_sync(0xffffffffu, mine && s >= a && s < b && order_key(p[j][e]) >= tkey);
+                m[jj][e] = __ballot_sync(0xffffffffu, mine && s >= a && s < b && order_key(p[jj][e]) >= tkey);
             }
-            const int total = __popc(m[j][0]) + __popc(m[j][1]);
+            const int total = __popc(m[jj][0]) + __popc(m[jj][1]);
             any |= total != 0;
             if (lane == j && total) mybase = atomicAdd(count + t, total);
         }
         if (!any) return;                                              // warp-uniform
 #pragma unroll
-        for (int j = 0; j < QPB; ++j) {
+        for (int jj = 0; jj < NJ; ++jj) {
+            const int j = J0 + jj;
             const int base = __shfl_sync(0xffffffffu, mybase, j);
-            if ((m[j][0] | m[j][1]) == 0u) continue;                   // warp-uniform
+            if ((m[jj][0] | m[jj][1]) == 0u) continue;                   // warp-uniform
             const long long row = (long long)blk.s_t[j] * capacity;
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                const int slot = base + (e ? __popc(m[j][0]) : 0) + __popc(m[j][e] & lanes_below_mask());
-                if ((m[j][e] >> lane) & 1u && slot < capacity) {
+                const int slot = base + (e ? __popc(m[jj][0]) : 0) + __popc(m[jj][e] & lanes_below_mask());
+                if ((m[jj][e] >> lane) & 1u && slot < capacity) {
                     cand_idx[row + slot] = (int)(s_warp + g + 8 * e);
-                    cand_val[row + slot] = __float_as_uint(p[j][e]);
+                    cand_val[row + slot] = __float_as_uint(p[jj][e]);
                 }
             }
         }
@@ -139,18 +142,19 @@ struct FilterDirectEpi {
 struct DenseEpi {
     u32* out;
     static constexpr u32 NEG_INF = 0xff800000u;
-    template <class B, int QPB>
-    __device__ void scores(const B& blk, long long s_warp, const float (&p)[QPB][2]) {
+    template <int J0, class B, int NJ>
+    __device__ void scores(const B& blk, long long s_warp, const float (&p)[NJ][2]) {
         const int lane = (int)lane_id(), g = lane >> 2, tig = lane & 3;
 #pragma unroll
-        for (int j = 0; j < QPB; ++j) {
+        for (int jj = 0; jj < NJ; ++jj) {
+            const int j = J0 + jj;
             const int t = blk.s_t[j];
             if (t < 0 || tig != (j & 3)) continue;
             const long long a = blk.s_a[j], b = blk.s_b[j];
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const long long s = s_warp + g + 8 * e;
-                if (s < blk.L) out[(long long)t * blk.L + s] = (s >= a && s < b) ? __float_as_uint(p[j][e]) : NEG_INF;
+                if (s < blk.L) out[(long long)t * blk.L + s] = (s >= a && s < b) ? __float_as_uint(p[jj][e]) : NEG_INF;
             }
         }
     }
@@ -171,18 +175,19 @@ struct DenseEpi {
 struct RowsEpi {
     u32* buf;
     long long stride;
-    template <class B, int QPB>
-    __device__ void scores(const B& blk, long long s_warp, const float (&p)[QPB][2]) {
+    template <int J0, class B, int NJ>
+    __device__ void scores(const B& blk, long long s_warp, const float (&p)[NJ][2]) {
         const int lane = (int)lane_id(), g = lane >> 2, tig = lane & 3;
 #pragma unroll
-        for (int j = 0; j < QPB; ++j) {
+        for (int jj = 0; jj < NJ; ++jj) {
+            const int j = J0 + jj;
             if (blk.s_t[j] < 0 || tig != (j & 3)) continue;
             const long long a = blk.s_a[j], end = min((long long)blk.s_b[j], a + stride);
-            u32* row = buf + (long long)(blockIdx.x * QPB + j) * stride - a;
+            u32* row = buf + (long long)(blockIdx.x * B::Geometry::QPB + j) * stride - a;
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const long long s = s_warp + g + 8 * e;
-                if (s >= a && s < end) row[s] = __float_as_uint(p[j][e]);
+                if (s >= a && s < end) row[s] = __float_as_uint(p[jj][e]);
             }
         }
     }
@@ -195,17 +200,18 @@ struct RowsEpi {
 // Score-only: the wrapping sum of the order keys of every in-context score.
 struct ChecksumEpi {
     u64 sum;
-    template <class B, int QPB>
-    __device__ void scores(const B& blk, long long s_warp, const float (&p)[QPB][2]) {
+    template <int J0, class B, int NJ>
+    __device__ void scores(const B& blk, long long s_warp, const float (&p)[NJ][2]) {
         const int lane = (int)lane_id(), g = lane >> 2, tig = lane & 3;
 #pragma unroll
-        for (int j = 0; j < QPB; ++j) {
+        for (int jj = 0; jj < NJ; ++jj) {
+            const int j = J0 + jj;
             if (blk.s_t[j] < 0 || tig != (j & 3)) continue;
             const long long a = blk.s_a[j], b = blk.s_b[j];
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const long long s = s_warp + g + 8 * e;
-                if (s >= a && s < b) sum += order_key(p[j][e]);
+                if (s >= a && s < b) sum += order_key(p[jj][e]);
             }
         }
     }
@@ -218,7 +224,9 @@ struct ChecksumEpi {
 template <class In, int H, int D>
 using BlockOf = Block<Shape<H, D, In>>;
 
-template <class In, int H, int D, bool PINGPONG>
+enum Scan { SYNC, PINGPONG, HALVES };
+
+template <class In, int H, int D, Scan SCAN>
 __device__ __forceinline__ void filter_body(const typename In::elem* q, const typename In::weight* w,
                                             const typename In::elem* keys, const float* kscale, long long L, int n,
                                             const int* lo, const int* hi, const u32* T, int capacity,
@@ -233,11 +241,12 @@ __device__ __forceinline__ void filter_body(const typename In::elem* q, const ty
     if (threadIdx.x < Shape<H, D, In>::QPB && blk.s_t[threadIdx.x] >= 0)
         blk.s_aux[threadIdx.x] = order_key_bits(T[blk.s_t[threadIdx.x]]);
     __syncthreads();
-    if (PINGPONG) {
+    if (SCAN != SYNC) {
         FilterEpi<Shape<H, D, In>> epi = {capacity, cand_idx, cand_val, count};
 #pragma unroll
         for (int j = 0; j < Shape<H, D, In>::QPB; ++j) epi.cnt[j] = 0;
-        blk.scan_pingpong(tile0, ntiles, epi);
+        if (SCAN == HALVES) blk.scan_halves(tile0, ntiles, epi);
+        else blk.scan_pingpong(tile0, ntiles, epi);
     } else {
         FilterDirectEpi epi = {capacity, cand_idx, cand_val, count};
         blk.scan(tile0, ntiles, epi);
@@ -273,7 +282,7 @@ __device__ __forceinline__ void dense_body(const typename In::elem* q, const typ
     }
     if (t0 >= t1) return;                                             // block-uniform
     DenseEpi epi = {out};
-    blk.scan_pingpong(t0, (int)(t1 - t0), epi);
+    blk.scan_halves(t0, (int)(t1 - t0), epi);
 }
 
 template <class In, int H, int D>
@@ -289,7 +298,7 @@ __device__ __forceinline__ void rows_body(const typename In::elem* q, const type
     blk.union_tiles(tile0, ntiles);
     if (ntiles <= 0) return;
     RowsEpi epi = {buf, stride};
-    blk.scan_pingpong(tile0, ntiles, epi);
+    blk.scan_halves(tile0, ntiles, epi);
 }
 
 template <class In, int H, int D>
@@ -304,7 +313,7 @@ __device__ __forceinline__ void score_only_body(const typename In::elem* q, cons
     blk.union_tiles(tile0, ntiles);
     if (ntiles <= 0) return;
     ChecksumEpi epi = {0ull};
-    blk.scan_pingpong(tile0, ntiles, epi);
+    blk.scan_halves(tile0, ntiles, epi);
     u64 sum = epi.sum;
     for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
     if (lane_id() == 0 && sum) atomicAdd(checksum, sum);
@@ -321,7 +330,7 @@ __device__ __forceinline__ void score_only_body(const typename In::elem* q, cons
         const float* __restrict__ kscale, long long L, int n, const int* __restrict__ lo,                          \
         const int* __restrict__ hi, const u32* __restrict__ T, int capacity, int* __restrict__ cand_idx,          \
         u32* __restrict__ cand_val, int* __restrict__ count) {                                                     \
-        filter_body<IN, H, D, true>(q, w, keys, kscale, L, n, lo, hi, T, capacity, cand_idx, cand_val, count);    \
+        filter_body<IN, H, D, HALVES>(q, w, keys, kscale, L, n, lo, hi, T, capacity, cand_idx, cand_val, count);    \
     }                                                                                                              \
     template <int H, int D>                                                                                        \
     __global__ void __launch_bounds__(256, 1) hytopk_dense_##SUFFIX(                                               \
@@ -347,14 +356,23 @@ __device__ __forceinline__ void score_only_body(const typename In::elem* q, cons
 
 HYTOPK_WG_KERNELS(wgmma, Bf16In)
 
-// v1 of the bf16 filter: the block-synchronous scan (both warpgroups' MMAs, then both
-// epilogues), kept as cupy.filter.wgmma_sync so `compare` shows the progression.
+// Earlier bf16 filters, kept so `compare` shows the progression: v1 the block-synchronous
+// scan (both warpgroups' MMAs, then both epilogues; global atomics per warp and tile),
+// v3 the ping-pong scan (the MMA turn passed between warpgroups; staged candidates).
+template <int H, int D>
+__global__ void __launch_bounds__(256, 1) hytopk_filter_wgmma_pingpong(
+    const bf16_bits* __restrict__ q, const bf16_bits* __restrict__ w, const bf16_bits* __restrict__ keys,
+    const float* __restrict__ kscale, long long L, int n, const int* __restrict__ lo, const int* __restrict__ hi,
+    const u32* __restrict__ T, int capacity, int* __restrict__ cand_idx, u32* __restrict__ cand_val,
+    int* __restrict__ count) {
+    filter_body<Bf16In, H, D, PINGPONG>(q, w, keys, kscale, L, n, lo, hi, T, capacity, cand_idx, cand_val, count);
+}
 template <int H, int D>
 __global__ void __launch_bounds__(256, 1) hytopk_filter_wgmma_sync(
     const bf16_bits* __restrict__ q, const bf16_bits* __restrict__ w, const bf16_bits* __restrict__ keys,
     const float* __restrict__ kscale, long long L, int n, const int* __restrict__ lo, const int* __restrict__ hi,
     const u32* __restrict__ T, int capacity, int* __restrict__ cand_idx, u32* __restrict__ cand_val,
     int* __restrict__ count) {
-    filter_body<Bf16In, H, D, false>(q, w, keys, kscale, L, n, lo, hi, T, capacity, cand_idx, cand_val, count);
+    filter_body<Bf16In, H, D, SYNC>(q, w, keys, kscale, L, n, lo, hi, T, capacity, cand_idx, cand_val, count);
 }
 HYTOPK_WG_KERNELS(wgmma_fp8, E4m3In)

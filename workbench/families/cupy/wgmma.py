@@ -115,8 +115,9 @@ NOTE = "wgmma m64n256 (sm_90a): keys as A, the block's (query, head) rows as B, 
 
 
 @register("filter", "cupy.filter.wgmma", sources=("indexer",), gpu_only=True,
-          notes=f"{NOTE}; ping-pong warpgroups, on-chip threshold compare, candidates staged in shared "
-                f"memory {BF16}; fp8 e4m3 from an Fp8IndexerSource")
+          notes=f"{NOTE}; split-N: two N=128 MMAs per warpgroup so one runs under the other's epilogue, "
+                f"on-chip threshold compare, candidates staged in shared memory {BF16}; fp8 e4m3 from an "
+                f"Fp8IndexerSource")
 def filter_wgmma(source, lo, hi, T, capacity):
     capacity = _capacity(capacity)
     with launch_stream():
@@ -129,21 +130,32 @@ def filter_wgmma(source, lo, hi, T, capacity):
         return cand_idx, cand_val, count
 
 
-@register("filter", "cupy.filter.wgmma_sync", sources=("indexer",), gpu_only=True,
-          notes=f"v1 of the wgmma filter: block-synchronous scan (both warpgroups' MMAs, then both "
-                f"epilogues), a round of global atomics per warp and tile {BF16}")
-def filter_wgmma_sync(source, lo, hi, T, capacity):
+def _filter_earlier(kernel_name, name, source, lo, hi, T, capacity):
     capacity = _capacity(capacity)
     with launch_stream():
         x = WgInputs(source)
         if x.kind != "wgmma":
-            raise TypeError("argument 'source': cupy.filter.wgmma_sync takes the bf16 indexer source only")
+            raise TypeError(f"argument 'source': {name} takes the bf16 indexer source only")
         lo, hi = i32(lo, "lo"), i32(hi, "hi")
         T = cp.ascontiguousarray(cp.asarray(T, cp.float32))
         cand_idx, cand_val, count = _buffers(x.n, capacity)
-        launch(x.fn("filter_wgmma_sync", kind=""), x.scan_grid(x.n),
+        launch(x.fn(kernel_name, kind=""), x.scan_grid(x.n),
                (*x.head_args(), np.int32(x.n), lo, hi, T, np.int32(capacity), cand_idx, cand_val, count), x.geo.smem)
         return cand_idx, cand_val, count
+
+
+@register("filter", "cupy.filter.wgmma_sync", sources=("indexer",), gpu_only=True,
+          notes=f"v1 of the wgmma filter: block-synchronous scan (both warpgroups' MMAs, then both "
+                f"epilogues), a round of global atomics per warp and tile {BF16}")
+def filter_wgmma_sync(source, lo, hi, T, capacity):
+    return _filter_earlier("filter_wgmma_sync", "cupy.filter.wgmma_sync", source, lo, hi, T, capacity)
+
+
+@register("filter", "cupy.filter.wgmma_pingpong", sources=("indexer",), gpu_only=True,
+          notes=f"v3 of the wgmma filter: ping-pong warpgroups (the MMA turn passed by named barriers), "
+                f"candidates staged in shared memory {BF16}")
+def filter_wgmma_pingpong(source, lo, hi, T, capacity):
+    return _filter_earlier("filter_wgmma_pingpong", "cupy.filter.wgmma_pingpong", source, lo, hi, T, capacity)
 
 
 def dense_wgmma_source(source, lo, hi):
