@@ -245,10 +245,11 @@ struct Block {
         const int wgi = (int)(threadIdx.x >> 7);
         const u32 a0 = smem_addr(smem + S::Q_BYTES + st * S::TILE_BYTES) + (u32)(wgi * 8 * S::GROUP_BYTES);
         const u32 b0 = smem_addr(smem);
+        const u64 da = smem_desc(a0, 128u, S::GROUP_BYTES), db = smem_desc(b0, 128u, S::GROUP_BYTES);
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < S::KSTEPS; ++ks)
-            In::mma(d, smem_desc(a0 + 256u * ks, 128u, S::GROUP_BYTES), smem_desc(b0 + 256u * ks, 128u, S::GROUP_BYTES), ks > 0);
+            In::mma(d, da + 16ull * ks, db + 16ull * ks, ks > 0);    // + 32 bytes of K: the address field, in 16-byte units
         wgmma_commit();
         wgmma_wait_all();
     }
@@ -258,10 +259,11 @@ struct Block {
     __device__ void mma_wg_issue(int wgi, int st, float (&d)[128]) const {
         const u32 a0 = smem_addr(smem + S::Q_BYTES + (wgi * S::WG_STAGES + st) * S::WG_TILE_BYTES);
         const u32 b0 = smem_addr(smem);
+        const u64 da = smem_desc(a0, 128u, S::GROUP_BYTES), db = smem_desc(b0, 128u, S::GROUP_BYTES);
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < S::KSTEPS; ++ks)
-            In::mma(d, smem_desc(a0 + 256u * ks, 128u, S::GROUP_BYTES), smem_desc(b0 + 256u * ks, 128u, S::GROUP_BYTES), ks > 0);
+            In::mma(d, da + 16ull * ks, db + 16ull * ks, ks > 0);    // + 32 bytes of K: the address field, in 16-byte units
         wgmma_commit();
     }
 
@@ -306,14 +308,15 @@ struct Block {
     __device__ __forceinline__ void issue_half(int wgi, int st, int h, float (&d)[64]) const {
         const u32 a0 = smem_addr(smem + S::Q_BYTES + (wgi * S::WG_STAGES + st) * S::WG_TILE_BYTES);
         const u32 b0 = smem_addr(smem) + (u32)(h * (S::NROWS / 16) * S::GROUP_BYTES);
+        const u64 da = smem_desc(a0, 128u, S::GROUP_BYTES), db = smem_desc(b0, 128u, S::GROUP_BYTES);
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < S::KSTEPS; ++ks)
-            In::mma(d, smem_desc(a0 + 256u * ks, 128u, S::GROUP_BYTES), smem_desc(b0 + 256u * ks, 128u, S::GROUP_BYTES), ks > 0);
+            In::mma(d, da + 16ull * ks, db + 16ull * ks, ks > 0);    // + 32 bytes of K: the address field, in 16-byte units
         wgmma_commit();
     }
 
-    // Split-N scan (v4, the default): each warpgroup runs its own cp.async pipeline
+    // Split-N scan (v4; slower than the ping-pong scan, measured: kept as a variant): each warpgroup runs its own cp.async pipeline
     // over its 64-key halves of the tiles (as the ping-pong scan) and splits the 256
     // (query, head) rows into two N = 128 MMAs with their own accumulators, so the
     // tensor cores always hold one: epilogue of half A of tile i under half B's MMA,
@@ -412,17 +415,18 @@ struct Block {
         const int tw = (int)(threadIdx.x & 127);
         const u32 dst = smem_addr(smem + S::Q_BYTES + (wgi * S::WG_STAGES + st) * S::WG_TILE_BYTES);
         const unsigned char* base = reinterpret_cast<const unsigned char*>(keys);
+        const int lo32 = (int)glo, hi32 = (int)ghi, k0 = (int)s0;        // positions < L < 2^31
 #pragma unroll
         for (int j = 0; j < (64 * S::CH) / 128; ++j) {
             const int i = tw + 128 * j;
             const int r = (i / (8 * S::CH)) * 8 + (i & 7), c = (i >> 3) % S::CH;
-            const long long s = s0 + r;
-            const bool ok = s >= glo && s < ghi;
-            cp_async16(dst + 16u * (u32)i, base + (ok ? s * S::ROW_BYTES + c * 16 : 0), ok);
+            const int s = k0 + r;
+            const bool ok = s >= lo32 && s < hi32;
+            cp_async16(dst + 16u * (u32)i, base + (ok ? (size_t)s * S::ROW_BYTES + c * 16 : 0), ok);
         }
     }
 
-    // Ping-pong scan: the two warpgroups own the two 64-key halves of every tile as
+    // Ping-pong scan (the default): the two warpgroups own the two 64-key halves of every tile as
     // before (same keys, same scores), but each runs its own cp.async pipeline and
     // named barrier, and the MMA turn passes between them (barriers 3, 4), so one
     // warpgroup's epilogue (and its atomics' latency) runs under the other's MMAs.
@@ -448,10 +452,14 @@ struct Block {
             const bool active = s_wg < ghi && s_wg + 64 > glo;              // warpgroup-uniform
             if (wgi == 1 || i > 0) bar_sync(3 + wgi, 256);                   // my turn for the tensor cores
             float d[128];
-            if (active) mma_wg_issue(wgi, i % S::WG_STAGES, d);
-            bar_arrive(4 - wgi, 256);          // the other warpgroup's MMAs queue behind these: no bubble
             if (active) {
+                mma_wg_issue(wgi, i % S::WG_STAGES, d);
                 wgmma_wait_all();
+            }
+            // the other warpgroup's turn only now: arriving right after the issue (run 14) queued
+            // both warpgroups' MMAs together and then ran both epilogues together (slower)
+            bar_arrive(4 - wgi, 256);
+            if (active) {
                 float p[S::QPB][2];
                 scores<0, S::QPB>(d, s_warp, p);
                 epi.template scores<0>(*this, s_warp, p);

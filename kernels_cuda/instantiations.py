@@ -31,7 +31,7 @@ KERNELS = {
                  ("hytopk_score_rows_tiled", "tiled"), ("hytopk_score_only_tiled", "tiled"),
                  ("hytopk_replay_tiled", "tiled")),
     "wgmma.cu": tuple((f"hytopk_{k}_{kind}", kind) for kind in ("wgmma", "wgmma_fp8")
-                      for k in ("filter", "dense", "score_rows", "score_only")) + (("hytopk_filter_wgmma_sync", "wgmma"), ("hytopk_filter_wgmma_pingpong", "wgmma")),
+                      for k in ("filter", "dense", "score_rows", "score_only")) + (("hytopk_filter_wgmma_sync", "wgmma"), ("hytopk_filter_wgmma_halves", "wgmma")),
 }
 # files that need an arch-specific target (wgmma exists on sm_90a only): NVRTC options, nvcc -gencode
 FILE_OPTIONS = {"wgmma.cu": ("-arch=sm_90a",)}

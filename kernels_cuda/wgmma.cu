@@ -44,10 +44,10 @@ struct FilterEpi {
         for (int jj = 0; jj < NJ; ++jj) {
             const int j = J0 + jj;
             const int t = blk.s_t[j];
-            const long long a = blk.s_a[j], b = blk.s_b[j];
+            const int a = blk.s_a[j], b = blk.s_b[j];         // positions < L < 2^31: int compares
             const u32 tkey = blk.s_aux[j];
             const bool mine = t >= 0 && tig == (j & 3);
-            const long long s0 = s_warp + g, s1 = s0 + 8;
+            const int s0 = (int)s_warp + g, s1 = s0 + 8;
             const bool pass0 = mine && s0 >= a && s0 < b && order_key(p[jj][0]) >= tkey;
             const bool pass1 = mine && s1 >= a && s1 < b && order_key(p[jj][1]) >= tkey;
             const u32 m0 = __ballot_sync(0xffffffffu, pass0), m1 = __ballot_sync(0xffffffffu, pass1);
@@ -103,12 +103,12 @@ struct FilterDirectEpi {
         for (int jj = 0; jj < NJ; ++jj) {
             const int j = J0 + jj;
             const int t = blk.s_t[j];
-            const long long a = blk.s_a[j], b = blk.s_b[j];
+            const int a = blk.s_a[j], b = blk.s_b[j];         // positions < L < 2^31: int compares
             const u32 tkey = blk.s_aux[j];
             const bool mine = t >= 0 && tig == (j & 3);
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                const long long s = s_warp + g + 8 * e;
+                const int s = (int)s_warp + g + 8 * e;
                 m[jj][e] = __ballot_sync(0xffffffffu, mine && s >= a && s < b && order_key(p[jj][e]) >= tkey);
             }
             const int total = __popc(m[jj][0]) + __popc(m[jj][1]);
@@ -150,10 +150,10 @@ struct DenseEpi {
             const int j = J0 + jj;
             const int t = blk.s_t[j];
             if (t < 0 || tig != (j & 3)) continue;
-            const long long a = blk.s_a[j], b = blk.s_b[j];
+            const int a = blk.s_a[j], b = blk.s_b[j];         // positions < L < 2^31: int compares
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                const long long s = s_warp + g + 8 * e;
+                const int s = (int)s_warp + g + 8 * e;
                 if (s < blk.L) out[(long long)t * blk.L + s] = (s >= a && s < b) ? __float_as_uint(p[jj][e]) : NEG_INF;
             }
         }
@@ -186,7 +186,7 @@ struct RowsEpi {
             u32* row = buf + (long long)(blockIdx.x * B::Geometry::QPB + j) * stride - a;
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                const long long s = s_warp + g + 8 * e;
+                const int s = (int)s_warp + g + 8 * e;
                 if (s >= a && s < end) row[s] = __float_as_uint(p[jj][e]);
             }
         }
@@ -207,10 +207,10 @@ struct ChecksumEpi {
         for (int jj = 0; jj < NJ; ++jj) {
             const int j = J0 + jj;
             if (blk.s_t[j] < 0 || tig != (j & 3)) continue;
-            const long long a = blk.s_a[j], b = blk.s_b[j];
+            const int a = blk.s_a[j], b = blk.s_b[j];         // positions < L < 2^31: int compares
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                const long long s = s_warp + g + 8 * e;
+                const int s = (int)s_warp + g + 8 * e;
                 if (s >= a && s < b) sum += order_key(p[jj][e]);
             }
         }
@@ -282,7 +282,7 @@ __device__ __forceinline__ void dense_body(const typename In::elem* q, const typ
     }
     if (t0 >= t1) return;                                             // block-uniform
     DenseEpi epi = {out};
-    blk.scan_halves(t0, (int)(t1 - t0), epi);
+    blk.scan_pingpong(t0, (int)(t1 - t0), epi);
 }
 
 template <class In, int H, int D>
@@ -298,7 +298,7 @@ __device__ __forceinline__ void rows_body(const typename In::elem* q, const type
     blk.union_tiles(tile0, ntiles);
     if (ntiles <= 0) return;
     RowsEpi epi = {buf, stride};
-    blk.scan_halves(tile0, ntiles, epi);
+    blk.scan_pingpong(tile0, ntiles, epi);
 }
 
 template <class In, int H, int D>
@@ -313,7 +313,7 @@ __device__ __forceinline__ void score_only_body(const typename In::elem* q, cons
     blk.union_tiles(tile0, ntiles);
     if (ntiles <= 0) return;
     ChecksumEpi epi = {0ull};
-    blk.scan_halves(tile0, ntiles, epi);
+    blk.scan_pingpong(tile0, ntiles, epi);
     u64 sum = epi.sum;
     for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
     if (lane_id() == 0 && sum) atomicAdd(checksum, sum);
@@ -330,7 +330,7 @@ __device__ __forceinline__ void score_only_body(const typename In::elem* q, cons
         const float* __restrict__ kscale, long long L, int n, const int* __restrict__ lo,                          \
         const int* __restrict__ hi, const u32* __restrict__ T, int capacity, int* __restrict__ cand_idx,          \
         u32* __restrict__ cand_val, int* __restrict__ count) {                                                     \
-        filter_body<IN, H, D, HALVES>(q, w, keys, kscale, L, n, lo, hi, T, capacity, cand_idx, cand_val, count);    \
+        filter_body<IN, H, D, PINGPONG>(q, w, keys, kscale, L, n, lo, hi, T, capacity, cand_idx, cand_val, count);    \
     }                                                                                                              \
     template <int H, int D>                                                                                        \
     __global__ void __launch_bounds__(256, 1) hytopk_dense_##SUFFIX(                                               \
@@ -356,16 +356,17 @@ __device__ __forceinline__ void score_only_body(const typename In::elem* q, cons
 
 HYTOPK_WG_KERNELS(wgmma, Bf16In)
 
-// Earlier bf16 filters, kept so `compare` shows the progression: v1 the block-synchronous
+// Other bf16 filters, kept so `compare` shows the progression: v1 the block-synchronous
 // scan (both warpgroups' MMAs, then both epilogues; global atomics per warp and tile),
-// v3 the ping-pong scan (the MMA turn passed between warpgroups; staged candidates).
+// v4 the split-N scan (two N = 128 MMAs per warpgroup; measured slower than the
+// ping-pong scan, the default: twice the MMA issue instructions, ncu in perf_notes).
 template <int H, int D>
-__global__ void __launch_bounds__(256, 1) hytopk_filter_wgmma_pingpong(
+__global__ void __launch_bounds__(256, 1) hytopk_filter_wgmma_halves(
     const bf16_bits* __restrict__ q, const bf16_bits* __restrict__ w, const bf16_bits* __restrict__ keys,
     const float* __restrict__ kscale, long long L, int n, const int* __restrict__ lo, const int* __restrict__ hi,
     const u32* __restrict__ T, int capacity, int* __restrict__ cand_idx, u32* __restrict__ cand_val,
     int* __restrict__ count) {
-    filter_body<Bf16In, H, D, PINGPONG>(q, w, keys, kscale, L, n, lo, hi, T, capacity, cand_idx, cand_val, count);
+    filter_body<Bf16In, H, D, HALVES>(q, w, keys, kscale, L, n, lo, hi, T, capacity, cand_idx, cand_val, count);
 }
 template <int H, int D>
 __global__ void __launch_bounds__(256, 1) hytopk_filter_wgmma_sync(

@@ -21,6 +21,6 @@ lo, hi = cp.zeros(n, cp.int32), cp.full(n, L, cp.int32)
 T = cp.full(n, 1e30, cp.float32)                                   # nothing passes: the scan alone
 WG.score_only_wgmma(src, lo, hi)
 WG.filter_wgmma(src, lo, hi, T, 4096)
-WG.filter_wgmma_pingpong(src, lo, hi, T, 4096)
+WG.filter_wgmma_halves(src, lo, hi, T, 4096)
 cp.cuda.Device().synchronize()
 print("profile_wgmma: done")

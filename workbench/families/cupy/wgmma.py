@@ -115,9 +115,8 @@ NOTE = "wgmma m64n256 (sm_90a): keys as A, the block's (query, head) rows as B, 
 
 
 @register("filter", "cupy.filter.wgmma", sources=("indexer",), gpu_only=True,
-          notes=f"{NOTE}; split-N: two N=128 MMAs per warpgroup so one runs under the other's epilogue, "
-                f"on-chip threshold compare, candidates staged in shared memory {BF16}; fp8 e4m3 from an "
-                f"Fp8IndexerSource")
+          notes=f"{NOTE}; ping-pong warpgroups (the MMA turn passed by named barriers), on-chip threshold "
+                f"compare, candidates staged in shared memory {BF16}; fp8 e4m3 from an Fp8IndexerSource")
 def filter_wgmma(source, lo, hi, T, capacity):
     capacity = _capacity(capacity)
     with launch_stream():
@@ -151,11 +150,11 @@ def filter_wgmma_sync(source, lo, hi, T, capacity):
     return _filter_earlier("filter_wgmma_sync", "cupy.filter.wgmma_sync", source, lo, hi, T, capacity)
 
 
-@register("filter", "cupy.filter.wgmma_pingpong", sources=("indexer",), gpu_only=True,
-          notes=f"v3 of the wgmma filter: ping-pong warpgroups (the MMA turn passed by named barriers), "
-                f"candidates staged in shared memory {BF16}")
-def filter_wgmma_pingpong(source, lo, hi, T, capacity):
-    return _filter_earlier("filter_wgmma_pingpong", "cupy.filter.wgmma_pingpong", source, lo, hi, T, capacity)
+@register("filter", "cupy.filter.wgmma_halves", sources=("indexer",), gpu_only=True,
+          notes=f"v4 of the wgmma filter: split-N (two N=128 MMAs per warpgroup, one in flight under the "
+                f"other half's epilogue); slower than the ping-pong default {BF16}")
+def filter_wgmma_halves(source, lo, hi, T, capacity):
+    return _filter_earlier("filter_wgmma_halves", "cupy.filter.wgmma_halves", source, lo, hi, T, capacity)
 
 
 def dense_wgmma_source(source, lo, hi):
