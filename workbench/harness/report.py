@@ -39,8 +39,8 @@ def compare_table(res):
         ok = {True: "[green]yes[/]", False: "[bold red]NO[/]", None: "n/a"}[r.correct]
         tfl = f"{r.tflops:.3g} ({100 * r.tflops / ceil['gemm_tflops']:.0f}%)" if r.tflops else "–"
         gbs = f"{r.gbps:.4g} ({100 * r.gbps / ceil['copy_gbps']:.0f}%)" if r.gbps else "–"
-        ratios = [_fmt(r.ratios.get(floor if b == "score-only" else b)) if b in present else "–"
-                  for b, _ in BASE_COLS]
+        keys = [floor if b == "score-only" else b for b, _ in BASE_COLS]     # the floor: tiled when it ran
+        ratios = [_fmt(r.ratios.get(k)) if k in present else "–" for k in keys]
         t.add_row(r.stage if r.kind != "baseline" else "baseline", escape(r.label), ok, _fmt(r.time_ms, "{:.4g}"),
                   *ratios, tfl, gbs, _mem(r.peak_extra_bytes))
         if r.correct is False and r.detail:

@@ -1,0 +1,28 @@
+"""The compare table's ratio columns (CPU only)."""
+from types import SimpleNamespace as NS
+
+import pytest
+
+pytest.importorskip("rich")
+
+from rich.console import Console  # noqa: E402
+
+from workbench.harness.compare import Row  # noqa: E402
+from workbench.harness.report import compare_table  # noqa: E402
+
+
+def _render(rows):
+    res = NS(preset={"name": "x"}, device="cuda", ceilings={"gemm_tflops": 700.0, "copy_gbps": 4000.0}, rows=rows)
+    c = Console(width=300, record=True, color_system=None)
+    c.print(compare_table(res))
+    return c.export_text()
+
+
+def test_floor_column_uses_the_tiled_floor_when_the_simt_floor_was_excluded():
+    rows = [Row("stage", "filter", "cupy.filter.x", "indexer", True, time_ms=30.0,
+                ratios={"score-only-tiled": 1.25, "flop-bound": 2.5}),
+            Row("baseline", "score-only-tiled", "cupy score_only[tiled] (checksum)", None, True, time_ms=24.0,
+                ratios={"score-only-tiled": 1.0})]
+    text = _render(rows)
+    line = next(ln for ln in text.splitlines() if "cupy.filter.x" in ln)
+    assert "1.25" in line and "2.5" in line
