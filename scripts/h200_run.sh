@@ -13,6 +13,9 @@ if ls .whl/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/numpy ]; then
 fi
 export PYTHONPATH=/tmp/site:$PWD
 S="$OUT/summary.txt"
+# numba-cuda kernel launches break with numpy >= 2.5 (the image's): say so first, not as odd failures later
+python3 -c "import numpy, sys; v = tuple(map(int, numpy.__version__.split('.')[:2])); sys.exit(v >= (2, 5))" \
+  || echo "WARNING numpy $(python3 -c 'import numpy; print(numpy.__version__)') (no .whl/ numpy<2.5 carried): Numba rows and tests will fail" | tee -a "$S"
 phase() {   # phase NAME SECONDS CMD...
   local name=$1 secs=$2; shift 2
   local t0=$(date +%s)
