@@ -19,6 +19,7 @@
 #pragma once
 #include "hytopk_order.cuh"
 #include "hytopk_score.cuh"
+#include "hytopk_cp_async.cuh"
 
 namespace hytopk {
 namespace tiled {
@@ -58,20 +59,7 @@ struct Shape {
 };
 
 // ------------------------------------------------------------------ PTX helpers
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    u32 r;
-    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
-    return r;
-}
-
-// 16 bytes global -> shared; valid = false zero-fills and reads nothing.
-__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid) {
-    const int n = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+// smem_addr, cp_async16, cp_async_commit, cp_async_wait: hytopk_cp_async.cuh
 
 __device__ __forceinline__ void ldsm_x4(u32 (&r)[4], u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

@@ -24,6 +24,7 @@
 #pragma once
 #include "hytopk_order.cuh"
 #include "hytopk_score.cuh"
+#include "hytopk_cp_async.cuh"
 
 namespace hytopk {
 namespace wg {
@@ -76,18 +77,7 @@ __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sy
 // ordinary (cp.async) writes to shared memory become visible to the tensor cores' async proxy
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    u32 r;
-    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
-    return r;
-}
-__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid) {
-    const int n = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+// smem_addr, cp_async16, cp_async_commit, cp_async_wait: hytopk_cp_async.cuh
 
 // Named barriers: 0 is __syncthreads; 1, 2 order a warpgroup's own tiles; 3, 4 pass the MMA turn.
 __device__ __forceinline__ void bar_sync(int id, int threads) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }

@@ -121,26 +121,32 @@ def recover_tiled(source, lo, hi, rows, k):
     k = check_k_fits(k)
     with launch_stream():
         x = _indexer(source, "cupy.recover.tiled_mma")
-        lo, hi, rows = i32(lo, "lo"), i32(hi, "hi"), i32(rows, "rows")
-        nr = rows.shape[0]
-        idx = cp.empty((nr, k), cp.int32)
-        val = cp.empty((nr, k), cp.float32)
-        if nr == 0:
-            return idx, val
-        score = x.fn("hytopk_score_rows_tiled")
-        select = kernel("recover.cu", "hytopk_select_rows")
-        lengths = (hi - lo)[rows]
-        for s in range(0, nr, ROWS_PER_PASS):
-            part = cp.ascontiguousarray(rows[s:s + ROWS_PER_PASS])
-            stride = max(1, int(lengths[s:s + ROWS_PER_PASS].max()))
-            buf = cp.empty((part.shape[0], stride), cp.float32)
-            launch(score, x.scan_grid(part.shape[0]),
-                   (*x.head_args(), part, np.int32(part.shape[0]), lo, hi, buf, np.int64(stride)), x.geo.smem)
-            launch(select, (part.shape[0],),
-                   (buf, np.int64(stride), np.int32(0), part, np.int32(part.shape[0]), lo, hi, np.int32(k),
-                    idx[s:s + ROWS_PER_PASS], val[s:s + ROWS_PER_PASS]), exact_topk_smem_bytes(k))
-            del buf
+        return recover_rows(x, x.fn("hytopk_score_rows_tiled"), lo, hi, rows, k)
+
+
+def recover_rows(x, score, lo, hi, rows, k):
+    """Exact top-k of the failed rows: `score` (a tensor-core core's rows kernel over inputs x:
+    head_args(), scan_grid(), geo.smem) materialises ROWS_PER_PASS rows at a time, the radix
+    top-k of recover.cu selects. Shared by the tiled and wgmma recoveries."""
+    lo, hi, rows = i32(lo, "lo"), i32(hi, "hi"), i32(rows, "rows")
+    nr = rows.shape[0]
+    idx = cp.empty((nr, k), cp.int32)
+    val = cp.empty((nr, k), cp.float32)
+    if nr == 0:
         return idx, val
+    select = kernel("recover.cu", "hytopk_select_rows")
+    lengths = (hi - lo)[rows]
+    for s in range(0, nr, ROWS_PER_PASS):
+        part = cp.ascontiguousarray(rows[s:s + ROWS_PER_PASS])
+        stride = max(1, int(lengths[s:s + ROWS_PER_PASS].max()))
+        buf = cp.empty((part.shape[0], stride), cp.float32)
+        launch(score, x.scan_grid(part.shape[0]),
+               (*x.head_args(), part, np.int32(part.shape[0]), lo, hi, buf, np.int64(stride)), x.geo.smem)
+        launch(select, (part.shape[0],),
+               (buf, np.int64(stride), np.int32(0), part, np.int32(part.shape[0]), lo, hi, np.int32(k),
+                idx[s:s + ROWS_PER_PASS], val[s:s + ROWS_PER_PASS]), exact_topk_smem_bytes(k))
+        del buf
+    return idx, val
 
 
 @register("replay", "cupy.replay.tiled_mma", gpu_only=True,

@@ -20,9 +20,9 @@ from kernels_cuda import instantiations as INST
 
 from ... import loader
 from ...registry import register
-from ._launch import as_device, check_k_fits, chunks, exact_topk_smem_bytes, i32, kernel, launch, launch_stream
+from ._launch import as_device, check_k_fits, chunks, i32, kernel, launch, launch_stream
 from .filter import _buffers, _capacity
-from .tiled import BF16, TiledInputs
+from .tiled import BF16, TiledInputs, recover_rows
 
 KT = 128                  # keys per tile (64 per warpgroup)
 TILES_PER_BLOCK = 32      # keys per block: 4096
@@ -173,35 +173,13 @@ def dense_wgmma(q, w, keys, lo, hi):
     return dense_wgmma_source(R.IndexerSource(q, w, keys), lo, hi)
 
 
-ROWS_PER_PASS = 64
-
-
 @register("recover", "cupy.recover.wgmma", sources=("indexer",), gpu_only=True,
           notes=f"failed rows materialised by the wgmma core (same bits as its filter), exact radix top-k {BF16}")
 def recover_wgmma(source, lo, hi, rows, k):
     k = check_k_fits(k)
     with launch_stream():
         x = WgInputs(source)
-        lo, hi, rows = i32(lo, "lo"), i32(hi, "hi"), i32(rows, "rows")
-        nr = rows.shape[0]
-        idx = cp.empty((nr, k), cp.int32)
-        val = cp.empty((nr, k), cp.float32)
-        if nr == 0:
-            return idx, val
-        score = x.fn("score_rows")
-        select = kernel("recover.cu", "hytopk_select_rows")
-        lengths = (hi - lo)[rows]
-        for s in range(0, nr, ROWS_PER_PASS):
-            part = cp.ascontiguousarray(rows[s:s + ROWS_PER_PASS])
-            stride = max(1, int(lengths[s:s + ROWS_PER_PASS].max()))
-            buf = cp.empty((part.shape[0], stride), cp.float32)
-            launch(score, x.scan_grid(part.shape[0]),
-                   (*x.head_args(), part, np.int32(part.shape[0]), lo, hi, buf, np.int64(stride)), x.geo.smem)
-            launch(select, (part.shape[0],),
-                   (buf, np.int64(stride), np.int32(0), part, np.int32(part.shape[0]), lo, hi, np.int32(k),
-                    idx[s:s + ROWS_PER_PASS], val[s:s + ROWS_PER_PASS]), exact_topk_smem_bytes(k))
-            del buf
-        return idx, val
+        return recover_rows(x, x.fn("score_rows"), lo, hi, rows, k)
 
 
 def score_only_wgmma(source, lo, hi):
