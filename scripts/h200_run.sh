@@ -31,7 +31,7 @@ for arg in "$@"; do      # NAME or NAME:SECONDS (time box for that phase)
     env) phase env 60 bash -c 'nvidia-smi; python3 -c "import sys,numpy,numba,cupy,torch; print(sys.version); print(\"numpy\",numpy.__version__,\"numba\",numba.__version__,\"cupy\",cupy.__version__,\"torch\",torch.__version__, torch.cuda.get_device_name())"; python3 -m workbench doctor' ;;
     compile-check) phase compile-check 300 python3 -m workbench compile-check ;;
     tests-cupy) phase tests-cupy ${CAP:-240} $PYT tests/test_cupy_gpu.py tests/test_loader.py tests/test_compile_check.py tests/test_cupy_bf16.py ;;
-    tests-variants) phase tests-variants ${CAP:-200} $PYT tests/test_variants.py ;;
+    tests-variants) phase tests-variants ${CAP:-300} $PYT tests/test_variants.py ;;
     tests-torch) phase tests-torch ${CAP:-120} $PYT tests/test_torch_*.py ;;
     tests-new) phase tests-new ${CAP:-120} $PYT ${NEW_FILES:-tests/test_variants.py tests/test_cupy_gpu.py} -k "${NEW_K:-threshold or tiled}" ;;
     probe) phase probe ${CAP:-120} python3 scripts/wgmma_probe.py ;;
