@@ -20,6 +20,7 @@
 #include "hytopk_order.cuh"
 #include "hytopk_score.cuh"
 #include "hytopk_cp_async.cuh"
+#include "hytopk_key_runs.cuh"
 
 namespace hytopk {
 namespace tiled {
@@ -248,10 +249,7 @@ struct Block {
     // The tiles this block scans when blocks along grid.y split the union
     // [glo, ghi) into runs of TILES_PER_BLOCK tiles: (first tile, count <= 0 if none).
     __device__ void union_tiles(long long& tile0, int& ntiles) const {
-        if (glo >= ghi) { tile0 = 0; ntiles = 0; return; }
-        const long long first = glo / S::NTILE, last = (ghi + S::NTILE - 1) / S::NTILE;
-        tile0 = first + (long long)blockIdx.y * S::TILES_PER_BLOCK;
-        ntiles = (int)max(0LL, min((long long)S::TILES_PER_BLOCK, last - tile0));
+        union_run(glo, ghi, S::NTILE, S::TILES_PER_BLOCK, tile0, ntiles);
     }
 };
 

@@ -25,6 +25,7 @@
 #include "hytopk_order.cuh"
 #include "hytopk_score.cuh"
 #include "hytopk_cp_async.cuh"
+#include "hytopk_key_runs.cuh"
 
 namespace hytopk {
 namespace wg {
@@ -465,10 +466,7 @@ struct Block {
     // The tiles this block scans when blocks along grid.y split the union into
     // runs of TILES_PER_BLOCK tiles: (first tile, count <= 0 if none).
     __device__ void union_tiles(long long& tile0, int& ntiles) const {
-        if (glo >= ghi) { tile0 = 0; ntiles = 0; return; }
-        const long long first = glo / S::KT, last = (ghi + S::KT - 1) / S::KT;
-        tile0 = first + (long long)blockIdx.y * S::TILES_PER_BLOCK;
-        ntiles = (int)max(0LL, min((long long)S::TILES_PER_BLOCK, last - tile0));
+        union_run(glo, ghi, S::KT, S::TILES_PER_BLOCK, tile0, ntiles);
     }
 };
 

@@ -35,7 +35,16 @@ KERNELS = {
 }
 # files that need an arch-specific target (wgmma exists on sm_90a only): NVRTC options, nvcc -gencode
 FILE_OPTIONS = {"wgmma.cu": ("-arch=sm_90a",)}
-FILE_GENCODE = {"wgmma.cu": "-gencode=arch=compute_90a,code=sm_90a"}
+
+
+def nvcc_target(file: str, arch: str) -> str:
+    """nvcc's target for `file`: its FILE_OPTIONS arch as -gencode (nvcc's -arch=sm_90a shorthand
+    also runs a plain sm_90 pass that rejects wgmma), else -arch=sm_<arch>."""
+    for opt in FILE_OPTIONS.get(file, ()):
+        if opt.startswith("-arch=sm_"):
+            sm = opt.split("sm_", 1)[1]
+            return f"-gencode=arch=compute_{sm},code=sm_{sm}"
+    return f"-arch=sm_{arch}"
 TILED_HEADS = (16, 32, 64)                   # the tiled core's H (hytopk_mma_tile.cuh); fewer heads are zero-padded
 
 

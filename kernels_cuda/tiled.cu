@@ -49,7 +49,7 @@ struct FilterEpi {
 // Dense: out[t, s] = score inside the context, -inf elsewhere (every s < L).
 struct DenseEpi {
     u32* out;
-    static constexpr u32 NEG_INF = 0xff800000u;
+    static constexpr u32 NEG_INF = NEG_INF_BITS;
     template <class B, int NT>
     __device__ void scores(const B& blk, long long s_first, const float (&p)[NT][2]) {
         const int tig = (int)lane_id() & 3;
@@ -155,25 +155,9 @@ hytopk_dense_tiled(const bf16_bits* __restrict__ q, const bf16_bits* __restrict_
     extern __shared__ __align__(16) unsigned char smem[];
     Block<Shape<H, D>> blk;
     blk.init(q, w, keys, L, nullptr, n, lo, hi);
-    const long long all_tiles = (L + S::NTILE - 1) / S::NTILE;
-    const long long b0 = (long long)blockIdx.y * S::TILES_PER_BLOCK;
-    const long long b1 = min(all_tiles, b0 + S::TILES_PER_BLOCK);
-    if (b0 >= b1) return;
-    // tiles of this block that meet the union of contexts are scanned; the rest are -inf
-    long long t0 = b1, t1 = b1;
-    if (blk.glo < blk.ghi) {
-        t0 = max(b0, blk.glo / S::NTILE);
-        t1 = min(b1, (blk.ghi + S::NTILE - 1) / S::NTILE);
-        if (t0 >= t1) t0 = t1 = b1;
-    }
-    const long long f[2][2] = {{b0 * S::NTILE, min(L, t0 * S::NTILE)}, {t1 * S::NTILE, min(L, b1 * S::NTILE)}};   // t0 = b1: the whole run
-    for (int j = 0; j < S::QPB; ++j) {
-        const long long tj = blk.query_of(blockIdx.x * S::QPB + j);
-        if (tj < 0) continue;
-        for (int part = 0; part < 2; ++part)
-            for (long long s = f[part][0] + threadIdx.x; s < f[part][1]; s += S::THREADS)
-                out[tj * L + s] = DenseEpi::NEG_INF;
-    }
+    long long t0, t1;
+    const auto query = [&blk](int j) { return blk.query_of(blockIdx.x * S::QPB + j); };
+    if (!dense_run(L, blk.glo, blk.ghi, S::NTILE, S::TILES_PER_BLOCK, S::QPB, query, out, t0, t1)) return;
     if (t0 >= t1) return;                                   // block-uniform
     DenseEpi epi = {out};
     blk.scan(smem, t0, (int)(t1 - t0), epi);

@@ -141,7 +141,7 @@ struct FilterDirectEpi {
 // Dense: out[t, s] = score inside the context, -inf elsewhere (every s < L).
 struct DenseEpi {
     u32* out;
-    static constexpr u32 NEG_INF = 0xff800000u;
+    static constexpr u32 NEG_INF = NEG_INF_BITS;
     template <int J0, class B, int NJ>
     __device__ void scores(const B& blk, long long s_warp, const float (&p)[NJ][2]) {
         const int lane = (int)lane_id(), g = lane >> 2, tig = lane & 3;
@@ -261,25 +261,9 @@ __device__ __forceinline__ void dense_body(const typename In::elem* q, const typ
     extern __shared__ __align__(128) unsigned char smem[];
     BlockOf<In, H, D> blk;
     blk.init(smem, q, w, keys, kscale, L, nullptr, n, lo, hi);
-    const long long all_tiles = (L + S::KT - 1) / S::KT;
-    const long long b0 = (long long)blockIdx.y * S::TILES_PER_BLOCK;
-    const long long b1 = min(all_tiles, b0 + S::TILES_PER_BLOCK);
-    if (b0 >= b1) return;
-    // tiles of this block that meet the union of contexts are scanned; the rest are -inf
-    long long t0 = b1, t1 = b1;
-    if (blk.glo < blk.ghi) {
-        t0 = max(b0, blk.glo / S::KT);
-        t1 = min(b1, (blk.ghi + S::KT - 1) / S::KT);
-        if (t0 >= t1) t0 = t1 = b1;
-    }
-    const long long f[2][2] = {{b0 * S::KT, min(L, t0 * S::KT)}, {t1 * S::KT, min(L, b1 * S::KT)}};   // t0 = b1: the whole run
-    for (int j = 0; j < S::QPB; ++j) {
-        const int tj = blk.s_t[j];
-        if (tj < 0) continue;
-        for (int part = 0; part < 2; ++part)
-            for (long long s = f[part][0] + threadIdx.x; s < f[part][1]; s += S::THREADS)
-                out[(long long)tj * L + s] = DenseEpi::NEG_INF;
-    }
+    long long t0, t1;
+    const auto query = [&blk](int j) { return (long long)blk.s_t[j]; };
+    if (!dense_run(L, blk.glo, blk.ghi, S::KT, S::TILES_PER_BLOCK, S::QPB, query, out, t0, t1)) return;
     if (t0 >= t1) return;                                             // block-uniform
     DenseEpi epi = {out};
     blk.scan_pingpong(t0, (int)(t1 - t0), epi);

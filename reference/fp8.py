@@ -15,11 +15,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .xp import array_module as _xp
+
 E4M3_MAX = 448.0
-
-
-def _xp(x):
-    return np if isinstance(x, np.ndarray) or type(x).__module__.split(".")[0] != "cupy" else __import__("cupy")
 
 
 def _decode_table() -> np.ndarray:

@@ -13,7 +13,7 @@ f, out = sys.argv[1], Path(sys.argv[2])
 src = Path("kernels_cuda") / f
 unit = out / f"inst_{src.stem}.cu"
 unit.write_text(instantiation_unit(src.resolve(), INST.name_expressions(f)))
-target = INST.FILE_GENCODE.get(f, "-arch=sm_90")
+target = INST.nvcc_target(f, "90")
 subprocess.run(["nvcc", "-std=c++17", "-O3", "-cubin", target, f"-I{src.parent}", str(unit),
                 "-o", str(out / f"{src.stem}.cubin")], check=True)
 PY

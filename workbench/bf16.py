@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def _xp(x):
-    return np if isinstance(x, np.ndarray) or type(x).__module__.split(".")[0] != "cupy" else __import__("cupy")
+from reference.xp import array_module as _xp
 
 
 def float32_to_bf16_bits(x, xp=None):

@@ -100,7 +100,7 @@ def run_nvcc(nvcc: str, src: Path, names, arch: str, workdir: Path):
     """(ok, log) of compiling one .cu with its instantiations."""
     unit = workdir / f"inst_{src.stem}.cu"
     unit.write_text(instantiation_unit(src, names))
-    target = INST.FILE_GENCODE.get(src.name, f"-arch=sm_{arch}")
+    target = INST.nvcc_target(src.name, arch)
     cmd = [nvcc, *NVCC_FLAGS, target, f"-I{src.parent}", str(unit),
            "-o", str(workdir / f"{src.stem}.cubin")]
     p = subprocess.run(cmd, capture_output=True, text=True)

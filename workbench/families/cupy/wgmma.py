@@ -99,9 +99,10 @@ class WgInputs:
         self.L = self.keys.shape[0]
         self.shapes = INST.SHAPES if (self.H, self.D) in default else ((self.H, self.D),)
 
-    def fn(self, stage: str, kind: str | None = None):
-        kind = self.kind if kind is None else kind
-        return kernel("wgmma.cu", f"hytopk_{stage}{'_' + kind if kind else ''}<{self.H}, {self.D}>", self.shapes)
+    def fn(self, stage: str, scan: str | None = None):
+        """hytopk_<stage>_<kind> (kind: wgmma / wgmma_fp8), or an earlier bf16 scan hytopk_<stage>_wgmma_<scan>."""
+        name = f"hytopk_{stage}_{self.kind}" + (f"_{scan}" if scan else "")
+        return kernel("wgmma.cu", f"{name}<{self.H}, {self.D}>", self.shapes)
 
     def head_args(self):
         return (self.q, self.w, self.keys, self.kscale, np.int64(self.L))
@@ -118,27 +119,20 @@ NOTE = "wgmma m64n256 (sm_90a): keys as A, the block's (query, head) rows as B, 
           notes=f"{NOTE}; ping-pong warpgroups (the MMA turn passed by named barriers), on-chip threshold "
                 f"compare, candidates staged in shared memory {BF16}; fp8 e4m3 from an Fp8IndexerSource")
 def filter_wgmma(source, lo, hi, T, capacity):
+    return _filter(source, lo, hi, T, capacity)
+
+
+def _filter(source, lo, hi, T, capacity, scan=None):
+    """The fused filter with the default scan, or an earlier one (scan: 'sync', 'halves'; bf16 only)."""
     capacity = _capacity(capacity)
     with launch_stream():
         x = WgInputs(source)
+        if scan and x.kind != "wgmma":
+            raise TypeError(f"argument 'source': cupy.filter.wgmma_{scan} takes the bf16 indexer source only")
         lo, hi = i32(lo, "lo"), i32(hi, "hi")
         T = cp.ascontiguousarray(cp.asarray(T, cp.float32))
         cand_idx, cand_val, count = _buffers(x.n, capacity)
-        launch(x.fn("filter"), x.scan_grid(x.n),
-               (*x.head_args(), np.int32(x.n), lo, hi, T, np.int32(capacity), cand_idx, cand_val, count), x.geo.smem)
-        return cand_idx, cand_val, count
-
-
-def _filter_earlier(kernel_name, name, source, lo, hi, T, capacity):
-    capacity = _capacity(capacity)
-    with launch_stream():
-        x = WgInputs(source)
-        if x.kind != "wgmma":
-            raise TypeError(f"argument 'source': {name} takes the bf16 indexer source only")
-        lo, hi = i32(lo, "lo"), i32(hi, "hi")
-        T = cp.ascontiguousarray(cp.asarray(T, cp.float32))
-        cand_idx, cand_val, count = _buffers(x.n, capacity)
-        launch(x.fn(kernel_name, kind=""), x.scan_grid(x.n),
+        launch(x.fn("filter", scan), x.scan_grid(x.n),
                (*x.head_args(), np.int32(x.n), lo, hi, T, np.int32(capacity), cand_idx, cand_val, count), x.geo.smem)
         return cand_idx, cand_val, count
 
@@ -147,14 +141,14 @@ def _filter_earlier(kernel_name, name, source, lo, hi, T, capacity):
           notes=f"v1 of the wgmma filter: block-synchronous scan (both warpgroups' MMAs, then both "
                 f"epilogues), a round of global atomics per warp and tile {BF16}")
 def filter_wgmma_sync(source, lo, hi, T, capacity):
-    return _filter_earlier("filter_wgmma_sync", "cupy.filter.wgmma_sync", source, lo, hi, T, capacity)
+    return _filter(source, lo, hi, T, capacity, scan="sync")
 
 
 @register("filter", "cupy.filter.wgmma_halves", sources=("indexer",), gpu_only=True,
           notes=f"v4 of the wgmma filter: split-N (two N=128 MMAs per warpgroup, one in flight under the "
                 f"other half's epilogue); slower than the ping-pong default {BF16}")
 def filter_wgmma_halves(source, lo, hi, T, capacity):
-    return _filter_earlier("filter_wgmma_halves", "cupy.filter.wgmma_halves", source, lo, hi, T, capacity)
+    return _filter(source, lo, hi, T, capacity, scan="halves")
 
 
 def dense_wgmma_source(source, lo, hi):
