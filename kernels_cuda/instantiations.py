@@ -20,7 +20,6 @@ TABLE = "hytopk::TableSource"
 KERNELS = {
     "threshold.cu": (("hytopk_threshold", "table+indexer"), ("hytopk_sample_positions", "plain")),
     "filter.cu": (("hytopk_filter", "table+indexer"),),
-    "filter_mma.cu": (("hytopk_filter_mma", "mma"),),
     "check.cu": (("hytopk_check", "plain"),),
     "select.cu": (("hytopk_select", "plain"), ("hytopk_select_bitonic", "plain")),
     "recover.cu": (("hytopk_score_rows", "indexer"), ("hytopk_select_rows", "plain")),
@@ -31,10 +30,13 @@ KERNELS = {
                  ("hytopk_score_rows_tiled", "tiled"), ("hytopk_score_only_tiled", "tiled"),
                  ("hytopk_replay_tiled", "tiled")),
     "wgmma.cu": tuple((f"hytopk_{k}_{kind}", kind) for kind in ("wgmma", "wgmma_fp8")
-                      for k in ("filter", "dense", "score_rows", "score_only")) + (("hytopk_filter_wgmma_sync", "wgmma"), ("hytopk_filter_wgmma_halves", "wgmma")),
+                      for k in ("filter", "dense", "score_rows", "score_only")),
+    "wgmma_ws.cu": tuple((f"hytopk_{k}_{kind}", over) for kind, over in (("ws", "wgmma"), ("ws_fp8", "wgmma_fp8"))
+                         for k in ("filter", "dense", "score_rows", "score_only", "replay"))
+                   + (("hytopk_filter_ws2", "wgmma"), ("hytopk_score_only_ws2", "wgmma"), ("hytopk_ws_pretile", "plain")),
 }
 # files that need an arch-specific target (wgmma exists on sm_90a only): NVRTC options, nvcc -gencode
-FILE_OPTIONS = {"wgmma.cu": ("-arch=sm_90a",)}
+FILE_OPTIONS = {"wgmma.cu": ("-arch=sm_90a",), "wgmma_ws.cu": ("-arch=sm_90a",)}
 
 
 def nvcc_target(file: str, arch: str) -> str:
@@ -74,6 +76,16 @@ def fp8_shape(H: int, D: int) -> tuple[int, int]:
     """The wgmma fp8 core's (H, D): H as tiled_shape, D up to a multiple of 32 (one k32 MMA step)."""
     H, D = tiled_shape(H, D)
     return H, -(-D // 32) * 32
+
+
+def geometry_asserts(file: str, shapes=SHAPES) -> list[str]:
+    """C++ static_asserts that check the Python geometry mirrors against `file`'s headers
+    (compiled by the compile check next to the instantiations)."""
+    if file != "wgmma_ws.cu":
+        return []
+    from workbench.geometry import ws_static_asserts
+    return ws_static_asserts(list(dict.fromkeys(tiled_shape(*s) for s in shapes)),
+                             list(dict.fromkeys(fp8_shape(*s) for s in shapes)))
 
 
 def name(kernel: str, source: str | None = None, shape: tuple | None = None) -> str:

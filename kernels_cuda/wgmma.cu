@@ -86,58 +86,6 @@ struct FilterEpi {
     }
 };
 
-// Filter of the block-synchronous scan (v1): one round of atomics per warp and tile
-// (lane j adds slot j's total), the candidates written straight to global memory.
-struct FilterDirectEpi {
-    int capacity;
-    int* cand_idx;
-    u32* cand_val;
-    int* count;
-    template <int J0, class B, int NJ>
-    __device__ void scores(const B& blk, long long s_warp, const float (&p)[NJ][2]) {
-        const int lane = (int)lane_id(), g = lane >> 2, tig = lane & 3;
-        u32 m[NJ][2];
-        int mybase = 0;
-        bool any = false;
-#pragma unroll
-        for (int jj = 0; jj < NJ; ++jj) {
-            const int j = J0 + jj;
-            const int t = blk.s_t[j];
-            const int a = blk.s_a[j], b = blk.s_b[j];         // positions < L < 2^31: int compares
-            const u32 tkey = blk.s_aux[j];
-            const bool mine = t >= 0 && tig == (j & 3);
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int s = (int)s_warp + g + 8 * e;
-                m[jj][e] = __ballot_sync(0xffffffffu, mine && s >= a && s < b && order_key(p[jj][e]) >= tkey);
-            }
-            const int total = __popc(m[jj][0]) + __popc(m[jj][1]);
-            any |= total != 0;
-            if (lane == j && total) mybase = atomicAdd(count + t, total);
-        }
-        if (!any) return;                                              // warp-uniform
-#pragma unroll
-        for (int jj = 0; jj < NJ; ++jj) {
-            const int j = J0 + jj;
-            const int base = __shfl_sync(0xffffffffu, mybase, j);
-            if ((m[jj][0] | m[jj][1]) == 0u) continue;                   // warp-uniform
-            const long long row = (long long)blk.s_t[j] * capacity;
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int slot = base + (e ? __popc(m[jj][0]) : 0) + __popc(m[jj][e] & lanes_below_mask());
-                if ((m[jj][e] >> lane) & 1u && slot < capacity) {
-                    cand_idx[row + slot] = (int)(s_warp + g + 8 * e);
-                    cand_val[row + slot] = __float_as_uint(p[jj][e]);
-                }
-            }
-        }
-    }
-    template <class B>
-    __device__ void skipped(const B&, long long) {}
-    template <class B>
-    __device__ void finish(const B&) {}
-};
-
 // Dense: out[t, s] = score inside the context, -inf elsewhere (every s < L).
 struct DenseEpi {
     u32* out;
@@ -224,9 +172,7 @@ struct ChecksumEpi {
 template <class In, int H, int D>
 using BlockOf = Block<Shape<H, D, In>>;
 
-enum Scan { SYNC, PINGPONG, HALVES };
-
-template <class In, int H, int D, Scan SCAN>
+template <class In, int H, int D>
 __device__ __forceinline__ void filter_body(const typename In::elem* q, const typename In::weight* w,
                                             const typename In::elem* keys, const float* kscale, long long L, int n,
                                             const int* lo, const int* hi, const u32* T, int capacity,
@@ -241,16 +187,10 @@ __device__ __forceinline__ void filter_body(const typename In::elem* q, const ty
     if (threadIdx.x < Shape<H, D, In>::QPB && blk.s_t[threadIdx.x] >= 0)
         blk.s_aux[threadIdx.x] = order_key_bits(T[blk.s_t[threadIdx.x]]);
     __syncthreads();
-    if (SCAN != SYNC) {
-        FilterEpi<Shape<H, D, In>> epi = {capacity, cand_idx, cand_val, count};
+    FilterEpi<Shape<H, D, In>> epi = {capacity, cand_idx, cand_val, count};
 #pragma unroll
-        for (int j = 0; j < Shape<H, D, In>::QPB; ++j) epi.cnt[j] = 0;
-        if (SCAN == HALVES) blk.scan_halves(tile0, ntiles, epi);
-        else blk.scan_pingpong(tile0, ntiles, epi);
-    } else {
-        FilterDirectEpi epi = {capacity, cand_idx, cand_val, count};
-        blk.scan(tile0, ntiles, epi);
-    }
+    for (int j = 0; j < Shape<H, D, In>::QPB; ++j) epi.cnt[j] = 0;
+    blk.scan_pingpong(tile0, ntiles, epi);
 }
 
 template <class In, int H, int D>
@@ -314,7 +254,7 @@ __device__ __forceinline__ void score_only_body(const typename In::elem* q, cons
         const float* __restrict__ kscale, long long L, int n, const int* __restrict__ lo,                          \
         const int* __restrict__ hi, const u32* __restrict__ T, int capacity, int* __restrict__ cand_idx,          \
         u32* __restrict__ cand_val, int* __restrict__ count) {                                                     \
-        filter_body<IN, H, D, PINGPONG>(q, w, keys, kscale, L, n, lo, hi, T, capacity, cand_idx, cand_val, count);    \
+        filter_body<IN, H, D>(q, w, keys, kscale, L, n, lo, hi, T, capacity, cand_idx, cand_val, count);    \
     }                                                                                                              \
     template <int H, int D>                                                                                        \
     __global__ void __launch_bounds__(256, 1) hytopk_dense_##SUFFIX(                                               \
@@ -340,24 +280,4 @@ __device__ __forceinline__ void score_only_body(const typename In::elem* q, cons
 
 HYTOPK_WG_KERNELS(wgmma, Bf16In)
 
-// Other bf16 filters, kept so `compare` shows the progression: v1 the block-synchronous
-// scan (both warpgroups' MMAs, then both epilogues; global atomics per warp and tile),
-// v4 the split-N scan (two N = 128 MMAs per warpgroup; measured slower than the
-// ping-pong scan, the default: twice the MMA issue instructions, ncu in perf_notes).
-template <int H, int D>
-__global__ void __launch_bounds__(256, 1) hytopk_filter_wgmma_halves(
-    const bf16_bits* __restrict__ q, const bf16_bits* __restrict__ w, const bf16_bits* __restrict__ keys,
-    const float* __restrict__ kscale, long long L, int n, const int* __restrict__ lo, const int* __restrict__ hi,
-    const u32* __restrict__ T, int capacity, int* __restrict__ cand_idx, u32* __restrict__ cand_val,
-    int* __restrict__ count) {
-    filter_body<Bf16In, H, D, HALVES>(q, w, keys, kscale, L, n, lo, hi, T, capacity, cand_idx, cand_val, count);
-}
-template <int H, int D>
-__global__ void __launch_bounds__(256, 1) hytopk_filter_wgmma_sync(
-    const bf16_bits* __restrict__ q, const bf16_bits* __restrict__ w, const bf16_bits* __restrict__ keys,
-    const float* __restrict__ kscale, long long L, int n, const int* __restrict__ lo, const int* __restrict__ hi,
-    const u32* __restrict__ T, int capacity, int* __restrict__ cand_idx, u32* __restrict__ cand_val,
-    int* __restrict__ count) {
-    filter_body<Bf16In, H, D, SYNC>(q, w, keys, kscale, L, n, lo, hi, T, capacity, cand_idx, cand_val, count);
-}
 HYTOPK_WG_KERNELS(wgmma_fp8, E4m3In)

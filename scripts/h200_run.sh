@@ -2,7 +2,7 @@
 # One H200 session (device tool): environment, then the named phases, each time-boxed,
 # logs under $OUT (tarred at the end so they fit the device tool's file limits).
 #   bash scripts/h200_run.sh env tests:330 compare:150 bench-train ...
-# Phases: env probe sass ncu tests-wgmma compile-check tests tests-gpu tests-cupy tests-variants tests-torch tests-app tests-new tests-tiled
+# Phases: env probe sass ncu tests-wgmma tests-ws bench-core compile-check tests tests-gpu tests-cupy tests-variants tests-torch tests-app tests-new tests-tiled
 #         sanitize (JOBS=...) compare (PRESET, BUDGET, COMPARE_ARGS) bench-train cp-selftest cp-bench (WS, CP_ARGS)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,7 +37,9 @@ for arg in "$@"; do      # NAME or NAME:SECONDS (time box for that phase)
     probe) phase probe ${CAP:-120} python3 scripts/wgmma_probe.py ;;
     sass) phase sass ${CAP:-240} bash scripts/sass.sh wgmma.cu "$OUT/sass" ;;
     tests-wgmma) phase tests-wgmma ${CAP:-240} $PYT --durations=10 tests/test_wgmma.py tests/test_variants.py -k "wgmma" ;;
-    ncu) phase ncu ${CAP:-240} ncu --clock-control none -k regex:wgmma --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy python3 scripts/profile_wgmma.py ;;
+    tests-ws) phase tests-ws ${CAP:-300} $PYT --durations=10 tests/test_wgmma_ws.py ;;
+    bench-core) phase bench-core ${CAP:-300} python3 scripts/bench_core.py ${BENCH_CORE_ARGS:---preset dsv32-128k --preset glm5-128k} --json "$OUT/bench_core.json" ;;
+    ncu) phase ncu ${CAP:-240} ncu --clock-control none -k regex:"wgmma|_ws" --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy python3 scripts/profile_wgmma.py ;;
     tests-tiled) phase tests-tiled ${CAP:-120} $PYT tests/test_cupy_gpu.py tests/test_variants.py tests/test_tiled_layout.py -k "tiled" ;;
     tests-gpu) phase tests-gpu ${CAP:-300} $PYT --durations=15 tests/test_cupy_gpu.py tests/test_variants.py tests/test_torch_gpu.py tests/test_cli_gpu.py tests/test_example.py tests/test_distributed.py tests/test_loader.py tests/test_cupy_bf16.py --junitxml="$OUT/logs/junit-gpu.xml" ;;
     tests-app) phase tests-app ${CAP:-240} $PYT --durations=10 tests/test_cli_gpu.py tests/test_example.py tests/test_distributed.py ;;

@@ -26,6 +26,10 @@ TILED64=("$G::test_indexer_exact_matches_reference[float32-cupy.filter.tiled_mma
 # the wgmma core (ping-pong named barriers, async-proxy fences): bf16 at H=8 (16 slots), fp8 at H=64
 W=tests/test_wgmma.py::test_wgmma_epilogues_agree_bitwise_on_random_inputs
 WGMMA=("$W[8-bf16]" "$W[64-fp8]")
+# the warp-specialised core (mbarriers, bulk copies, setmaxnreg): its stages at H=8 bf16 and H=64 fp8, the flush path
+WS=tests/test_wgmma_ws.py
+WSJOB=("$WS::test_ws_stages_agree_bitwise_on_random_inputs[8-bf16]" "$WS::test_ws_stages_agree_bitwise_on_random_inputs[64-fp8]"
+       "$WS::test_ws_filter_flushes_full_staging_buffers")
 
 status=0
 job() {   # job TOOL NAME PYTEST-ARGS...
@@ -46,7 +50,8 @@ for j in ${JOBS:-memcheck:big memcheck:variants racecheck:variants racecheck:til
     *:variants) job "${j%%:*}" variants "${VARIANTS[@]}" ;;
     *:tiled64) job "${j%%:*}" tiled64 "${TILED64[@]}" ;;
     *:wgmma) job "${j%%:*}" wgmma "${WGMMA[@]}" ;;
-    *) echo "unknown job $j (TOOL:big|variants|tiled64|wgmma)"; status=1 ;;
+    *:ws) job "${j%%:*}" ws "${WSJOB[@]}" ;;
+    *) echo "unknown job $j (TOOL:big|variants|tiled64|wgmma|ws)"; status=1 ;;
   esac
 done
 echo "logs: $OUT/"

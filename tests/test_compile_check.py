@@ -67,7 +67,8 @@ def test_shipped_shapes_are_instantiated():
         for ct in ("float", "hytopk::bf16_bits"):
             assert f"hytopk_filter<hytopk::IndexerSource<{H}, 128, {ct}>>" in names
     assert "hytopk_filter<hytopk::TableSource>" in names
-    assert "hytopk_filter_mma<64, 128>" in INST.name_expressions("filter_mma.cu")
+    assert "hytopk_filter_ws<64, 128>" in INST.name_expressions("wgmma_ws.cu")
+    assert "hytopk_filter_ws_fp8<64, 128>" in INST.name_expressions("wgmma_ws.cu")
 
 
 @needs_compiler
@@ -102,3 +103,23 @@ def test_compile_error_reports_file_and_line(tmp_path, capsys):
 def test_unknown_file_is_rejected(capsys):
     assert CC.main(["nope.cu"]) == 2
     assert "argument 'files'" in capsys.readouterr().out
+
+
+@needs_nvcc
+def test_geometry_mirror_is_checked_against_the_header(tmp_path):
+    """The Python geometry of the wgmma_ws core is asserted against its header: the real
+    figures compile, a drifted one fails naming the mirror."""
+    import subprocess
+    src = CC.loader.kernel_dir() / "wgmma_ws.cu"
+    asserts = INST.geometry_asserts("wgmma_ws.cu")
+    assert len(asserts) >= 12
+
+    def compile_with(lines):
+        unit = tmp_path / "unit.cu"
+        unit.write_text(f'#include "{src}"\n' + "\n".join(lines) + "\n")
+        return subprocess.run([CC.find_nvcc(), "-std=c++17", "-arch=sm_90", "-c", str(unit), "-o", str(tmp_path / "u.o")],
+                              capture_output=True, text=True)
+    assert compile_with(asserts).returncode == 0
+    wrong = asserts[0].replace("SMEM_BYTES == ", "SMEM_BYTES == 16 + ", 1)
+    p = compile_with([wrong])
+    assert p.returncode != 0 and "WsGeometry" in p.stdout + p.stderr

@@ -110,14 +110,20 @@ def test_big_table_against_gpu_oracle(cupy_family, family):
 
 
 # ------------------------------------------------------------------ indexer source, exact arithmetic
+def _needs_hopper(variant):
+    if "wgmma" in variant and cp.cuda.Device().compute_capability != "90":
+        pytest.skip(f"{variant} needs sm_90a (Hopper)")
+
+
 TILED = {"filter": "cupy.filter.tiled_mma", "recover": "cupy.recover.tiled_mma",
          "dense": "cupy.dense.tiled_mma", "replay": "cupy.replay.tiled_mma"}
 
 
-@pytest.mark.parametrize("filt", ["cupy.filter.simt", "cupy.filter.mma_bf16", "cupy.filter.tiled_mma"])
+@pytest.mark.parametrize("filt", ["cupy.filter.simt", "cupy.filter.tiled_mma", "cupy.filter.wgmma_ws"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_indexer_exact_matches_reference(cupy_family, filt, dtype):
     wb, _ = cupy_family
+    _needs_hopper(filt)
     rng = np.random.default_rng(3)
     n, L, H, D, k = 6, 9000, 64, 128, 256
     q, w, keys = G.indexer_inputs(n, L, H, D, rng, exact=True)
@@ -142,10 +148,11 @@ def test_indexer_exact_matches_reference(cupy_family, filt, dtype):
     np.testing.assert_array_equal(bits(rep.get()), bits(R.replay_scores(q, w, keys, idx)))
 
 
-@pytest.mark.parametrize("filt", ["cupy.filter.simt", "cupy.filter.mma_bf16", "cupy.filter.tiled_mma"])
+@pytest.mark.parametrize("filt", ["cupy.filter.simt", "cupy.filter.tiled_mma", "cupy.filter.wgmma_ws"])
 def test_big_indexer_exact_against_gpu_oracle(cupy_family, filt):
     """n = 4096, L = 131072, H = 64, D = 128, k = 2048, causal tail, exact bf16 inputs."""
     wb, fam = cupy_family
+    _needs_hopper(filt)
     import torch
     rng = np.random.default_rng(11)
     n, L, H, D, k = 4096, 131072, 64, 128, 2048
@@ -172,14 +179,15 @@ def test_random_bf16_validity(cupy_family):
     q32, w32, k32 = (bf16_bits_to_float32(x) for x in (qb, wb16, kb))    # the values the GPU sees
     lo, hi = G.layout("full", n, L, k, rng)
     table = R.indexer_scores(q32, w32, k32, lo, hi)
-    for filt in ("cupy.filter.simt", "cupy.filter.mma_bf16"):
+    for filt in ("cupy.filter.simt", "cupy.filter.tiled_mma"):
         from workbench.families.cupy import filter as F, select as S, threshold as T_, check as C, recover as Rc
+        from workbench.families.cupy import tiled as TL
         src = R.IndexerSource(cp.asarray(qb), cp.asarray(wb16), cp.asarray(kb))
         M, r = R.sample_plan(lo, hi, k, 3.0)
         lo_d, hi_d = cp.asarray(lo.astype(np.int32)), cp.asarray(hi.astype(np.int32))
         T = T_.threshold(src, lo_d, hi_d, cp.asarray(M), cp.asarray(r))
         cap = R.default_capacity(k, lo, hi)
-        fn = F.filter_simt if filt.endswith("simt") else F.filter_mma_bf16
+        fn = F.filter_simt if filt.endswith("simt") else TL.filter_tiled
         ci, cv, cnt = fn(src, lo_d, hi_d, T, cap)
         idx, val = S.select(ci, cv, cnt, k)
         failed, rows = C.check(cnt, lo_d, hi_d, k, cap)

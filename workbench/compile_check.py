@@ -83,11 +83,13 @@ def allowed_spill(name: str) -> str | None:
     return None
 
 
-def instantiation_unit(source: Path, names) -> str:
+def instantiation_unit(source: Path, names, asserts=()) -> str:
     """A translation unit that includes `source` and takes every kernel's address
-    (which instantiates the templates exactly as NVRTC name expressions do)."""
+    (which instantiates the templates exactly as NVRTC name expressions do), plus the
+    geometry assertions of `source` (the Python mirrors of its headers' constants)."""
     refs = ",\n".join(f"    (void*)&{n}" for n in names)
-    return (f'#include "{source}"\n'
+    checks = "".join(f"{a}\n" for a in asserts)
+    return (f'#include "{source}"\n{checks}'
             f"__attribute__((used)) static void* const hytopk_instantiations[] = {{\n{refs}\n}};\n")
 
 
@@ -99,7 +101,7 @@ def find_nvcc() -> str | None:
 def run_nvcc(nvcc: str, src: Path, names, arch: str, workdir: Path):
     """(ok, log) of compiling one .cu with its instantiations."""
     unit = workdir / f"inst_{src.stem}.cu"
-    unit.write_text(instantiation_unit(src, names))
+    unit.write_text(instantiation_unit(src, names, INST.geometry_asserts(src.name)))
     target = INST.nvcc_target(src.name, arch)
     cmd = [nvcc, *NVCC_FLAGS, target, f"-I{src.parent}", str(unit),
            "-o", str(workdir / f"{src.stem}.cubin")]

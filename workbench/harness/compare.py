@@ -350,34 +350,36 @@ class Runner:
         return self.measure(row, fn, [()], check)
 
     def fp8_rows(self) -> list:
-        """The wgmma core on fp8 e4m3 inputs: the fused filter (a stage row, source
+        """The wgmma cores on fp8 e4m3 inputs: each core's fused filter (a stage row, source
         'indexer_fp8', checked like the bf16 filter) and its score-only floor. The preset's
         inputs are small integers, exact in e4m3: with key scales of 1 the scores equal the
         oracle's bit for bit, so the same checks apply."""
         import cupy as cp
         from reference.fp8 import exact_fp8_source
-        from ..families.cupy import wgmma
+        from ..families.cupy import wgmma, wgmma_ws
         wl, E = self.wl, self.wl.E
         fam = get_family("cupy")
         X = to_family(fam, {k: wl.dev[k].float() for k in ("q", "w", "keys")}, wl.device)
         src = exact_fp8_source(X["q"], X["w"], X["keys"], cp)
         lo, hi = (to_family(fam, {"x": wl.dev[k]}, wl.device)["x"] for k in ("lo", "hi"))
         T = to_family(fam, {"T": E.T.float().to(wl.device)}, wl.device)["T"]
-        out = []
-        row = Row("stage", "filter", "cupy.filter.wgmma", "indexer_fp8")
-        row.flops, row.bytes = wl.work("filter", "indexer")
-        row.bytes -= wl.p.L * wl.p.D * (2 if wl.p.dtype == "bfloat16" else 4) - wl.p.L * (wl.p.D + 4)
         ctx = dict(E=E, oracle=wl.oracle, lo=wl.lo_t, hi=wl.hi_t, rows=wl.rec_rows.to(wl.device))
         check = lambda res: C.STAGE_CHECKS["filter"](_as_torch_out(res, fam, wl.device), **ctx)
-        out.append(self.measure(row, wgmma.filter_wgmma, [(src, lo, hi, T, E.capacity)], check))
-        row = Row("baseline", "score-only-wgmma-fp8", "cupy score_only[wgmma_fp8] (checksum)")
-        row.flops, row.bytes = wl.work("score-only", None)
         want = wl.oracle.key_checksum()
 
         def check_sum(res):
             got = int(np.asarray(fam.to_host(res)).reshape(-1)[0])
             return (True, "checksum matches") if got == want else (False, f"checksum {got} != expected {want}")
-        out.append(self.measure(row, wgmma.score_only_wgmma, [(src, lo, hi)], check_sum))
+        out = []
+        for core, filt, floor in (("wgmma_ws", wgmma_ws.filter_ws, wgmma_ws.score_only_ws),
+                                  ("wgmma", wgmma.filter_wgmma, wgmma.score_only_wgmma)):
+            row = Row("stage", "filter", f"cupy.filter.{core}", "indexer_fp8")
+            row.flops, row.bytes = wl.work("filter", "indexer")
+            row.bytes -= wl.p.L * wl.p.D * (2 if wl.p.dtype == "bfloat16" else 4) - wl.p.L * (wl.p.D + 4)
+            out.append(self.measure(row, filt, [(src, lo, hi, T, E.capacity)], check))
+            row = Row("baseline", f"score-only-{core}-fp8", f"cupy score_only[{core}_fp8] (checksum)")
+            row.flops, row.bytes = wl.work("score-only", None)
+            out.append(self.measure(row, floor, [(src, lo, hi)], check_sum))
         return out
 
     def score_only_baseline(self, variant: str = "simt") -> Row | None:
@@ -548,7 +550,7 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
             else:
                 notes.append("baseline dense+topk: no correct dense variant here")
         elif s == "score-only":
-            for variant in ("simt", "tiled", "wgmma"):
+            for variant in ("simt", "tiled", "wgmma", "wgmma_ws", "wgmma_ws2"):
                 if excluded(f"score_only[{variant}]"):
                     skipped.append({"name": f"cupy score_only[{variant}]", "stage": "score-only",
                                     "reason": "excluded (--exclude)"})

@@ -23,7 +23,6 @@ WARPS = BLOCK // 32
 RADIX = 256
 CHUNK = BLOCK * 16                 # keys per block in the SIMT scoring kernels
 MAX_SAMPLES = 8192                 # threshold.cu
-MMA_CHUNK = WARPS * 16 * 16        # filter_mma.cu: warps x 16-key tiles x tiles per warp
 STATIC_SMEM_LIMIT = 48 * 1024
 MAX_GRID_Y = 65535
 
@@ -190,16 +189,19 @@ def kernel(file: str, name: str, shapes=INST.SHAPES):
     return loader.module(file, names, options=INST.FILE_OPTIONS.get(file, ())).function(name)
 
 
-def launch(fn, grid, args, smem_bytes=0):
+MAX_GRID_X = 2**31 - 1
+
+
+def launch(fn, grid, args, smem_bytes=0, threads=BLOCK):
     grid = tuple(int(g) for g in grid)
     if any(g <= 0 for g in grid):
         return
-    if grid[1:] and max(grid[1:]) > MAX_GRID_Y:
+    if grid[0] > MAX_GRID_X or (grid[1:] and max(grid[1:]) > MAX_GRID_Y):
         raise ValueError(f"grid {grid} too large: context too long for one launch")
     smem_bytes = int(smem_bytes)
     if smem_bytes > STATIC_SMEM_LIMIT and fn.max_dynamic_shared_size_bytes < smem_bytes:
         fn.max_dynamic_shared_size_bytes = smem_bytes
-    fn(grid, (BLOCK,), args, shared_mem=smem_bytes)
+    fn(grid, (int(threads),), args, shared_mem=smem_bytes)
 
 
 def chunks(length: int, chunk: int) -> int:

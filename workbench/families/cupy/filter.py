@@ -1,16 +1,14 @@
-"""Stage 5 on the GPU: fused score-and-filter into the capacity-bounded buffer.
-Two variants: the SIMT scoring routine shared with dense/recover/replay, and
-the bf16 tensor-core (mma.sync) path for the indexer source."""
+"""Stage 5 on the GPU: fused score-and-filter into the capacity-bounded buffer,
+with the SIMT scoring routine shared with dense/recover/replay (the tensor-core
+filters live with their cores: tiled.py, wgmma.py, wgmma_ws.py)."""
 from __future__ import annotations
 
 import cupy as cp
 import numpy as np
 
-from reference import validate as V
 
 from ...registry import register
-from ._launch import CHUNK, MMA_CHUNK, bind, bind_indexer, chunks, i32, kernel, launch, launch_stream
-import reference as R
+from ._launch import CHUNK, bind, chunks, i32, kernel, launch, launch_stream
 
 
 def _buffers(n, capacity):
@@ -37,25 +35,4 @@ def filter_simt(source, lo, hi, T, capacity):
         launch(fn, (src.n, chunks(src.L, CHUNK)),
                (*src.args, np.int32(src.n), lo, hi, T, np.int32(capacity), np.int32(CHUNK),
                 cand_idx, cand_val, count), 4 * src.smem_floats)
-        return cand_idx, cand_val, count
-
-
-@register("filter", "cupy.filter.mma_bf16", sources=("indexer",), gpu_only=True)
-def filter_mma_bf16(source, lo, hi, T, capacity):
-    """bf16 tensor cores (mma.sync m16n8k16, f32 accumulate); float32 inputs are rounded to bf16 first."""
-    if not isinstance(source, R.IndexerSource):
-        raise TypeError("argument 'source': cupy.filter.mma_bf16 takes the indexer source only")
-    capacity = _capacity(capacity)
-    with launch_stream():
-        src = bind_indexer(source.q, source.w, source.keys, dtype="bfloat16", mma=True)
-        if src.keys.data.ptr % 4:
-            raise ValueError("argument 'keys' must be 4-byte aligned for the tensor-core path")
-        lo, hi = i32(lo, "lo"), i32(hi, "hi")
-        T = cp.ascontiguousarray(cp.asarray(T, cp.float32))
-        cand_idx, cand_val, count = _buffers(src.n, capacity)
-        fn = kernel("filter_mma.cu", f"hytopk_filter_mma<{src.H}, {src.D}>", src.shapes)
-        smem = src.H * (src.D + 8) * 2 + src.H * 4
-        launch(fn, (src.n, chunks(src.L, MMA_CHUNK)),
-               (src.q, src.w, src.keys, np.int64(src.L), np.int32(src.n), lo, hi, T, np.int32(capacity),
-                cand_idx, cand_val, count), smem)
         return cand_idx, cand_val, count

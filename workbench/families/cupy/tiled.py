@@ -78,6 +78,11 @@ class TiledInputs:
         """(query groups, key runs) of the filter / rows / score-only kernels."""
         return (self.geo.groups(nq), chunks(self.L + self.geo.ntile, self.geo.block_keys))
 
+    def score_rows(self, part, lo, hi, buf, stride):
+        """Recovery rows of the queries `part` into buf[len(part), stride] (recover_rows)."""
+        launch(self.fn("hytopk_score_rows_tiled"), self.scan_grid(part.shape[0]),
+               (*self.head_args(), part, np.int32(part.shape[0]), lo, hi, buf, np.int64(stride)), self.geo.smem)
+
 
 def _indexer(source, name):
     if not isinstance(source, R.IndexerSource):
@@ -121,13 +126,13 @@ def recover_tiled(source, lo, hi, rows, k):
     k = check_k_fits(k)
     with launch_stream():
         x = _indexer(source, "cupy.recover.tiled_mma")
-        return recover_rows(x, x.fn("hytopk_score_rows_tiled"), lo, hi, rows, k)
+        return recover_rows(x, lo, hi, rows, k)
 
 
-def recover_rows(x, score, lo, hi, rows, k):
-    """Exact top-k of the failed rows: `score` (a tensor-core core's rows kernel over inputs x:
-    head_args(), scan_grid(), geo.smem) materialises ROWS_PER_PASS rows at a time, the radix
-    top-k of recover.cu selects. Shared by the tiled and wgmma recoveries."""
+def recover_rows(x, lo, hi, rows, k):
+    """Exact top-k of the failed rows: x.score_rows(part, lo, hi, buf, stride) (a tensor-core
+    core's rows kernel) materialises ROWS_PER_PASS rows at a time, the radix top-k of
+    recover.cu selects. Shared by the tiled and wgmma recoveries."""
     lo, hi, rows = i32(lo, "lo"), i32(hi, "hi"), i32(rows, "rows")
     nr = rows.shape[0]
     idx = cp.empty((nr, k), cp.int32)
@@ -140,8 +145,7 @@ def recover_rows(x, score, lo, hi, rows, k):
         part = cp.ascontiguousarray(rows[s:s + ROWS_PER_PASS])
         stride = max(1, int(lengths[s:s + ROWS_PER_PASS].max()))
         buf = cp.empty((part.shape[0], stride), cp.float32)
-        launch(score, x.scan_grid(part.shape[0]),
-               (*x.head_args(), part, np.int32(part.shape[0]), lo, hi, buf, np.int64(stride)), x.geo.smem)
+        x.score_rows(part, lo, hi, buf, stride)
         launch(select, (part.shape[0],),
                (buf, np.int64(stride), np.int32(0), part, np.int32(part.shape[0]), lo, hi, np.int32(k),
                 idx[s:s + ROWS_PER_PASS], val[s:s + ROWS_PER_PASS]), exact_topk_smem_bytes(k))
@@ -191,9 +195,10 @@ def _key_to_float(key):
     return cp.where((key & sign) != 0, key ^ sign, ~key).astype(cp.uint32).view(cp.float32)
 
 
-def _sample_scores(source, lo, hi, M):
-    """([n, m_max] float32 scores of every query's samples through the tiled core's gathered
-    tiles (the tiled filter's own bits), -inf past M[t]; M clamped to m_max).
+def _sample_scores(source, lo, hi, M, replay=None):
+    """([n, m_max] float32 scores of every query's samples through a core's gathered tiles
+    (replay(source, pos); default the tiled core's: the tiled filter's own bits), -inf past
+    M[t]; M clamped to m_max).
 
     m_max = num_samples(L) from the host: M(c) grows with c and c <= L, so no query of the
     contract has more samples, and no device-to-host sync is needed. A larger M (not from
@@ -209,7 +214,9 @@ def _sample_scores(source, lo, hi, M):
     pos = cp.empty((n, m_max), cp.int32)
     launch(kernel("threshold.cu", "hytopk_sample_positions"), (n, chunks(m_max, 256)),
            (np.int32(n), np.int32(m_max), lo, hi, M, pos))
-    return replay_tiled(source.q, source.w, source.keys, pos), M
+    if replay is None:
+        return replay_tiled(source.q, source.w, source.keys, pos), M
+    return replay(source, pos), M
 
 
 @register("threshold", "cupy.threshold.tiled_mma", sources=("indexer",), gpu_only=True,

@@ -26,7 +26,6 @@ from .tiled import BF16, TiledInputs, recover_rows
 
 KT = 128                  # keys per tile (64 per warpgroup)
 TILES_PER_BLOCK = 32      # keys per block: 4096
-STAGES = 3                # block-synchronous scan (the *_sync filter): 128-key tiles
 WG_STAGES = 4             # ping-pong scan: 64-key tiles per warpgroup
 SMEM_LIMIT = 227 * 1024   # a block's shared memory on sm_90
 
@@ -38,7 +37,7 @@ class WgGeometry:
         self.H, self.D = H, D
         self.qpb = 256 // H
         row = D * elem_bytes
-        stages = max(STAGES * KT * row, 2 * WG_STAGES * 64 * row)     # block-synchronous / ping-pong
+        stages = 2 * WG_STAGES * 64 * row                                # ping-pong: 4 stages per warpgroup
         base = 256 * row + stages + 256 * 4 + self.qpb * 16
         self.stage_entries = min(128, (SMEM_LIMIT - base) // (8 * self.qpb * 8) // 16 * 16)   # filter staging
         self.smem = base + 8 * self.qpb * self.stage_entries * 8
@@ -99,16 +98,20 @@ class WgInputs:
         self.L = self.keys.shape[0]
         self.shapes = INST.SHAPES if (self.H, self.D) in default else ((self.H, self.D),)
 
-    def fn(self, stage: str, scan: str | None = None):
-        """hytopk_<stage>_<kind> (kind: wgmma / wgmma_fp8), or an earlier bf16 scan hytopk_<stage>_wgmma_<scan>."""
-        name = f"hytopk_{stage}_{self.kind}" + (f"_{scan}" if scan else "")
-        return kernel("wgmma.cu", f"{name}<{self.H}, {self.D}>", self.shapes)
+    def fn(self, stage: str):
+        """hytopk_<stage>_<kind> (kind: wgmma / wgmma_fp8)."""
+        return kernel("wgmma.cu", f"hytopk_{stage}_{self.kind}<{self.H}, {self.D}>", self.shapes)
 
     def head_args(self):
         return (self.q, self.w, self.keys, self.kscale, np.int64(self.L))
 
     def scan_grid(self, nq: int):
         return (self.geo.groups(nq), chunks(self.L + KT, self.geo.block_keys))
+
+    def score_rows(self, part, lo, hi, buf, stride):
+        """Recovery rows of the queries `part` into buf[len(part), stride] (tiled.recover_rows)."""
+        launch(self.fn("score_rows"), self.scan_grid(part.shape[0]),
+               (*self.head_args(), part, np.int32(part.shape[0]), lo, hi, buf, np.int64(stride)), self.geo.smem)
 
 
 fp8_shape = INST.fp8_shape
@@ -122,33 +125,16 @@ def filter_wgmma(source, lo, hi, T, capacity):
     return _filter(source, lo, hi, T, capacity)
 
 
-def _filter(source, lo, hi, T, capacity, scan=None):
-    """The fused filter with the default scan, or an earlier one (scan: 'sync', 'halves'; bf16 only)."""
+def _filter(source, lo, hi, T, capacity):
     capacity = _capacity(capacity)
     with launch_stream():
         x = WgInputs(source)
-        if scan and x.kind != "wgmma":
-            raise TypeError(f"argument 'source': cupy.filter.wgmma_{scan} takes the bf16 indexer source only")
         lo, hi = i32(lo, "lo"), i32(hi, "hi")
         T = cp.ascontiguousarray(cp.asarray(T, cp.float32))
         cand_idx, cand_val, count = _buffers(x.n, capacity)
-        launch(x.fn("filter", scan), x.scan_grid(x.n),
+        launch(x.fn("filter"), x.scan_grid(x.n),
                (*x.head_args(), np.int32(x.n), lo, hi, T, np.int32(capacity), cand_idx, cand_val, count), x.geo.smem)
         return cand_idx, cand_val, count
-
-
-@register("filter", "cupy.filter.wgmma_sync", sources=("indexer",), gpu_only=True,
-          notes=f"v1 of the wgmma filter: block-synchronous scan (both warpgroups' MMAs, then both "
-                f"epilogues), a round of global atomics per warp and tile {BF16}")
-def filter_wgmma_sync(source, lo, hi, T, capacity):
-    return _filter(source, lo, hi, T, capacity, scan="sync")
-
-
-@register("filter", "cupy.filter.wgmma_halves", sources=("indexer",), gpu_only=True,
-          notes=f"v4 of the wgmma filter: split-N (two N=128 MMAs per warpgroup, one in flight under the "
-                f"other half's epilogue); slower than the ping-pong default {BF16}")
-def filter_wgmma_halves(source, lo, hi, T, capacity):
-    return _filter(source, lo, hi, T, capacity, scan="halves")
 
 
 def dense_wgmma_source(source, lo, hi):
@@ -173,7 +159,7 @@ def recover_wgmma(source, lo, hi, rows, k):
     k = check_k_fits(k)
     with launch_stream():
         x = WgInputs(source)
-        return recover_rows(x, x.fn("score_rows"), lo, hi, rows, k)
+        return recover_rows(x, lo, hi, rows, k)
 
 
 def score_only_wgmma(source, lo, hi):

@@ -1,0 +1,69 @@
+// What every wgmma core (sm_90a) shares: the generated mma wrappers, the
+// warpgroup fence/commit/wait, matrix descriptors, named barriers, and the
+// mbarrier + bulk-copy (TMA engine) primitives of the warp-specialised core.
+#pragma once
+#include "hytopk_order.cuh"
+#include "hytopk_wgmma_ptx.cuh"
+
+namespace hytopk {
+namespace wgp {
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+template <int N>        // until at most N committed groups of this warpgroup are pending
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+// ordinary (cp.async) writes to shared memory become visible to the tensor cores' async proxy
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Named barriers (0 is __syncthreads): `threads` of the block, a multiple of 32.
+__device__ __forceinline__ void bar_sync(int id, int threads) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int threads) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
+
+// Matrix descriptor: no swizzle, K-major; addresses and offsets in 16-byte units.
+// Core-matrix layout (both operands): 8 rows x 16 bytes stored as 128 contiguous bytes;
+// chunk c of row r at (r / 8) * (CH * 128) + c * 128 + (r % 8) * 16, CH = 16-byte chunks
+// per row: leading offset (next 16 bytes of K) 128, stride offset (next 8 rows) CH * 128.
+__device__ __forceinline__ u64 smem_desc(u32 addr, u32 lead, u32 stride) {
+#ifdef HYTOPK_WG_SWAP_OFFSETS          // probe: the two offsets' roles swapped
+    const u32 t = lead; lead = stride; stride = t;
+#endif
+    return (u64)((addr >> 4) & 0x3fffu) | ((u64)((lead >> 4) & 0x3fffu) << 16) | ((u64)((stride >> 4) & 0x3fffu) << 32);
+}
+
+// ---- mbarriers (shared::cta addresses) and the bulk copy engine
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// makes the initialised barriers visible to the async proxy (the bulk copies complete on them)
+__device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// one arrival that also expects `bytes` of bulk-copy transactions in the current phase
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// until the phase of parity `parity` has completed
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    u32 done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+// global -> shared bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned),
+// completing as transactions on mbarrier `bar`
+__device__ __forceinline__ void bulk_g2s(u32 dst, const void* src, u32 bytes, u32 bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
+// Register budgets of warp-specialised roles (the kernel needs __launch_bounds__(threads, 1)).
+template <int REGS>
+__device__ __forceinline__ void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS)); }
+template <int REGS>
+__device__ __forceinline__ void regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS)); }
+
+}  // namespace wgp
+}  // namespace hytopk

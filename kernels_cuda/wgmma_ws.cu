@@ -1,0 +1,408 @@
+// The warp-specialised wgmma core (hytopk_wgmma_ws.cuh, sm_90a) with its epilogues:
+// fused filter, dense table, recovery rows, score-only checksum, and the replay of
+// gathered keys, for bf16 inputs (*_ws) and fp8 e4m3 inputs with per-key scales
+// (*_ws_fp8); *_ws2: the same core with two consumer warpgroups of N = 256 (bf16).
+// Arguments: qt / kt = q [n, H, D] and keys [L, D] put into the core-matrix layout by
+// hytopk_ws_pretile (keys padded with zero rows to whole 128-key stages), w [n, H]
+// float32, kscale [L] float32 (fp8 only; ignored for bf16); all 16-byte aligned.
+// Scan grids are 1-D: block = query group * runs + run (Core::init).
+#include "hytopk_wgmma_ws.cuh"
+using namespace hytopk;
+using namespace hytopk::ws;
+
+namespace {
+
+constexpr u32 FULL = 0xffffffffu;
+
+// Filter: compare on chip, append passing (position, bits) to this warp's staging
+// buffer of the slot in shared memory; a full buffer, and every buffer at the end,
+// is flushed with one global atomic for its whole run (no atomics in the loop).
+// Lane tig looks after slots j0 + tig + 4u: one ballot pair covers four slots.
+template <class S>
+struct FilterEpi {
+    static constexpr int U = (S::NJ + 3) / 4;
+    int capacity;
+    int* cand_idx;
+    u32* cand_val;
+    int* count;
+    int cnt[U];                    // entries in this warp's buffer of slot j0 + tig + 4u (same in the 8 lanes of a tig)
+
+    __device__ __forceinline__ uint2* buffer(const Core<S>& c, int jl) const {
+        return c.s_stage + ((int)(threadIdx.x >> 5) * S::NJ + jl) * S::E;
+    }
+    // entries [0, n) of this warp's buffer of local slot jl to query t's candidates from index base
+    __device__ __forceinline__ void copy_out(const Core<S>& c, int jl, int t, int base, int n) const {
+        const uint2* buf = buffer(c, jl);
+        const long long row = (long long)t * capacity;
+        for (int k = (int)lane_id(); k < n; k += 32)
+            if (base + k < capacity) {
+                const uint2 e = buf[k];
+                cand_idx[row + base + k] = (int)e.x;
+                cand_val[row + base + k] = e.y;
+            }
+    }
+    template <int NJ>
+    __device__ __forceinline__ void scores(const Core<S>& c, int j0, long long s_warp, const float (&p)[NJ][2]) {
+        const int lane = (int)lane_id(), g = lane >> 2, tig = lane & 3;
+        const int s0 = (int)s_warp + g, s1 = s0 + 8;                  // positions < L < 2^31: int compares
+        const u32 mine = 0x11111111u << tig;                            // the lanes of my slot
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int jl = 4 * u + tig;
+            float v0 = 0.0f, v1 = 0.0f;
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+                if (4 * u + q < NJ && tig == q) { v0 = p[4 * u + q][0]; v1 = p[4 * u + q][1]; }
+            int t = -1, a = 0, b = 0;
+            u32 tkey = 0u;
+            if (jl < NJ) { t = c.s_t[j0 + jl]; a = c.s_a[j0 + jl]; b = c.s_b[j0 + jl]; tkey = c.s_aux[j0 + jl]; }
+            const bool ok = t >= 0;
+            const bool pass0 = ok && s0 >= a && s0 < b && order_key(v0) >= tkey;
+            const bool pass1 = ok && s1 >= a && s1 < b && order_key(v1) >= tkey;
+            const u32 m0 = __ballot_sync(FULL, pass0), m1 = __ballot_sync(FULL, pass1);
+            if ((m0 | m1) == 0u) continue;                              // warp-uniform
+            const int n0 = __popc(m0 & mine), tot = n0 + __popc(m1 & mine);
+            const u32 fm = __ballot_sync(FULL, cnt[u] + tot > S::E);
+            if (fm) {                                                   // a buffer is full: flush its run (rare)
+                __syncwarp();
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    if (4 * u + q >= NJ || !((fm >> q) & 1u)) continue;   // lane q speaks for slot 4u + q
+                    const int cq = __shfl_sync(FULL, cnt[u], q), tq = __shfl_sync(FULL, t, q);
+                    int base = 0;
+                    if (lane == q) base = atomicAdd(count + tq, cq);
+                    base = __shfl_sync(FULL, base, q);
+                    copy_out(c, 4 * u + q, tq, base, cq);
+                    if (tig == q) cnt[u] = 0;
+                }
+                __syncwarp();
+            }
+            if (pass0 || pass1) {
+                uint2* buf = buffer(c, jl);
+                const u32 below = lanes_below_mask();
+                if (pass0) buf[cnt[u] + __popc(m0 & mine & below)] = make_uint2((u32)s0, __float_as_uint(v0));
+                if (pass1) buf[cnt[u] + n0 + __popc(m1 & mine & below)] = make_uint2((u32)s1, __float_as_uint(v1));
+            }
+            cnt[u] += tot;
+        }
+    }
+    __device__ __forceinline__ void skipped(const Core<S>&, int, long long) {}
+    // every buffer's run: all slots' atomics in flight together (lane tig adds slot j0 + tig + 4u)
+    __device__ __forceinline__ void finish(const Core<S>& c, int j0) {
+        __syncwarp();
+        const int lane = (int)lane_id();
+        int mybase[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            mybase[u] = 0;
+            const int jl = 4 * u + lane;
+            if (lane < 4 && jl < S::NJ && cnt[u] > 0) mybase[u] = atomicAdd(count + c.s_t[j0 + jl], cnt[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                if (4 * u + q >= S::NJ) continue;
+                const int cq = __shfl_sync(FULL, cnt[u], q), base = __shfl_sync(FULL, mybase[u], q);
+                if (cq > 0) copy_out(c, 4 * u + q, c.s_t[j0 + 4 * u + q], base, cq);
+            }
+    }
+};
+
+// Dense: out[t, s] = score inside the context, -inf elsewhere (every s < L).
+struct DenseEpi {
+    u32* out;
+    template <class Co, int NJ>
+    __device__ __forceinline__ void scores(const Co& c, int j0, long long s_warp, const float (&p)[NJ][2]) {
+        const int lane = (int)lane_id(), g = lane >> 2, tig = lane & 3;
+#pragma unroll
+        for (int jj = 0; jj < NJ; ++jj) {
+            const int t = c.s_t[j0 + jj];
+            if (t < 0 || tig != (jj & 3)) continue;
+            const int a = c.s_a[j0 + jj], b = c.s_b[j0 + jj];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int s = (int)s_warp + g + 8 * e;
+                if (s < c.L) out[(long long)t * c.L + s] = (s >= a && s < b) ? __float_as_uint(p[jj][e]) : NEG_INF_BITS;
+            }
+        }
+    }
+    template <class Co>
+    __device__ __forceinline__ void skipped(const Co& c, int j0, long long s_warp) {   // 16 keys outside every context
+        const int lane = (int)lane_id();
+        const long long s = s_warp + (lane & 15);
+        for (int jj = 0; jj < Co::Geometry::NJ; ++jj) {
+            const int t = c.s_t[j0 + jj];
+            if (t >= 0 && lane < 16 && s < c.L) out[(long long)t * c.L + s] = NEG_INF_BITS;
+        }
+    }
+    template <class Co>
+    __device__ __forceinline__ void finish(const Co&, int) {}
+};
+
+// Recovery rows: buf[entry, s - a] for s in [a, min(b, a + stride)), entry = the slot's index in the query list.
+struct RowsEpi {
+    u32* buf;
+    long long stride;
+    template <class Co, int NJ>
+    __device__ __forceinline__ void scores(const Co& c, int j0, long long s_warp, const float (&p)[NJ][2]) {
+        const int lane = (int)lane_id(), g = lane >> 2, tig = lane & 3;
+#pragma unroll
+        for (int jj = 0; jj < NJ; ++jj) {
+            const int j = j0 + jj;
+            if (c.s_t[j] < 0 || tig != (jj & 3)) continue;
+            const long long a = c.s_a[j], end = min((long long)c.s_b[j], a + stride);
+            u32* row = buf + (long long)(c.group * Co::Geometry::QPB + j) * stride - a;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int s = (int)s_warp + g + 8 * e;
+                if (s >= a && s < end) row[s] = __float_as_uint(p[jj][e]);
+            }
+        }
+    }
+    template <class Co>
+    __device__ __forceinline__ void skipped(const Co&, int, long long) {}
+    template <class Co>
+    __device__ __forceinline__ void finish(const Co&, int) {}
+};
+
+// Score-only: the wrapping sum of the order keys of every in-context score.
+struct ChecksumEpi {
+    u64* checksum;
+    u64 sum;
+    template <class Co, int NJ>
+    __device__ __forceinline__ void scores(const Co& c, int j0, long long s_warp, const float (&p)[NJ][2]) {
+        const int lane = (int)lane_id(), g = lane >> 2, tig = lane & 3;
+#pragma unroll
+        for (int jj = 0; jj < NJ; ++jj) {
+            const int j = j0 + jj;
+            if (c.s_t[j] < 0 || tig != (jj & 3)) continue;
+            const int a = c.s_a[j], b = c.s_b[j];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int s = (int)s_warp + g + 8 * e;
+                if (s >= a && s < b) sum += order_key(p[jj][e]);
+            }
+        }
+    }
+    template <class Co>
+    __device__ __forceinline__ void skipped(const Co&, int, long long) {}
+    template <class Co>
+    __device__ __forceinline__ void finish(const Co&, int) {
+        u64 s = sum;
+        for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(FULL, s, off);
+        if (lane_id() == 0 && s) atomicAdd(checksum, s);
+    }
+};
+
+template <class In, int H, int D, int C>
+using ShapeOf = Shape<H, D, In, C>;
+
+#define HYTOPK_WS_ARGS                                                                                            \
+    const typename In::elem *__restrict__ qt, const float *__restrict__ w, const typename In::elem *__restrict__ kt, \
+        const float *__restrict__ kscale, long long L
+
+template <class In, int H, int D, int C>
+__device__ __forceinline__ void filter_body(HYTOPK_WS_ARGS, int n, const int* lo, const int* hi, const u32* T,
+                                            int capacity, int* cand_idx, u32* cand_val, int* count, int runs) {
+    typedef ShapeOf<In, H, D, C> S;
+    extern __shared__ __align__(1024) unsigned char smem[];
+    Core<S> core;
+    core.init(smem, qt, w, kt, kscale, L, nullptr, n, lo, hi, runs);
+    long long tile0;
+    int ntiles;
+    core.union_tiles(tile0, ntiles);
+    if (ntiles <= 0) return;                                          // block-uniform
+    if (threadIdx.x < S::QPB && core.s_t[threadIdx.x] >= 0)
+        core.s_aux[threadIdx.x] = order_key_bits(T[core.s_t[threadIdx.x]]);
+    __syncthreads();
+    FilterEpi<S> epi;
+    epi.capacity = capacity; epi.cand_idx = cand_idx; epi.cand_val = cand_val; epi.count = count;
+#pragma unroll
+    for (int u = 0; u < FilterEpi<S>::U; ++u) epi.cnt[u] = 0;
+    core.run_roles(tile0, ntiles, epi);
+}
+
+template <class In, int H, int D, int C>
+__device__ __forceinline__ void dense_body(HYTOPK_WS_ARGS, int n, const int* lo, const int* hi, u32* out, int runs) {
+    typedef ShapeOf<In, H, D, C> S;
+    extern __shared__ __align__(1024) unsigned char smem[];
+    Core<S> core;
+    core.init(smem, qt, w, kt, kscale, L, nullptr, n, lo, hi, runs);
+    long long t0, t1;
+    const auto query = [&core](int j) { return (long long)core.s_t[j]; };
+    if (!dense_run(L, core.glo, core.ghi, S::KT, S::TILES_PER_BLOCK, S::QPB, query, out, t0, t1, core.run)) return;
+    if (t0 >= t1) return;                                             // block-uniform
+    DenseEpi epi = {out};
+    core.run_roles(t0, (int)(t1 - t0), epi);
+}
+
+template <class In, int H, int D, int C>
+__device__ __forceinline__ void rows_body(HYTOPK_WS_ARGS, const int* rows, int nrows, const int* lo, const int* hi,
+                                          u32* buf, long long stride, int runs) {
+    typedef ShapeOf<In, H, D, C> S;
+    extern __shared__ __align__(1024) unsigned char smem[];
+    Core<S> core;
+    core.init(smem, qt, w, kt, kscale, L, rows, nrows, lo, hi, runs);
+    long long tile0;
+    int ntiles;
+    core.union_tiles(tile0, ntiles);
+    if (ntiles <= 0) return;
+    RowsEpi epi = {buf, stride};
+    core.run_roles(tile0, ntiles, epi);
+}
+
+template <class In, int H, int D, int C>
+__device__ __forceinline__ void score_only_body(HYTOPK_WS_ARGS, int n, const int* lo, const int* hi, u64* checksum,
+                                                int runs) {
+    typedef ShapeOf<In, H, D, C> S;
+    extern __shared__ __align__(1024) unsigned char smem[];
+    Core<S> core;
+    core.init(smem, qt, w, kt, kscale, L, nullptr, n, lo, hi, runs);
+    long long tile0;
+    int ntiles;
+    core.union_tiles(tile0, ntiles);
+    if (ntiles <= 0) return;
+    ChecksumEpi epi = {checksum, 0ull};
+    core.run_roles(tile0, ntiles, epi);
+}
+
+// ------------------------------------------------------------------ replay (gathered keys)
+// One warpgroup per block: query t = blockIdx.x, selected slots [64 RT y, 64 RT (y + 1)) of
+// its k. Key rows keys[idx[t, j]] (row-major [L, D], idx = -1: zeros) are gathered with
+// cp.async into the core-matrix layout, double buffered; the MMA has N = H (the query's
+// rows) and the same score_sums / finish_score as the scan epilogues.
+template <class In, int H, int D>
+struct ReplayShape {
+    static constexpr int ROW_BYTES = D * In::BYTES;
+    static constexpr int CH = ROW_BYTES / 16;
+    static constexpr int KSTEPS = ROW_BYTES / 32;
+    static constexpr int GROUP_BYTES = CH * 128;
+    static constexpr int Q_BYTES = H * ROW_BYTES;
+    static constexpr int TILE_BYTES = 64 * ROW_BYTES;
+    static constexpr int RT = 8;                             // 64-key tiles per block
+    static constexpr int SMEM_BYTES = Q_BYTES + 2 * TILE_BYTES + 4 * H + 2 * 64 * 4;
+};
+
+template <class In, int H, int D>
+__device__ __forceinline__ void replay_body(HYTOPK_WS_ARGS, int n, const int* idx, int k, u32* out) {
+    typedef ReplayShape<In, H, D> R;
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const int t = (int)blockIdx.x, tid = (int)threadIdx.x;
+    const long long jb = (long long)blockIdx.y * R::RT * 64;
+    if (t >= n || jb >= k) return;
+    const int nt = (int)min((long long)R::RT, (k - jb + 63) / 64);
+    float* s_w = reinterpret_cast<float*>(smem + R::Q_BYTES + 2 * R::TILE_BYTES);
+    float* s_sc = s_w + H;                                   // [2][64] half scales of the gathered keys
+    const u32 sq = smem_addr(smem), sk = sq + R::Q_BYTES;
+    const unsigned char* qsrc = reinterpret_cast<const unsigned char*>(qt) + (size_t)t * R::Q_BYTES;
+    for (int i = tid; i < R::Q_BYTES / 16; i += 128) cp_async16(sq + 16u * i, qsrc + 16 * i, true);
+    for (int i = tid; i < H; i += 128) s_w[i] = w[(long long)t * H + i];
+    const int* irow = idx + (long long)t * k;
+    const unsigned char* keys = reinterpret_cast<const unsigned char*>(kt);     // row-major here
+    const auto load = [&](int jt) {
+        const int buf = jt & 1;
+        const long long j_first = jb + jt * 64;
+        for (int i = tid; i < 64 * R::CH; i += 128) {
+            const int r = (i / (8 * R::CH)) * 8 + (i & 7), c = (i >> 3) % R::CH;
+            const long long j = j_first + r;
+            const int s = j < k ? irow[j] : -1;
+            cp_async16(sk + buf * R::TILE_BYTES + 16u * i, keys + (s >= 0 ? (size_t)s * R::ROW_BYTES + c * 16 : 0), s >= 0);
+        }
+        if (tid < 64) {
+            const long long j = j_first + tid;
+            const int s = j < k ? irow[j] : -1;
+            s_sc[buf * 64 + tid] = s >= 0 ? half_scale_of<In>(kscale, s, L) : 0.0f;
+        }
+    };
+    load(0);
+    cp_async_commit();
+    const int wi = tid >> 5, g = (int)(lane_id() >> 2), tig = (int)(lane_id() & 3);
+    for (int jt = 0; jt < nt; ++jt) {
+        if (jt + 1 < nt) load(jt + 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        fence_proxy_async();
+        __syncthreads();                                     // tile jt (and q, w) landed
+        float d[H / 2];
+        mma_chain<In, R::KSTEPS>(d, sk + (jt & 1) * R::TILE_BYTES, sq, (u32)R::GROUP_BYTES);
+        wgmma_wait_all();
+        float p[1][2];
+        score_sums<H, 1>(d, reinterpret_cast<const float2*>(s_w), p);
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int r = 16 * wi + g + 8 * e;
+            const long long j = jb + jt * 64 + r;
+            if (tig == 0 && j < k) {
+                const float v = finish_score(p[0][e], s_sc[(jt & 1) * 64 + r]);
+                out[(long long)t * k + j] = irow[j] >= 0 ? __float_as_uint(v) : NEG_INF_BITS;
+            }
+        }
+        __syncthreads();                                     // every thread is past buffer jt & 1 before it is refilled
+    }
+    cp_async_wait<0>();
+}
+
+}  // namespace
+
+// Put rows of 16 * ch bytes into the core-matrix layout: chunk c of row r to
+// (r / 8) * (ch * 128) + c * 128 + (r % 8) * 16 bytes; rows [rows, rows_out) are zeros.
+__global__ void hytopk_ws_pretile(const uint4* __restrict__ src, long long rows, int ch, long long rows_out,
+                                  uint4* __restrict__ dst) {
+    const long long total = rows_out * ch;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+        const long long grp = (i >> 3) / ch, row = grp * 8 + (i & 7);
+        const int c = (int)((i >> 3) % ch);
+        dst[i] = row < rows ? src[row * ch + c] : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+// One kernel per (stage, input kind, consumers): threads Shape::THREADS (ReplayShape: 128),
+// dynamic shared memory Shape::SMEM_BYTES; scan grids (groups * runs) along x.
+#define HYTOPK_WS_KERNELS(SUFFIX, IN, C)                                                                          \
+    template <int H, int D>                                                                                    \
+    __global__ void __launch_bounds__(128 * (C + 1), 1) hytopk_filter_##SUFFIX(                                 \
+        const IN::elem* __restrict__ qt, const float* __restrict__ w, const IN::elem* __restrict__ kt,         \
+        const float* __restrict__ kscale, long long L, int n, const int* __restrict__ lo,                      \
+        const int* __restrict__ hi, const u32* __restrict__ T, int capacity, int* __restrict__ cand_idx,      \
+        u32* __restrict__ cand_val, int* __restrict__ count, int runs) {                                       \
+        filter_body<IN, H, D, C>(qt, w, kt, kscale, L, n, lo, hi, T, capacity, cand_idx, cand_val, count, runs); \
+    }                                                                                                          \
+    template <int H, int D>                                                                                    \
+    __global__ void __launch_bounds__(128 * (C + 1), 1) hytopk_score_only_##SUFFIX(                             \
+        const IN::elem* __restrict__ qt, const float* __restrict__ w, const IN::elem* __restrict__ kt,         \
+        const float* __restrict__ kscale, long long L, int n, const int* __restrict__ lo,                      \
+        const int* __restrict__ hi, unsigned long long* __restrict__ checksum, int runs) {                     \
+        score_only_body<IN, H, D, C>(qt, w, kt, kscale, L, n, lo, hi, checksum, runs);                        \
+    }
+
+#define HYTOPK_WS_MORE_KERNELS(SUFFIX, IN)                                                                        \
+    template <int H, int D>                                                                                    \
+    __global__ void __launch_bounds__(640, 1) hytopk_dense_##SUFFIX(                                            \
+        const IN::elem* __restrict__ qt, const float* __restrict__ w, const IN::elem* __restrict__ kt,         \
+        const float* __restrict__ kscale, long long L, int n, const int* __restrict__ lo,                      \
+        const int* __restrict__ hi, u32* __restrict__ out, int runs) {                                         \
+        dense_body<IN, H, D, 4>(qt, w, kt, kscale, L, n, lo, hi, out, runs);                                  \
+    }                                                                                                          \
+    template <int H, int D>                                                                                    \
+    __global__ void __launch_bounds__(640, 1) hytopk_score_rows_##SUFFIX(                                       \
+        const IN::elem* __restrict__ qt, const float* __restrict__ w, const IN::elem* __restrict__ kt,         \
+        const float* __restrict__ kscale, long long L, const int* __restrict__ rows, int nrows,                \
+        const int* __restrict__ lo, const int* __restrict__ hi, u32* __restrict__ buf, long long stride,      \
+        int runs) {                                                                                            \
+        rows_body<IN, H, D, 4>(qt, w, kt, kscale, L, rows, nrows, lo, hi, buf, stride, runs);                 \
+    }                                                                                                          \
+    template <int H, int D>                                                                                    \
+    __global__ void __launch_bounds__(128) hytopk_replay_##SUFFIX(                                              \
+        const IN::elem* __restrict__ qt, const float* __restrict__ w, const IN::elem* __restrict__ keys,       \
+        const float* __restrict__ kscale, long long L, int n, const int* __restrict__ idx, int k,              \
+        u32* __restrict__ out) {                                                                               \
+        replay_body<IN, H, D>(qt, w, keys, kscale, L, n, idx, k, out);                                        \
+    }
+
+HYTOPK_WS_KERNELS(ws, Bf16, 4)
+HYTOPK_WS_MORE_KERNELS(ws, Bf16)
+HYTOPK_WS_KERNELS(ws_fp8, E4m3, 4)
+HYTOPK_WS_MORE_KERNELS(ws_fp8, E4m3)
+// two consumer warpgroups of N = 256 (bf16): the variant that shows what the 4-consumer split buys
+HYTOPK_WS_KERNELS(ws2, Bf16, 2)

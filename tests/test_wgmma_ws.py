@@ -1,0 +1,327 @@
+"""The warp-specialised wgmma core (kernels_cuda/hytopk_wgmma_ws.cuh + wgmma_ws.cu, sm_90a).
+
+CPU: the generated wgmma wrappers are current; the geometry mirror is sane (the compile
+check asserts it against the header). GPU (Hopper only): every stage of the core against
+the reference bit for bit on exact inputs of the held-out kinds (integers, power-of-two
+and negative weights, float32 weights that bf16 cannot hold, ReLU-zero plateaus, empty
+and short contexts; H = 64, 32 and padded shapes; bf16 and fp8 e4m3), against each other
+bit for bit on random inputs (filter, dense, recovery, replay, threshold, score-only,
+and the two-consumer variant), the filter's staging overflow path, the pipeline against
+brute force on the core's own table, bad inputs, and no write past the table.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import reference as R
+from reference import generate as G
+from reference.fp8 import Fp8IndexerSource, exact_fp8_source, quantize_indexer
+from workbench.bf16 import float32_to_bf16_bits
+from workbench.geometry import SMEM_LIMIT, WsGeometry, WsReplayGeometry
+
+
+def bits(x):
+    return np.ascontiguousarray(x, np.float32).view(np.uint32)
+
+
+# ------------------------------------------------------------------ CPU
+def test_generated_wgmma_wrappers_are_current():
+    import importlib.util
+    path = Path(__file__).resolve().parent.parent / "scripts" / "gen_wgmma_ptx.py"
+    spec = importlib.util.spec_from_file_location("gen_wgmma_ptx", path)
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert gen.HEADER.read_text() == gen.render(), "run python scripts/gen_wgmma_ptx.py"
+
+
+@pytest.mark.parametrize("H", [16, 32, 64])
+@pytest.mark.parametrize("eb,consumers", [(2, 4), (2, 2), (1, 4)])
+def test_ws_geometry_fits_and_has_staging(H, eb, consumers):
+    g = WsGeometry(H, 128, eb, consumers)
+    assert g.smem <= SMEM_LIMIT and g.stage_entries >= 16
+    assert g.threads == 128 * (consumers + 1) and g.qpb * H == 256
+    assert WsReplayGeometry(H, 128, eb).smem < 64 * 1024
+
+
+# ------------------------------------------------------------------ GPU (Hopper)
+def _hopper_reason():
+    try:
+        import cupy as cp
+        if cp.cuda.runtime.getDeviceCount() == 0:
+            return "no CUDA device"
+        cc = cp.cuda.Device().compute_capability
+        return None if cc == "90" else f"wgmma needs sm_90 (Hopper); this GPU is sm_{cc}"
+    except Exception as e:
+        return f"no usable CUDA GPU ({type(e).__name__}: {e})"
+
+
+gpu = pytest.mark.skipif(_hopper_reason() is not None, reason=str(_hopper_reason()))
+
+EXACT_KINDS = ("ints", "pow2_neg_w", "f32_w", "plateau")
+
+
+def _exact_inputs(kind, n, L, H, D, rng):
+    """float32 q, w, keys whose scores are exact in float32 under every summation order."""
+    q, w, keys = G.indexer_inputs(n, L, H, D, rng, exact=True)          # q, keys in [-2, 2], w in {0, 1, 2}
+    if kind == "pow2_neg_w":
+        w = (rng.choice([-1.0, 1.0], (n, H)) * 2.0 ** rng.integers(-3, 4, (n, H))).astype(np.float32)
+    elif kind == "f32_w":                      # odd integers up to 255: float32 holds them, bf16 does not
+        w = (2 * rng.integers(-127, 128, (n, H)) + 1).astype(np.float32)
+    elif kind == "plateau":                    # most dots <= 0: scores exactly 0 (ties at the ReLU)
+        keys = np.abs(keys)
+        q = -np.abs(q)
+        q[:, :, 0] = rng.integers(0, 2, (n, H)) * 2            # a few positive dots
+    return q, w, keys
+
+
+def _source(kind, q, w, keys, rng, dtype):
+    """(device source, host reference function ref(t, a, b))."""
+    import cupy as cp
+    if dtype == "bf16":
+        qb, kb = float32_to_bf16_bits(q), float32_to_bf16_bits(keys)
+        wd = w if kind == "f32_w" else float32_to_bf16_bits(w)          # float32 w as given; bf16 w as bits
+        src = R.IndexerSource(cp.asarray(qb), cp.asarray(wd), cp.asarray(kb))
+        return src, (lambda t, a, b: R.indexer_score_block(q[t], w[t], keys[a:b]))
+    s = exact_fp8_source(q, w, keys)
+    ks = (2.0 ** rng.integers(-2, 3, keys.shape[0])).astype(np.float32)    # power-of-two key scales: exact
+    s = Fp8IndexerSource(s.q, s.w, s.keys, ks)
+    return Fp8IndexerSource(*(cp.asarray(x) for x in s)), (lambda t, a, b: s.row(t, a, b))
+
+
+def _ranges(n, L, k, rng):
+    lo, hi = G.layout("random", n, L, k, rng)
+    lo, hi = lo.astype(np.int32), hi.astype(np.int32)
+    lo[0], hi[0] = 7, 7                                                   # an empty context
+    lo[1], hi[1] = 100, 101                                               # one key
+    lo[2], hi[2] = L - 5, L                                               # ends at L
+    return lo, hi
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+@pytest.mark.parametrize("kind", EXACT_KINDS)
+@pytest.mark.parametrize("H,D", [(64, 128), (32, 128), (8, 16), (20, 72)])
+def test_ws_dense_equals_reference_on_exact_inputs(dtype, kind, H, D):
+    import cupy as cp
+    from workbench.families.cupy import wgmma_ws as WS
+    n, L, k = 19, 5000, 300
+    rng = np.random.default_rng(abs(hash((dtype, kind, H, D))) % 2**32)
+    q, w, keys = _exact_inputs(kind, n, L, H, D, rng)
+    src, ref = _source(kind, q, w, keys, rng, dtype)
+    lo, hi = _ranges(n, L, k, rng)
+    table = WS.dense_source(src, cp.asarray(lo), cp.asarray(hi)).get()
+    want = np.full((n, L), -np.inf, np.float32)
+    for t in range(n):
+        if lo[t] < hi[t]:
+            want[t, lo[t]:hi[t]] = ref(t, lo[t], hi[t])
+    np.testing.assert_array_equal(bits(table), bits(want))
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+@pytest.mark.parametrize("kind", ["ints", "plateau"])
+def test_ws_stages_equal_reference_selection_on_exact_inputs(dtype, kind):
+    """threshold -> filter -> check -> select / recover of the core: the reference's exact top-k
+    (heavy ties: the lower position wins) whichever path a query takes."""
+    import cupy as cp
+    import workbench as wb
+    from workbench.families.cupy import wgmma_ws as WS
+    from tests.test_cupy_gpu import assert_selection_equal
+    n, L, H, D, k = 24, 20000, 64, 128, 300
+    rng = np.random.default_rng(7 if kind == "ints" else 8)
+    q, w, keys = _exact_inputs(kind, n, L, H, D, rng)
+    src, ref = _source(kind, q, w, keys, rng, dtype)
+    lo, hi = _ranges(n, L, k, rng)
+    table = np.full((n, L), -np.inf, np.float32)
+    for t in range(n):
+        table[t, lo[t]:hi[t]] = ref(t, lo[t], hi[t])
+    want_idx, want_val = R.topk(table, lo, hi, k)
+    lo_d, hi_d = cp.asarray(lo), cp.asarray(hi)
+    M, r = (cp.asarray(x) for x in R.sample_plan(lo, hi, k, 3.0))
+    T = WS.threshold_ws(src, lo_d, hi_d, M, r)
+    np.testing.assert_array_equal(R.order_keys(T.get()), R.order_keys(R.stage_threshold(R.TableSource(table), lo, hi, M.get(), r.get())))
+    cap = R.default_capacity(k, lo, hi)
+    ci, cv, cnt = WS.filter_ws(src, lo_d, hi_d, T, cap)
+    ref_ci, ref_cv, ref_cnt = R.stage_filter(R.TableSource(table), lo, hi, T.get(), cap)
+    np.testing.assert_array_equal(cnt.get(), ref_cnt)
+    rows = cp.arange(n, dtype=cp.int32)
+    ri, rv = WS.recover_ws(src, lo_d, hi_d, rows, k)
+    assert_selection_equal(ri.get(), rv.get(), want_idx, want_val)
+    # the whole pipeline on these stages (bf16 through the backend; the fp8 source stage by stage above)
+    if dtype == "bf16" and kind == "ints":
+        chosen = {"threshold": "cupy.threshold.wgmma_ws", "filter": "cupy.filter.wgmma_ws", "recover": "cupy.recover.wgmma_ws"}
+        for max_failed in (64, 0):
+            res = wb.backend("cupy", chosen).hytopk_indexer(src.q, src.w, src.keys, lo_d, hi_d, k, max_failed=max_failed)
+            assert_selection_equal(res.idx.get(), res.val.get(), want_idx, want_val)
+
+
+def _random_source(dtype, n, L, H, D, seed):
+    import cupy as cp
+    rng = np.random.default_rng(seed)
+    q, w, keys = G.indexer_inputs(n, L, H, D, rng, exact=False)
+    if dtype == "bf16":
+        w = (w * 3 - 1).astype(np.float32)                                  # float32 weights, some negative
+        return R.IndexerSource(cp.asarray(float32_to_bf16_bits(q)), cp.asarray(w),
+                               cp.asarray(float32_to_bf16_bits(keys))), rng
+    return Fp8IndexerSource(*(cp.asarray(x) for x in quantize_indexer(q, w, keys))), rng
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+@pytest.mark.parametrize("H", [64, 32, 8])
+def test_ws_stages_agree_bitwise_on_random_inputs(dtype, H):
+    """filter, dense, recover, replay, threshold samples and score-only see the same bits (one
+    score function), incl. partial tiles and contexts; recover = brute force on the table."""
+    import cupy as cp
+    from workbench.families.cupy import wgmma_ws as WS
+    from tests.test_cupy_gpu import assert_selection_equal, gpu_topk
+    n, L, D, k = 37, 9001, 128 if H != 8 else 40, 300
+    src, rng = _random_source(dtype, n, L, H, D, 100 + H)
+    lo, hi = G.layout("random", n, L, k, rng)
+    lo_d, hi_d = cp.asarray(lo.astype(np.int32)), cp.asarray(hi.astype(np.int32))
+    dense = WS.dense_source(src, lo_d, hi_d)
+    table = dense.get()
+    inside = (np.arange(L)[None, :] >= lo[:, None]) & (np.arange(L)[None, :] < hi[:, None])
+    assert np.all(bits(table)[~inside] == np.uint32(0xff800000)), "dense wrote a score outside a context"
+    assert not np.isnan(table[inside]).any()
+    T = np.full(n, np.nan, np.float32)
+    for t in range(n):
+        row = np.sort(table[t, lo[t]:hi[t]])[::-1]
+        if row.size > 200:
+            T[t] = row[199]
+    tkeys = R.order_keys(T)
+    for consumers in ((4, 2) if dtype == "bf16" else (4,)):
+        for cap in (256, 12000):                # 12000: every passing key stored (T = NaN rows pass all)
+            ci, cv, cnt = (x.get() for x in WS.filter_source(src, lo_d, hi_d, cp.asarray(T), cap, consumers))
+            for t in range(n):
+                passing = np.flatnonzero(inside[t] & (R.order_keys(table[t]) >= tkeys[t]))
+                assert cnt[t] == passing.size, (consumers, cap, t)
+                m = min(cap, passing.size)
+                pos = ci[t, :m]
+                assert np.unique(pos).size == m and np.isin(pos, passing).all()
+                np.testing.assert_array_equal(bits(cv[t, :m]), bits(table[t, pos]))
+                if passing.size <= cap:
+                    np.testing.assert_array_equal(np.sort(pos), passing)
+    rows = cp.asarray(rng.permutation(n).astype(np.int32))
+    ri, rv = WS.recover_ws(src, lo_d, hi_d, rows, k)
+    idx, val = gpu_topk(dense, lo, hi, k)
+    assert_selection_equal(ri.get(), rv.get(), idx[rows.get()], val[rows.get()])
+    # replay at the selection (with its -1 padding) and at arbitrary positions
+    rep = WS.replay_source(src, cp.asarray(idx)).get()
+    want = np.where(idx >= 0, table[np.arange(n)[:, None], np.maximum(idx, 0)], -np.inf).astype(np.float32)
+    np.testing.assert_array_equal(bits(rep), bits(want))
+    pos = rng.integers(0, L, (n, 777)).astype(np.int32)
+    pos[:, 5] = -1
+    rep = WS.replay_source(src, cp.asarray(pos)).get()
+    full = WS.dense_source(src, cp.zeros(n, cp.int32), cp.full(n, L, cp.int32)).get()
+    want = np.where(pos >= 0, full[np.arange(n)[:, None], np.maximum(pos, 0)], -np.inf).astype(np.float32)
+    np.testing.assert_array_equal(bits(rep), bits(want))
+    for consumers in ((4, 2) if dtype == "bf16" else (4,)):
+        got = int(WS.score_only_ws(src, lo_d, hi_d, consumers).get()[0])
+        want_sum = sum(int(R.order_keys(table[t, lo[t]:hi[t]]).astype(np.uint64).sum()) for t in range(n))
+        assert got == want_sum % 2**64, consumers
+
+
+@gpu
+def test_ws_filter_flushes_full_staging_buffers():
+    """A threshold that lets (nearly) everything through: every warp's staging buffer fills and
+    is flushed many times; the stored candidates are exactly the contexts."""
+    import cupy as cp
+    from workbench.families.cupy import wgmma_ws as WS
+    n, L, H, D = 40, 30000, 32, 128
+    src, rng = _random_source("bf16", n, L, H, D, 5)
+    lo = rng.integers(0, 2000, n).astype(np.int32)
+    hi = (lo + rng.integers(0, L - 2000, n)).astype(np.int32)
+    T = np.full(n, -np.inf, np.float32)
+    ci, cv, cnt = (x.get() for x in WS.filter_ws(src, cp.asarray(lo), cp.asarray(hi), cp.asarray(T), L))
+    np.testing.assert_array_equal(cnt, hi - lo)
+    for t in range(n):
+        np.testing.assert_array_equal(np.sort(ci[t, :cnt[t]]), np.arange(lo[t], hi[t]))
+
+
+@gpu
+def test_ws_threshold_is_the_rth_best_sample_of_its_own_scores():
+    import cupy as cp
+    from workbench.families.cupy import wgmma_ws as WS
+    n, L, H, D, k = 16, 40000, 64, 128, 512
+    src, rng = _random_source("bf16", n, L, H, D, 11)
+    lo, hi = G.layout("causal_tail", n, L, k, rng)
+    lo, hi = lo.astype(np.int32), hi.astype(np.int32)
+    table = WS.dense_source(src, cp.asarray(lo), cp.asarray(hi)).get()
+    M, r = R.sample_plan(lo, hi, k, 3.0)
+    T = WS.threshold_ws(src, cp.asarray(lo), cp.asarray(hi), cp.asarray(M), cp.asarray(r)).get()
+    want = R.stage_threshold(R.TableSource(table), lo, hi, M, r)
+    np.testing.assert_array_equal(R.order_keys(T), R.order_keys(want))
+
+
+@gpu
+def test_ws_pipeline_equals_bruteforce_of_its_dense():
+    """bf16, n=256, L=32768, H=64, D=128, k=2048, float32 w: the core's threshold + filter +
+    recover in the backend's pipeline is exact on the core's own scores."""
+    import cupy as cp
+    import workbench as wb
+    from workbench.families.cupy import wgmma_ws as WS
+    from tests.test_cupy_gpu import assert_selection_equal, gpu_topk
+    n, L, H, D, k = 256, 32768, 64, 128, 2048
+    src, rng = _random_source("bf16", n, L, H, D, 21)
+    src = R.IndexerSource(src.q, cp.asarray(float32_to_bf16_bits(src.w.get())), src.keys)   # the backend takes one dtype
+    lo, hi = G.layout("causal_tail", n, L, k, rng)
+    lo_d, hi_d = cp.asarray(lo.astype(np.int32)), cp.asarray(hi.astype(np.int32))
+    chosen = {"threshold": "cupy.threshold.wgmma_ws", "filter": "cupy.filter.wgmma_ws",
+              "recover": "cupy.recover.wgmma_ws", "dense": "cupy.dense.wgmma_ws"}
+    idx, val = gpu_topk(WS.dense_source(src, lo_d, hi_d), lo, hi, k)
+    for max_failed in (64, 0):                                           # 0: every query through recovery
+        res = wb.backend("cupy", chosen).hytopk_indexer(src.q, src.w, src.keys, lo_d, hi_d, k, max_failed=max_failed)
+        assert_selection_equal(res.idx.get(), res.val.get(), idx, val)
+
+
+@gpu
+def test_ws_bad_inputs_name_the_argument():
+    import cupy as cp
+    from workbench.families.cupy import wgmma_ws as WS
+    q8 = cp.zeros((2, 4, 32), cp.uint8)
+    lo = hi = cp.zeros(2, cp.int32)
+    T = cp.zeros(2, cp.float32)
+    with pytest.raises(TypeError, match="argument 'w'"):
+        WS.filter_ws(Fp8IndexerSource(q8, cp.zeros((2, 4), cp.float64), cp.zeros((9, 32), cp.uint8),
+                                      cp.ones(9, cp.float32)), lo, hi, T, 8)
+    with pytest.raises(ValueError, match="'kscale'"):
+        WS.filter_ws(Fp8IndexerSource(q8, cp.zeros((2, 4), cp.float32), cp.zeros((9, 32), cp.uint8),
+                                      cp.ones(8, cp.float32)), lo, hi, T, 8)
+    with pytest.raises(TypeError, match="argument 'source'"):
+        WS.filter_ws(R.TableSource(cp.zeros((2, 9), cp.float32)), lo, hi, T, 8)
+    with pytest.raises(TypeError, match="arguments 'q', 'keys'"):
+        WS.filter_ws(R.IndexerSource(cp.zeros((2, 4, 32), cp.float32), cp.zeros((2, 4), cp.float32),
+                                     cp.zeros((9, 32), cp.uint16)), lo, hi, T, 8)
+    with pytest.raises(ValueError, match="argument 'capacity'"):
+        WS.filter_ws(R.IndexerSource(cp.zeros((2, 4, 32), cp.float32), cp.zeros((2, 4), cp.float32),
+                                     cp.zeros((9, 32), cp.float32)), lo, hi, T, 0)
+    with pytest.raises(ValueError, match="argument 'q'"):
+        WS.dense_ws(cp.zeros((2, 0, 32), cp.float32), cp.zeros((2, 0), cp.float32), cp.zeros((9, 32), cp.float32), lo, hi)
+    with pytest.raises(ValueError, match="argument 'idx'"):
+        WS.replay_ws(cp.zeros((2, 4, 32), cp.float32), cp.zeros((2, 4), cp.float32), cp.zeros((9, 32), cp.float32),
+                     cp.zeros((3, 5), cp.int32))
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_ws_dense_never_writes_past_the_table(dtype):
+    import cupy as cp
+    from workbench.families.cupy import wgmma_ws as WS
+    from workbench.families.cupy._launch import launch
+    n, L, H, D = 37, 9001, 8, 40
+    rng = np.random.default_rng(3)
+    q, w, keys = _exact_inputs("ints", n, L, H, D, rng)
+    src, _ = _source("ints", q, w, keys, rng, dtype)
+    lo, hi = cp.zeros(n, cp.int32), cp.full(n, 100, cp.int32)
+    guard = cp.full(n * L + 4096, 12345.0, cp.float32)
+    out = guard[:n * L].reshape(n, L)
+    x = WS.WsInputs(src)
+    runs = x.runs(scan=False)
+    launch(x.fn("dense"), (x.geo.groups(n) * runs,), (*x.head_args(), np.int32(n), lo, hi, out, np.int32(runs)),
+           x.geo.smem, threads=x.geo.threads)
+    assert bool(cp.all(guard[n * L:] == 12345.0)), "dense wrote past the end of the table"
+    assert bool(cp.all(cp.isinf(out[:, 100:]))) and bool(cp.all(cp.isfinite(out[:, :100])))

@@ -1,0 +1,249 @@
+"""The warp-specialised wgmma core (kernels_cuda/hytopk_wgmma_ws.cuh + wgmma_ws.cu,
+sm_90a) as variants: threshold, fused filter, dense table, recovery and replay,
+plus the score-only floor. One producer warp feeds key stages through the bulk
+copy (TMA) engine; four consumer warpgroups run the MMAs and the epilogues. All
+stages call one score function, so their scores agree bit for bit, and a
+pipeline of these stages is exact on its own scores.
+
+Inputs, by the source:
+  reference.IndexerSource          q, keys bf16 (float32 in: rounded to bf16 first);
+                                   w float32 as given (bf16 w widened exactly)
+  reference.fp8.Fp8IndexerSource   q, keys fp8 e4m3 bits, float32 w and per-key scales
+Heads are zero-padded to 16/32/64, dims to 32 bytes (zeros add exactly +0). q and
+keys are put once per call into the MMA's core-matrix layout (hytopk_ws_pretile),
+so a stage of 128 keys is one contiguous bulk copy. Needs a Hopper GPU (sm_90a)."""
+from __future__ import annotations
+
+import cupy as cp
+import numpy as np
+
+import reference as R
+from reference.fp8 import Fp8IndexerSource
+from kernels_cuda import instantiations as INST
+
+from ...geometry import WsGeometry, WsReplayGeometry
+from ...registry import register
+from ._launch import as_device, check_k_fits, chunks, i32, input_dtype, kernel, launch, launch_stream, pad_inputs
+from .filter import _buffers, _capacity
+from .threshold import threshold_unchecked
+from .tiled import _sample_scores, recover_rows
+from .wgmma import require_sm90
+
+FILE = "wgmma_ws.cu"
+NOTE = ("warp-specialised wgmma (sm_90a): a bulk-copy producer warp, 4 consumer warpgroups of m64n128, "
+        "keys as A, (query, head) rows as B")
+INPUTS = "(bf16 q/keys, float32 w; fp8 e4m3 from an Fp8IndexerSource)"
+
+
+def _f32_weights(w):
+    """float32 weights: float32 as given, bf16 bits widened exactly."""
+    if w.dtype == cp.float32:
+        return w
+    if input_dtype(w) == "bfloat16":
+        return (w.view(cp.uint16).astype(cp.uint32) << 16).view(cp.float32)
+    raise TypeError(f"argument 'w' must be float32 or bf16, got {w.dtype}")
+
+
+def _aligned(a):
+    return a if a.data.ptr % 16 == 0 else a.copy()
+
+
+class WsInputs:
+    """Device inputs of the wgmma_ws kernels: q and keys as bf16 bits or e4m3 bits, padded to
+    the core's shape; float32 w (and kscale for fp8); the core-matrix copies made on first use."""
+
+    def __init__(self, source, consumers: int = 4):
+        require_sm90()
+        if isinstance(source, Fp8IndexerSource):
+            q, w, keys, ks = (cp.ascontiguousarray(as_device(a)) for a in source)
+            for name, a, dt in (("q", q, cp.uint8), ("keys", keys, cp.uint8), ("w", w, cp.float32),
+                                ("kscale", ks, cp.float32)):
+                if a.dtype != dt:
+                    raise TypeError(f"argument '{name}' of an Fp8IndexerSource must be {np.dtype(dt).name}"
+                                    f"{' (e4m3 bits)' if dt == cp.uint8 else ''}, got {a.dtype}")
+            self._shapes_ok(q, w, keys)
+            if ks.shape != (keys.shape[0],):
+                raise ValueError(f"argument 'kscale': shape {ks.shape} is not [L] = ({keys.shape[0]},)")
+            self.kind, eb, rounded = "ws_fp8", 1, INST.fp8_shape
+        elif isinstance(source, R.IndexerSource):
+            q, w, keys = (cp.ascontiguousarray(as_device(a)) for a in source)
+            self._shapes_ok(q, w, keys)
+            dq, dk = input_dtype(q), input_dtype(keys)
+            if dq != dk:
+                raise TypeError(f"arguments 'q', 'keys' must share one dtype (float32 or bf16), got {q.dtype}, {keys.dtype}")
+            if dq == "float32":                                   # the core takes bf16: round to nearest even
+                from ...bf16 import float32_to_bf16_bits
+                q, keys = (float32_to_bf16_bits(a, cp) for a in (q, keys))
+            q, keys = q.view(cp.uint16), keys.view(cp.uint16)
+            w = _f32_weights(w)
+            ks = cp.zeros(1, cp.float32)                          # not read by the bf16 kernels
+            self.kind, eb, rounded = ("ws" if consumers == 4 else "ws2"), 2, INST.tiled_shape
+        else:
+            raise TypeError(f"argument 'source': the wgmma_ws variants take an IndexerSource or an "
+                            f"Fp8IndexerSource, got {type(source).__name__}")
+        if consumers not in (2, 4) or (consumers == 2 and eb == 1):
+            raise ValueError(f"argument 'consumers': 4 (bf16, fp8) or 2 (bf16), got {consumers}")
+        self.n, H0, D0 = q.shape
+        self.H, self.D = rounded(H0, D0)
+        q, w, keys = pad_inputs(q, w, keys, self.H, self.D)
+        self.q, self.w, self.keys, self.kscale = (_aligned(cp.ascontiguousarray(a)) for a in (q, w, keys, ks))
+        self.L = self.keys.shape[0]
+        self.geo = WsGeometry(self.H, self.D, eb, consumers)
+        self.rgeo = WsReplayGeometry(self.H, self.D, eb)
+        default = {rounded(*s) for s in INST.SHAPES}
+        self.shapes = INST.SHAPES if (self.H, self.D) in default else ((self.H, self.D),)
+        self._qt = self._kt = None
+
+    @staticmethod
+    def _shapes_ok(q, w, keys):
+        if q.ndim != 3 or w.shape != q.shape[:2] or keys.ndim != 2 or keys.shape[1] != q.shape[2]:
+            raise ValueError(f"arguments 'q', 'w', 'keys': shapes {q.shape}, {w.shape}, {keys.shape} "
+                             "are not [n, H, D], [n, H], [L, D]")
+        if q.shape[1] == 0 or q.shape[2] == 0:
+            raise ValueError(f"argument 'q': needs at least one head and one dim, got shape {q.shape}")
+
+    def fn(self, stage: str):
+        """hytopk_<stage>_<kind>: kind ws (bf16, 4 consumers), ws2 (bf16, 2 consumers) or ws_fp8."""
+        kind = "ws" if stage in ("dense", "score_rows", "replay") and self.kind == "ws2" else self.kind
+        return kernel(FILE, f"hytopk_{stage}_{kind}<{self.H}, {self.D}>", self.shapes)
+
+    def _pretile(self, a, rows_out):
+        """rows of `a` (2-D, 16-byte multiples) in the core-matrix layout, zero rows up to rows_out."""
+        rows, row_bytes = a.shape[0], a.shape[1] * a.itemsize
+        out = cp.empty(rows_out * row_bytes, cp.uint8)
+        total = rows_out * row_bytes // 16
+        if total:
+            launch(kernel(FILE, "hytopk_ws_pretile", self.shapes), (min(chunks(total, 256), 132 * 32),),
+                   (a, np.int64(rows), np.int32(row_bytes // 16), np.int64(rows_out), out))
+        return out
+
+    @property
+    def qt(self):
+        if self._qt is None:
+            self._qt = self._pretile(self.q.reshape(self.n * self.H, self.D), self.n * self.H)
+        return self._qt
+
+    @property
+    def kt(self):
+        if self._kt is None:                                      # padded to whole 128-key stages
+            self._kt = self._pretile(self.keys, chunks(self.L, WsGeometry.KT) * WsGeometry.KT)
+        return self._kt
+
+    def head_args(self):
+        return (self.qt, self.w, self.kt, self.kscale, np.int64(self.L))
+
+    def runs(self, scan: bool = True) -> int:
+        # a scan's union may start inside a stage: one stage more than L
+        return chunks(self.L + (WsGeometry.KT if scan else 0), self.geo.block_keys)
+
+    def launch_scan(self, stage, nq, args, scan=True):
+        runs = self.runs(scan)
+        launch(self.fn(stage), (self.geo.groups(nq) * runs,), (*self.head_args(), *args, np.int32(runs)),
+               self.geo.smem, threads=self.geo.threads)
+
+    def score_rows(self, part, lo, hi, buf, stride):
+        """Recovery rows of the queries `part` into buf[len(part), stride] (tiled.recover_rows)."""
+        self.launch_scan("score_rows", part.shape[0], (part, np.int32(part.shape[0]), lo, hi, buf, np.int64(stride)))
+
+    def replay(self, idx):
+        """[n, k] scores at idx (-inf where idx = -1) through the same score function."""
+        idx = i32(idx, "idx")
+        if idx.ndim != 2 or idx.shape[0] != self.n:
+            raise ValueError(f"argument 'idx' must have shape ({self.n}, k), got {idx.shape}")
+        k = idx.shape[1]
+        out = cp.empty((self.n, k), cp.float32)
+        if k and self.n:
+            launch(self.fn("replay"), (self.n, chunks(k, self.rgeo.block_slots)),
+                   (self.qt, self.w, self.keys, self.kscale, np.int64(self.L), np.int32(self.n), idx,
+                    np.int32(k), out), self.rgeo.smem, threads=self.rgeo.threads)
+        return out
+
+
+def _indexer(source, name, consumers=4):
+    if not isinstance(source, (R.IndexerSource, Fp8IndexerSource)):
+        raise TypeError(f"argument 'source': {name} takes the indexer source only (IndexerSource or Fp8IndexerSource)")
+    return WsInputs(source, consumers)
+
+
+def filter_source(source, lo, hi, T, capacity, consumers=4):
+    capacity = _capacity(capacity)
+    with launch_stream():
+        x = _indexer(source, "cupy.filter.wgmma_ws", consumers)
+        lo, hi = i32(lo, "lo"), i32(hi, "hi")
+        T = cp.ascontiguousarray(cp.asarray(T, cp.float32))
+        cand_idx, cand_val, count = _buffers(x.n, capacity)
+        x.launch_scan("filter", x.n, (np.int32(x.n), lo, hi, T, np.int32(capacity), cand_idx, cand_val, count))
+        return cand_idx, cand_val, count
+
+
+@register("filter", "cupy.filter.wgmma_ws", sources=("indexer",), gpu_only=True,
+          notes=f"{NOTE}; on-chip threshold compare, candidates staged per warp in shared memory {INPUTS}")
+def filter_ws(source, lo, hi, T, capacity):
+    return filter_source(source, lo, hi, T, capacity)
+
+
+@register("filter", "cupy.filter.wgmma_ws2", sources=("indexer",), gpu_only=True,
+          notes="the wgmma_ws core with 2 consumer warpgroups of m64n256 (bf16): what the 4-consumer split buys")
+def filter_ws2(source, lo, hi, T, capacity):
+    if isinstance(source, Fp8IndexerSource):
+        raise TypeError("argument 'source': cupy.filter.wgmma_ws2 takes the bf16 indexer source only")
+    return filter_source(source, lo, hi, T, capacity, consumers=2)
+
+
+def dense_source(source, lo, hi):
+    """[n, L] float32 table of the core's scores (-inf outside the context)."""
+    with launch_stream():
+        x = _indexer(source, "dense")
+        lo, hi = i32(lo, "lo"), i32(hi, "hi")
+        out = cp.empty((x.n, x.L), cp.float32)
+        x.launch_scan("dense", x.n, (np.int32(x.n), lo, hi, out), scan=False)
+        return out
+
+
+@register("dense", "cupy.dense.wgmma_ws", gpu_only=True, notes=f"{NOTE}, writing the table {INPUTS}")
+def dense_ws(q, w, keys, lo, hi):
+    return dense_source(R.IndexerSource(q, w, keys), lo, hi)
+
+
+@register("recover", "cupy.recover.wgmma_ws", sources=("indexer",), gpu_only=True,
+          notes=f"failed rows materialised by the wgmma_ws core (same bits as its filter), exact radix top-k {INPUTS}")
+def recover_ws(source, lo, hi, rows, k):
+    k = check_k_fits(k)
+    with launch_stream():
+        return recover_rows(_indexer(source, "cupy.recover.wgmma_ws"), lo, hi, rows, k)
+
+
+def replay_source(source, idx):
+    with launch_stream():
+        return _indexer(source, "replay").replay(idx)
+
+
+@register("replay", "cupy.replay.wgmma_ws", gpu_only=True,
+          notes=f"gathered key tiles (cp.async) through the wgmma_ws score function: its filter's bits {INPUTS}")
+def replay_ws(q, w, keys, idx):
+    return replay_source(R.IndexerSource(q, w, keys), idx)
+
+
+@register("threshold", "cupy.threshold.wgmma_ws", sources=("indexer",), gpu_only=True,
+          notes=f"samples scored by the wgmma_ws replay (its filter's own bits), r-th best by the block "
+                f"threshold's in-shared-memory radix select {INPUTS}")
+def threshold_ws(source, lo, hi, M, r):
+    if not isinstance(source, (R.IndexerSource, Fp8IndexerSource)):
+        raise TypeError("argument 'source': cupy.threshold.wgmma_ws takes the indexer source only")
+    with launch_stream():
+        lo, hi, M, r = i32(lo, "lo"), i32(hi, "hi"), i32(M, "M"), i32(r, "r")
+        s, M = _sample_scores(source, lo, hi, M, replay=replay_source)
+        if s.shape[1] == 0:
+            return cp.full(lo.shape[0], cp.nan, cp.float32)
+        return threshold_unchecked(R.TableSource(s), cp.zeros_like(M), M, M, r)
+
+
+def score_only_ws(source, lo, hi, consumers=4):
+    """The floor of the wgmma_ws variants: the core over every context, nothing written but
+    the wrapping uint64 sum of the order keys (uint64[1], not synchronised)."""
+    with launch_stream():
+        x = _indexer(source, "score_only", consumers)
+        lo, hi = i32(lo, "lo"), i32(hi, "hi")
+        checksum = cp.zeros(1, cp.uint64)
+        x.launch_scan("score_only", x.n, (np.int32(x.n), lo, hi, checksum))
+        return checksum

@@ -1,0 +1,75 @@
+"""Host mirrors of the tensor-core cores' compile-time geometry (no CuPy needed).
+
+The CUDA headers are the source of truth; `static_asserts()` renders C++
+assertions that the compile check (`hytopk compile-check`, nvcc leg) compiles
+next to every instantiation, so a figure here that drifts from its header fails
+CI instead of launching a kernel with the wrong shared memory or grid.
+"""
+from __future__ import annotations
+
+SMEM_LIMIT = 227 * 1024      # a block's shared memory on sm_90
+
+
+class WsGeometry:
+    """hytopk::ws::Shape<H, D, In, C> (kernels_cuda/hytopk_wgmma_ws.cuh): the warp-specialised
+    wgmma core, `elem_bytes` 2 (bf16) or 1 (fp8 e4m3), `consumers` warpgroups 4 or 2."""
+
+    KT = 128                 # keys per stage
+    TILES_PER_BLOCK = 64     # stages per block run: 8192 keys
+
+    def __init__(self, H: int, D: int, elem_bytes: int, consumers: int = 4):
+        self.H, self.D, self.elem_bytes, self.consumers = H, D, elem_bytes, consumers
+        C = consumers
+        row = D * elem_bytes
+        self.threads = 128 * (C + 1)
+        self.qpb = 256 // H
+        nj = self.qpb * (512 // C) // 256
+        self.stages = 4 if elem_bytes == 2 else 6
+        base = 256 * row + self.stages * self.KT * row + 256 * 4 + 16 * self.qpb + 8 * (2 * self.stages + 1)
+        base = (base + 15) // 16 * 16
+        entry = 4 * C * nj * 8
+        self.stage_entries = min(128, (SMEM_LIMIT - base) // entry // 16 * 16)
+        self.smem = base + entry * self.stage_entries
+        self.block_keys = self.KT * self.TILES_PER_BLOCK
+
+    def groups(self, n: int) -> int:
+        return -(-n // self.qpb)
+
+    def cxx(self) -> str:
+        kind = "hytopk::ws::Bf16" if self.elem_bytes == 2 else "hytopk::ws::E4m3"
+        return f"hytopk::ws::Shape<{self.H}, {self.D}, {kind}, {self.consumers}>"
+
+
+class WsReplayGeometry:
+    """ReplayShape<In, H, D> of kernels_cuda/wgmma_ws.cu: one warpgroup per block."""
+
+    TILES = 8                # 64-key tiles per block
+
+    def __init__(self, H: int, D: int, elem_bytes: int):
+        self.H, self.D, self.elem_bytes = H, D, elem_bytes
+        row = D * elem_bytes
+        self.threads = 128
+        self.smem = H * row + 2 * 64 * row + 4 * H + 2 * 64 * 4
+        self.block_slots = 64 * self.TILES
+
+    def cxx(self) -> str:
+        kind = "hytopk::ws::Bf16" if self.elem_bytes == 2 else "hytopk::ws::E4m3"
+        return f"ReplayShape<{kind}, {self.H}, {self.D}>"
+
+
+def ws_static_asserts(shapes_bf16, shapes_fp8) -> list[str]:
+    """C++ static_asserts tying WsGeometry / WsReplayGeometry to the header, per instantiated shape."""
+    out = []
+    for shapes, eb, consumers in ((shapes_bf16, 2, (4, 2)), (shapes_fp8, 1, (4,))):
+        for H, D in shapes:
+            for C in consumers:
+                g = WsGeometry(H, D, eb, C)
+                s = g.cxx()
+                for field, value in (("SMEM_BYTES", g.smem), ("THREADS", g.threads), ("QPB", g.qpb),
+                                     ("KT", g.KT), ("TILES_PER_BLOCK", g.TILES_PER_BLOCK), ("E", g.stage_entries)):
+                    out.append(f'static_assert({s}::{field} == {value}, "workbench/geometry.py WsGeometry'
+                               f'({H}, {D}, {eb}, {C}).{field} != {s}::{field}");')
+            r = WsReplayGeometry(H, D, eb)
+            out.append(f'static_assert({r.cxx()}::SMEM_BYTES == {r.smem} && {r.cxx()}::RT == {r.TILES}, '
+                       f'"workbench/geometry.py WsReplayGeometry({H}, {D}, {eb}) != {r.cxx()}");')
+    return out
