@@ -10,10 +10,11 @@ typedef unsigned long long u64;
 
 // bits of a float32 score -> order key (bigger key = better score).
 // -0.0 ranks as +0.0; every NaN gets key 0 (below -inf).
+// Branch-free (selects): it sits in the hot loop of the fused filters.
 __device__ __forceinline__ u32 order_key_bits(u32 bits) {
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return 0u;      // NaN, any payload
-    if (bits == 0x80000000u) return 0x80000000u;             // -0.0 -> key of +0.0
-    return (bits & 0x80000000u) ? ~bits : (bits ^ 0x80000000u);
+    u32 key = bits ^ ((u32)((int)bits >> 31) | 0x80000000u);  // sign 1: ~bits; sign 0: bits ^ 0x80000000
+    key = bits == 0x80000000u ? 0x80000000u : key;           // -0.0 -> key of +0.0
+    return (bits & 0x7fffffffu) > 0x7f800000u ? 0u : key;    // NaN, any payload
 }
 
 __device__ __forceinline__ u32 order_key(float x) { return order_key_bits(__float_as_uint(x)); }

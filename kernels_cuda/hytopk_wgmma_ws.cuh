@@ -16,11 +16,11 @@
 // bulk copy (32 KiB of bf16 keys) and a query's rows another.
 //
 // The score, fixed arithmetic (every epilogue and the replay kernel call
-// score_sums + finish_score, so their bits agree):
+// partial_sums + quad_sums + finish_score, so their bits agree):
 //   dot(q[t,h], key) = the wgmma chain over K steps ascending (scale_d = 0 first);
 //   lane (g, tig) sums w[h] * (dot + |dot|) over its heads h = 8j + 2tig, 8j + 2tig + 1,
-//   j ascending (fmaf, float32 w); + xor-shuffle over lane bits 0 and 1 (commutative:
-//   the four lanes of a quad end with the same bits); times 0.5 (bf16) or
+//   j ascending (fmaf, float32 w): x_tig; the quad's sum (x_0 + x_1) + (x_2 + x_3) (FADD
+//   commutes: the same bits in whichever lane computes it); times 0.5 (bf16) or
 //   0.5 * kscale[key] (fp8 e4m3); + 0.0f.
 // x + |x| = 2 max(x, 0) exactly for finite x (one full-rate FADD instead of a
 // half-rate FMNMX); the 1/2 is folded into the final scale, which is exact barring
@@ -63,23 +63,28 @@ struct E4m3 {                          // q, keys: fp8 e4m3 bits, a float32 scal
 
 // One MMA chain over K (KSTEPS instructions of 32 bytes of K each), issued and
 // committed by the calling warpgroup; a / b are core-matrix operands in shared memory.
-template <class In, int KSTEPS, int ACC>
-__device__ __forceinline__ void mma_chain(float (&d)[ACC], u32 a, u32 b, u32 group_bytes) {
-    const u64 da = smem_desc(a, 128u, group_bytes), db = smem_desc(b, 128u, group_bytes);
+// Descriptors as 32-bit words: the low one (address, leading offset 128 B) steps by
+// 256 B = 16 units per K step inside its 14-bit address field (smem < 256 KiB: no carry),
+// the high one (stride offset: GROUP_BYTES) is a constant; 64-bit adds and the register
+// shuffling around them were a sixth of the v1 loop's instructions.
+template <class In, int KSTEPS, int GROUP_BYTES, int ACC>
+__device__ __forceinline__ void mma_chain(float (&d)[ACC], u32 a, u32 b) {
+    constexpr u32 HI = (u32)(GROUP_BYTES >> 4) & 0x3fffu;
+    const u32 a_lo = ((a >> 4) & 0x3fffu) | (8u << 16), b_lo = ((b >> 4) & 0x3fffu) | (8u << 16);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < KSTEPS; ++ks)
-        In::mma(d, da + 16ull * ks, db + 16ull * ks, ks > 0);    // + 32 bytes of K = 2 core matrices = 256 B
+        In::mma(d, ((u64)HI << 32) | (a_lo + 16u * ks), ((u64)HI << 32) | (b_lo + 16u * ks), ks > 0);
     wgmma_commit();
 }
 
 __device__ __forceinline__ float relu2(float x) { return x + fabsf(x); }     // 2 max(x, 0), one FADD
 
-// Unscaled head sums of NJ query slots for the thread's two keys (rows g, g + 8 of
-// its warp's 16): p[jj][e] over accumulator columns [jj * H, (jj + 1) * H) of d;
-// w2 = the float2 weights of slot 0 of d's column range, in (query, head) order.
+// This lane's partial head sums of NJ query slots for its two keys (rows g, g + 8 of
+// its warp's 16): x[jj][e] over its columns of [jj * H, (jj + 1) * H) in d, heads
+// 8 q8 + 2 tig, + 1 with q8 ascending; w2 = float2 weights of slot 0 of d's columns.
 template <int H, int NJ, int ACC>
-__device__ __forceinline__ void score_sums(const float (&d)[ACC], const float2* __restrict__ w2, float (&p)[NJ][2]) {
+__device__ __forceinline__ void partial_sums(const float (&d)[ACC], const float2* __restrict__ w2, float (&x)[NJ][2]) {
     constexpr int JQ = H / 8;                            // n8 column blocks per query
     static_assert(ACC == NJ * H / 2, "accumulators: NJ slots x H heads / (128 threads / 64 keys)");
     const int tig = (int)(lane_id() & 3);
@@ -95,12 +100,47 @@ __device__ __forceinline__ void score_sums(const float (&d)[ACC], const float2* 
             a1 = fmaf(wv.x, relu2(d[4 * nb + 2]), a1);
             a1 = fmaf(wv.y, relu2(d[4 * nb + 3]), a1);
         }
-        a0 += __shfl_xor_sync(0xffffffffu, a0, 1);
-        a1 += __shfl_xor_sync(0xffffffffu, a1, 1);
-        a0 += __shfl_xor_sync(0xffffffffu, a0, 2);
-        a1 += __shfl_xor_sync(0xffffffffu, a1, 2);
-        p[jj][0] = a0;
-        p[jj][1] = a1;
+        x[jj][0] = a0;
+        x[jj][1] = a1;
+    }
+}
+
+// The quad's sums, one slot per lane: lane tig ends with the head sum of slots 4u + tig
+// (u < U = ceil(NJ / 4)) in v[u][e]. A reduce-scatter over the quad: round 1 (xor 1)
+// each lane keeps the slots of its parity and sends the rest, round 2 (xor 2) likewise;
+// NJ / 2 + NJ / 4 shuffles instead of the 2 NJ of a butterfly per slot. Every slot's sum is
+// (x_a + x_a^1) + (x_a^2 + x_a^3), the butterfly's association: FADD commutes, so the bits do
+// not depend on which lane owns the slot (the replay kernel's butterfly gives the same).
+// NJ = 1 or 2: lanes tig and tig ^ 2 (and ^ 1 for NJ = 1) hold the same sum.
+template <int NJ>
+__device__ __forceinline__ void quad_sums(float (&x)[NJ][2], float (&v)[(NJ + 3) / 4][2]) {
+    const int tig = (int)(lane_id() & 3);
+    const bool odd = tig & 1, hi2 = tig & 2;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        if constexpr (NJ == 1) {
+            float s = x[0][e];
+            s += __shfl_xor_sync(0xffffffffu, s, 1);
+            s += __shfl_xor_sync(0xffffffffu, s, 2);
+            v[0][e] = s;
+        } else {
+            constexpr int P = NJ / 2;                    // after round 1: pair sums of slots 2p + (tig & 1)
+            float y[P];
+#pragma unroll
+            for (int p = 0; p < P; ++p) {
+                const float keep = odd ? x[2 * p + 1][e] : x[2 * p][e], send = odd ? x[2 * p][e] : x[2 * p + 1][e];
+                y[p] = keep + __shfl_xor_sync(0xffffffffu, send, 1);
+            }
+            if constexpr (P == 1) {                      // NJ = 2: slot tig & 1 in lanes tig, tig ^ 2
+                v[0][e] = y[0] + __shfl_xor_sync(0xffffffffu, y[0], 2);
+            } else {
+#pragma unroll
+                for (int r = 0; r < P / 2; ++r) {        // slot 2 (2r + (tig >> 1 & 1)) + (tig & 1) = 4r + tig
+                    const float keep = hi2 ? y[2 * r + 1] : y[2 * r], send = hi2 ? y[2 * r] : y[2 * r + 1];
+                    v[r][e] = keep + __shfl_xor_sync(0xffffffffu, send, 2);
+                }
+            }
+        }
     }
 }
 
@@ -129,6 +169,7 @@ struct Shape {
     static constexpr int QPB = 256 / H;                  // query slots per block: 256 (query, head) rows
     static constexpr int NR = 512 / C;                   // rows per consumer (N of its MMA)
     static constexpr int NJ = QPB * NR / 256;            // slots per consumer
+    static constexpr int U = (NJ + 3) / 4;               // slots per lane: 4u + tig
     static constexpr int ACC = NR / 2;                   // accumulators per thread
     static constexpr int CH = ROW_BYTES / 16;
     static constexpr int KSTEPS = ROW_BYTES / 32;
@@ -254,17 +295,21 @@ struct Core {
     }
 
     // A consumer warpgroup: per tile, wait for the stage, MMA, release the stage, epilogue.
-    // Epi: scores<J0>(core, j0, s_warp, p) for its NJ slots j0 .. j0 + NJ - 1 and the warp's
-    // 16 keys s_warp ..; skipped(core, j0, s_warp) when its key half misses the union;
-    // finish(core, j0) at the end.
-    template <class Epi>
+    // Its slots are j0 .. j0 + NJ - 1; lane tig owns slots j0 + 4u + tig (u < U, 4u + tig < NJ).
+    // Epi: begin(core, j0) once (the owned slots' data into registers); scores(core, s_warp, v)
+    // with v[u][e] = the owned slot's score of key s_warp + g + 8e (the warp's 16 keys
+    // s_warp ..); skipped(core, s_warp) when its key half misses the union; finish(core) at the end.
+    // WG is a template argument: with the warpgroup's key and row halves known at compile
+    // time, the descriptors derive from uniform values only and stay in uniform registers.
+    template <int WG, class Epi>
     __device__ void consume(long long tile0, int ntiles, Epi& epi) const {
-        const int wg = (int)(threadIdx.x >> 7), wi = (int)((threadIdx.x >> 5) & 3);
-        const int kh = S::C == 4 ? (wg >> 1) : wg, rh = S::C == 4 ? (wg & 1) : 0;
+        const int wi = (int)((threadIdx.x >> 5) & 3);
+        constexpr int kh = S::C == 4 ? (WG >> 1) : WG, rh = S::C == 4 ? (WG & 1) : 0;
         const int j0 = rh * S::NJ;
         const u32 a_off = (u32)(kh * 8 * S::GROUP_BYTES);                   // key rows kh * 64 ..
         const u32 b_addr = q_smem() + (u32)(rh * (S::NR / 8) * S::GROUP_BYTES);
         const float2* w2 = reinterpret_cast<const float2*>(s_w) + j0 * (S::H / 2);
+        epi.begin(*this, j0);
         mbar_wait(q_bar(), 0u);
         for (int i = 0; i < ntiles; ++i) {
             const int st = i % S::STAGES;
@@ -273,27 +318,28 @@ struct Core {
             mbar_wait(full_bar(st), (u32)((i / S::STAGES) & 1));
             float d[S::ACC];
             if (active) {
-                mma_chain<In, S::KSTEPS>(d, stage_smem(st) + a_off, b_addr, (u32)S::GROUP_BYTES);
+                mma_chain<In, S::KSTEPS, S::GROUP_BYTES>(d, stage_smem(st) + a_off, b_addr);
                 wgmma_wait_all();
             }
             __syncwarp();
             if (lane_id() == 0) mbar_arrive(empty_bar(st));                 // the MMA has read the stage
             if (active) {
-                float p[S::NJ][2];
-                score_sums<S::H, S::NJ>(d, w2, p);
+                float x[S::NJ][2], v[S::U][2];
+                partial_sums<S::H, S::NJ>(d, w2, x);
+                quad_sums<S::NJ>(x, v);
                 const int g = (int)(lane_id() >> 2);
                 const float h0 = half_scale_of<In>(kscale, s_warp + g, L), h1 = half_scale_of<In>(kscale, s_warp + g + 8, L);
 #pragma unroll
-                for (int jj = 0; jj < S::NJ; ++jj) {
-                    p[jj][0] = finish_score(p[jj][0], h0);
-                    p[jj][1] = finish_score(p[jj][1], h1);
+                for (int u = 0; u < S::U; ++u) {
+                    v[u][0] = finish_score(v[u][0], h0);
+                    v[u][1] = finish_score(v[u][1], h1);
                 }
-                epi.scores(*this, j0, s_warp, p);
+                epi.scores(*this, s_warp, v);
             } else {
-                epi.skipped(*this, j0, s_warp);
+                epi.skipped(*this, s_warp);
             }
         }
-        epi.finish(*this, j0);
+        epi.finish(*this);
     }
 
     // Role split. Every thread of the block calls it (after init and the epilogue's setup).
@@ -304,7 +350,12 @@ struct Core {
             if (threadIdx.x == 128 * S::C) produce(tile0, ntiles);
         } else {
             regs_inc<S::CONSUMER_REGS>();
-            consume(tile0, ntiles, epi);
+            switch (threadIdx.x >> 7) {
+                case 0: consume<0>(tile0, ntiles, epi); break;
+                case 1: consume<1>(tile0, ntiles, epi); break;
+                case 2: if constexpr (S::C == 4) consume<2>(tile0, ntiles, epi); break;
+                default: if constexpr (S::C == 4) consume<3>(tile0, ntiles, epi); break;
+            }
         }
     }
 

@@ -14,19 +14,48 @@ namespace {
 
 constexpr u32 FULL = 0xffffffffu;
 
+// The owned slots of a lane (hytopk_wgmma_ws.cuh, Core::consume): slot j0 + 4u + tig,
+// its query (-1: none or not owned) and context, cached in registers by begin().
+template <class S>
+struct Owned {
+    int j0;
+    int t[S::U], a[S::U], b[S::U];
+    __device__ __forceinline__ void load(const Core<S>& c, int j0_) {
+        j0 = j0_;
+        const int tig = (int)(lane_id() & 3);
+#pragma unroll
+        for (int u = 0; u < S::U; ++u) {
+            const int jl = 4 * u + tig;
+            t[u] = jl < S::NJ ? c.s_t[j0 + jl] : -1;
+            a[u] = jl < S::NJ ? c.s_a[j0 + jl] : 0;
+            b[u] = jl < S::NJ ? c.s_b[j0 + jl] : 0;
+        }
+    }
+};
+
 // Filter: compare on chip, append passing (position, bits) to this warp's staging
 // buffer of the slot in shared memory; a full buffer, and every buffer at the end,
 // is flushed with one global atomic for its whole run (no atomics in the loop).
-// Lane tig looks after slots j0 + tig + 4u: one ballot pair covers four slots.
+// One ballot pair covers the four slots j0 + 4u + tig of a u.
 template <class S>
 struct FilterEpi {
-    static constexpr int U = (S::NJ + 3) / 4;
     int capacity;
     int* cand_idx;
     u32* cand_val;
     int* count;
-    int cnt[U];                    // entries in this warp's buffer of slot j0 + tig + 4u (same in the 8 lanes of a tig)
+    Owned<S> own;
+    u32 tkey[S::U];
+    int cnt[S::U];                 // entries in this warp's buffer of the owned slot (same in the 8 lanes of a tig)
 
+    __device__ __forceinline__ void begin(const Core<S>& c, int j0) {
+        own.load(c, j0);
+        const int tig = (int)(lane_id() & 3);
+#pragma unroll
+        for (int u = 0; u < S::U; ++u) {
+            tkey[u] = own.t[u] >= 0 ? c.s_aux[j0 + 4 * u + tig] : 0u;
+            cnt[u] = 0;
+        }
+    }
     __device__ __forceinline__ uint2* buffer(const Core<S>& c, int jl) const {
         return c.s_stage + ((int)(threadIdx.x >> 5) * S::NJ + jl) * S::E;
     }
@@ -41,24 +70,16 @@ struct FilterEpi {
                 cand_val[row + base + k] = e.y;
             }
     }
-    template <int NJ>
-    __device__ __forceinline__ void scores(const Core<S>& c, int j0, long long s_warp, const float (&p)[NJ][2]) {
+    __device__ __forceinline__ void scores(const Core<S>& c, long long s_warp, const float (&v)[S::U][2]) {
         const int lane = (int)lane_id(), g = lane >> 2, tig = lane & 3;
         const int s0 = (int)s_warp + g, s1 = s0 + 8;                  // positions < L < 2^31: int compares
         const u32 mine = 0x11111111u << tig;                            // the lanes of my slot
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int jl = 4 * u + tig;
-            float v0 = 0.0f, v1 = 0.0f;
-#pragma unroll
-            for (int q = 0; q < 4; ++q)
-                if (4 * u + q < NJ && tig == q) { v0 = p[4 * u + q][0]; v1 = p[4 * u + q][1]; }
-            int t = -1, a = 0, b = 0;
-            u32 tkey = 0u;
-            if (jl < NJ) { t = c.s_t[j0 + jl]; a = c.s_a[j0 + jl]; b = c.s_b[j0 + jl]; tkey = c.s_aux[j0 + jl]; }
-            const bool ok = t >= 0;
-            const bool pass0 = ok && s0 >= a && s0 < b && order_key(v0) >= tkey;
-            const bool pass1 = ok && s1 >= a && s1 < b && order_key(v1) >= tkey;
+        for (int u = 0; u < S::U; ++u) {
+            // non-short-circuit &: straight-line selects, no branches in the common path
+            const bool ok = own.t[u] >= 0;
+            const bool pass0 = ok & (s0 >= own.a[u]) & (s0 < own.b[u]) & (order_key(v[u][0]) >= tkey[u]);
+            const bool pass1 = ok & (s1 >= own.a[u]) & (s1 < own.b[u]) & (order_key(v[u][1]) >= tkey[u]);
             const u32 m0 = __ballot_sync(FULL, pass0), m1 = __ballot_sync(FULL, pass1);
             if ((m0 | m1) == 0u) continue;                              // warp-uniform
             const int n0 = __popc(m0 & mine), tot = n0 + __popc(m1 & mine);
@@ -67,8 +88,8 @@ struct FilterEpi {
                 __syncwarp();
 #pragma unroll
                 for (int q = 0; q < 4; ++q) {
-                    if (4 * u + q >= NJ || !((fm >> q) & 1u)) continue;   // lane q speaks for slot 4u + q
-                    const int cq = __shfl_sync(FULL, cnt[u], q), tq = __shfl_sync(FULL, t, q);
+                    if (4 * u + q >= S::NJ || !((fm >> q) & 1u)) continue;   // lane q speaks for slot 4u + q
+                    const int cq = __shfl_sync(FULL, cnt[u], q), tq = __shfl_sync(FULL, own.t[u], q);
                     int base = 0;
                     if (lane == q) base = atomicAdd(count + tq, cq);
                     base = __shfl_sync(FULL, base, q);
@@ -78,117 +99,117 @@ struct FilterEpi {
                 __syncwarp();
             }
             if (pass0 || pass1) {
-                uint2* buf = buffer(c, jl);
+                uint2* buf = buffer(c, 4 * u + tig);
                 const u32 below = lanes_below_mask();
-                if (pass0) buf[cnt[u] + __popc(m0 & mine & below)] = make_uint2((u32)s0, __float_as_uint(v0));
-                if (pass1) buf[cnt[u] + n0 + __popc(m1 & mine & below)] = make_uint2((u32)s1, __float_as_uint(v1));
+                if (pass0) buf[cnt[u] + __popc(m0 & mine & below)] = make_uint2((u32)s0, __float_as_uint(v[u][0]));
+                if (pass1) buf[cnt[u] + n0 + __popc(m1 & mine & below)] = make_uint2((u32)s1, __float_as_uint(v[u][1]));
             }
             cnt[u] += tot;
         }
     }
-    __device__ __forceinline__ void skipped(const Core<S>&, int, long long) {}
-    // every buffer's run: all slots' atomics in flight together (lane tig adds slot j0 + tig + 4u)
-    __device__ __forceinline__ void finish(const Core<S>& c, int j0) {
+    __device__ __forceinline__ void skipped(const Core<S>&, long long) {}
+    // every buffer's run: all slots' atomics in flight together (lane q adds slot 4u + q)
+    __device__ __forceinline__ void finish(const Core<S>& c) {
         __syncwarp();
         const int lane = (int)lane_id();
-        int mybase[U];
+        int mybase[S::U];
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
+        for (int u = 0; u < S::U; ++u) {
             mybase[u] = 0;
-            const int jl = 4 * u + lane;
-            if (lane < 4 && jl < S::NJ && cnt[u] > 0) mybase[u] = atomicAdd(count + c.s_t[j0 + jl], cnt[u]);
+            if (lane < 4 && own.t[u] >= 0 && cnt[u] > 0) mybase[u] = atomicAdd(count + own.t[u], cnt[u]);
         }
 #pragma unroll
-        for (int u = 0; u < U; ++u)
+        for (int u = 0; u < S::U; ++u)
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
                 if (4 * u + q >= S::NJ) continue;
                 const int cq = __shfl_sync(FULL, cnt[u], q), base = __shfl_sync(FULL, mybase[u], q);
-                if (cq > 0) copy_out(c, 4 * u + q, c.s_t[j0 + 4 * u + q], base, cq);
+                const int tq = __shfl_sync(FULL, own.t[u], q);
+                if (cq > 0) copy_out(c, 4 * u + q, tq, base, cq);
             }
     }
 };
 
 // Dense: out[t, s] = score inside the context, -inf elsewhere (every s < L).
+template <class S>
 struct DenseEpi {
     u32* out;
-    template <class Co, int NJ>
-    __device__ __forceinline__ void scores(const Co& c, int j0, long long s_warp, const float (&p)[NJ][2]) {
-        const int lane = (int)lane_id(), g = lane >> 2, tig = lane & 3;
+    Owned<S> own;
+    __device__ __forceinline__ void begin(const Core<S>& c, int j0) { own.load(c, j0); }
+    __device__ __forceinline__ void scores(const Core<S>& c, long long s_warp, const float (&v)[S::U][2]) {
+        const int g = (int)(lane_id() >> 2);
 #pragma unroll
-        for (int jj = 0; jj < NJ; ++jj) {
-            const int t = c.s_t[j0 + jj];
-            if (t < 0 || tig != (jj & 3)) continue;
-            const int a = c.s_a[j0 + jj], b = c.s_b[j0 + jj];
+        for (int u = 0; u < S::U; ++u) {
+            if (own.t[u] < 0) continue;
+            u32* row = out + (long long)own.t[u] * c.L;
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int s = (int)s_warp + g + 8 * e;
-                if (s < c.L) out[(long long)t * c.L + s] = (s >= a && s < b) ? __float_as_uint(p[jj][e]) : NEG_INF_BITS;
+                if (s < c.L) row[s] = (s >= own.a[u] && s < own.b[u]) ? __float_as_uint(v[u][e]) : NEG_INF_BITS;
             }
         }
     }
-    template <class Co>
-    __device__ __forceinline__ void skipped(const Co& c, int j0, long long s_warp) {   // 16 keys outside every context
+    __device__ __forceinline__ void skipped(const Core<S>& c, long long s_warp) {   // 16 keys outside every context
         const int lane = (int)lane_id();
         const long long s = s_warp + (lane & 15);
-        for (int jj = 0; jj < Co::Geometry::NJ; ++jj) {
-            const int t = c.s_t[j0 + jj];
+        for (int jj = 0; jj < S::NJ; ++jj) {
+            const int t = c.s_t[own.j0 + jj];
             if (t >= 0 && lane < 16 && s < c.L) out[(long long)t * c.L + s] = NEG_INF_BITS;
         }
     }
-    template <class Co>
-    __device__ __forceinline__ void finish(const Co&, int) {}
+    __device__ __forceinline__ void finish(const Core<S>&) {}
 };
 
 // Recovery rows: buf[entry, s - a] for s in [a, min(b, a + stride)), entry = the slot's index in the query list.
+template <class S>
 struct RowsEpi {
     u32* buf;
     long long stride;
-    template <class Co, int NJ>
-    __device__ __forceinline__ void scores(const Co& c, int j0, long long s_warp, const float (&p)[NJ][2]) {
-        const int lane = (int)lane_id(), g = lane >> 2, tig = lane & 3;
+    Owned<S> own;
+    __device__ __forceinline__ void begin(const Core<S>& c, int j0) {
+        own.load(c, j0);
 #pragma unroll
-        for (int jj = 0; jj < NJ; ++jj) {
-            const int j = j0 + jj;
-            if (c.s_t[j] < 0 || tig != (jj & 3)) continue;
-            const long long a = c.s_a[j], end = min((long long)c.s_b[j], a + stride);
-            u32* row = buf + (long long)(c.group * Co::Geometry::QPB + j) * stride - a;
+        for (int u = 0; u < S::U; ++u)            // b: the end of the stored part of the row
+            own.b[u] = (int)min((long long)own.b[u], (long long)own.a[u] + stride);
+    }
+    __device__ __forceinline__ void scores(const Core<S>& c, long long s_warp, const float (&v)[S::U][2]) {
+        const int g = (int)(lane_id() >> 2), tig = (int)(lane_id() & 3);
+#pragma unroll
+        for (int u = 0; u < S::U; ++u) {
+            if (own.t[u] < 0) continue;
+            u32* row = buf + (long long)(c.group * S::QPB + own.j0 + 4 * u + tig) * stride - own.a[u];
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int s = (int)s_warp + g + 8 * e;
-                if (s >= a && s < end) row[s] = __float_as_uint(p[jj][e]);
+                if (s >= own.a[u] && s < own.b[u]) row[s] = __float_as_uint(v[u][e]);
             }
         }
     }
-    template <class Co>
-    __device__ __forceinline__ void skipped(const Co&, int, long long) {}
-    template <class Co>
-    __device__ __forceinline__ void finish(const Co&, int) {}
+    __device__ __forceinline__ void skipped(const Core<S>&, long long) {}
+    __device__ __forceinline__ void finish(const Core<S>&) {}
 };
 
 // Score-only: the wrapping sum of the order keys of every in-context score.
+template <class S>
 struct ChecksumEpi {
     u64* checksum;
     u64 sum;
-    template <class Co, int NJ>
-    __device__ __forceinline__ void scores(const Co& c, int j0, long long s_warp, const float (&p)[NJ][2]) {
-        const int lane = (int)lane_id(), g = lane >> 2, tig = lane & 3;
+    Owned<S> own;
+    __device__ __forceinline__ void begin(const Core<S>& c, int j0) { own.load(c, j0); }
+    __device__ __forceinline__ void scores(const Core<S>&, long long s_warp, const float (&v)[S::U][2]) {
+        const int g = (int)(lane_id() >> 2);
 #pragma unroll
-        for (int jj = 0; jj < NJ; ++jj) {
-            const int j = j0 + jj;
-            if (c.s_t[j] < 0 || tig != (jj & 3)) continue;
-            const int a = c.s_a[j], b = c.s_b[j];
+        for (int u = 0; u < S::U; ++u) {
+            if (own.t[u] < 0) continue;
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int s = (int)s_warp + g + 8 * e;
-                if (s >= a && s < b) sum += order_key(p[jj][e]);
+                if (s >= own.a[u] && s < own.b[u]) sum += order_key(v[u][e]);
             }
         }
     }
-    template <class Co>
-    __device__ __forceinline__ void skipped(const Co&, int, long long) {}
-    template <class Co>
-    __device__ __forceinline__ void finish(const Co&, int) {
+    __device__ __forceinline__ void skipped(const Core<S>&, long long) {}
+    __device__ __forceinline__ void finish(const Core<S>&) {
         u64 s = sum;
         for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(FULL, s, off);
         if (lane_id() == 0 && s) atomicAdd(checksum, s);
@@ -218,8 +239,6 @@ __device__ __forceinline__ void filter_body(HYTOPK_WS_ARGS, int n, const int* lo
     __syncthreads();
     FilterEpi<S> epi;
     epi.capacity = capacity; epi.cand_idx = cand_idx; epi.cand_val = cand_val; epi.count = count;
-#pragma unroll
-    for (int u = 0; u < FilterEpi<S>::U; ++u) epi.cnt[u] = 0;
     core.run_roles(tile0, ntiles, epi);
 }
 
@@ -233,7 +252,8 @@ __device__ __forceinline__ void dense_body(HYTOPK_WS_ARGS, int n, const int* lo,
     const auto query = [&core](int j) { return (long long)core.s_t[j]; };
     if (!dense_run(L, core.glo, core.ghi, S::KT, S::TILES_PER_BLOCK, S::QPB, query, out, t0, t1, core.run)) return;
     if (t0 >= t1) return;                                             // block-uniform
-    DenseEpi epi = {out};
+    DenseEpi<S> epi;
+    epi.out = out;
     core.run_roles(t0, (int)(t1 - t0), epi);
 }
 
@@ -248,7 +268,9 @@ __device__ __forceinline__ void rows_body(HYTOPK_WS_ARGS, const int* rows, int n
     int ntiles;
     core.union_tiles(tile0, ntiles);
     if (ntiles <= 0) return;
-    RowsEpi epi = {buf, stride};
+    RowsEpi<S> epi;
+    epi.buf = buf;
+    epi.stride = stride;
     core.run_roles(tile0, ntiles, epi);
 }
 
@@ -263,7 +285,9 @@ __device__ __forceinline__ void score_only_body(HYTOPK_WS_ARGS, int n, const int
     int ntiles;
     core.union_tiles(tile0, ntiles);
     if (ntiles <= 0) return;
-    ChecksumEpi epi = {checksum, 0ull};
+    ChecksumEpi<S> epi;
+    epi.checksum = checksum;
+    epi.sum = 0ull;
     core.run_roles(tile0, ntiles, epi);
 }
 
@@ -271,7 +295,7 @@ __device__ __forceinline__ void score_only_body(HYTOPK_WS_ARGS, int n, const int
 // One warpgroup per block: query t = blockIdx.x, selected slots [64 RT y, 64 RT (y + 1)) of
 // its k. Key rows keys[idx[t, j]] (row-major [L, D], idx = -1: zeros) are gathered with
 // cp.async into the core-matrix layout, double buffered; the MMA has N = H (the query's
-// rows) and the same score_sums / finish_score as the scan epilogues.
+// rows) and the same partial_sums / quad_sums / finish_score as the scan epilogues.
 template <class In, int H, int D>
 struct ReplayShape {
     static constexpr int ROW_BYTES = D * In::BYTES;
@@ -325,10 +349,11 @@ __device__ __forceinline__ void replay_body(HYTOPK_WS_ARGS, int n, const int* id
         fence_proxy_async();
         __syncthreads();                                     // tile jt (and q, w) landed
         float d[H / 2];
-        mma_chain<In, R::KSTEPS>(d, sk + (jt & 1) * R::TILE_BYTES, sq, (u32)R::GROUP_BYTES);
+        mma_chain<In, R::KSTEPS, R::GROUP_BYTES>(d, sk + (jt & 1) * R::TILE_BYTES, sq);
         wgmma_wait_all();
-        float p[1][2];
-        score_sums<H, 1>(d, reinterpret_cast<const float2*>(s_w), p);
+        float x[1][2], p[1][2];
+        partial_sums<H, 1>(d, reinterpret_cast<const float2*>(s_w), x);
+        quad_sums<1>(x, p);
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             const int r = 16 * wi + g + 8 * e;
