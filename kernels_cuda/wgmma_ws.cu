@@ -15,22 +15,29 @@ namespace {
 constexpr u32 FULL = 0xffffffffu;
 
 // The owned slots of a lane (hytopk_wgmma_ws.cuh, Core::consume): slot j0 + 4u + tig,
-// its query (-1: none or not owned) and context, cached in registers by begin().
+// its query (-1: none or not owned) and context. With one slot per lane (H >= 32) they are
+// cached in registers by load(); with more (H = 16, whose 112 registers have no room) they
+// are read from shared memory at each use.
 template <class S>
 struct Owned {
+    static constexpr bool CACHE = S::U == 1;
     int j0;
-    int t[S::U], a[S::U], b[S::U];
-    __device__ __forceinline__ void load(const Core<S>& c, int j0_) {
+    int t_[1], a_[1], b_[1];        // slot u = 0, when CACHE
+    const Core<S>* c;
+    __device__ __forceinline__ int jl(int u) const { return 4 * u + (int)(lane_id() & 3); }
+    __device__ __forceinline__ void load(const Core<S>& core, int j0_) {
         j0 = j0_;
-        const int tig = (int)(lane_id() & 3);
-#pragma unroll
-        for (int u = 0; u < S::U; ++u) {
-            const int jl = 4 * u + tig;
-            t[u] = jl < S::NJ ? c.s_t[j0 + jl] : -1;
-            a[u] = jl < S::NJ ? c.s_a[j0 + jl] : 0;
-            b[u] = jl < S::NJ ? c.s_b[j0 + jl] : 0;
+        c = &core;
+        if (CACHE) {
+            t_[0] = jl(0) < S::NJ ? core.s_t[j0 + jl(0)] : -1;
+            a_[0] = jl(0) < S::NJ ? core.s_a[j0 + jl(0)] : 0;
+            b_[0] = jl(0) < S::NJ ? core.s_b[j0 + jl(0)] : 0;
         }
     }
+    __device__ __forceinline__ int t(int u) const { return CACHE ? t_[0] : (jl(u) < S::NJ ? c->s_t[j0 + jl(u)] : -1); }
+    __device__ __forceinline__ int a(int u) const { return CACHE ? a_[0] : c->s_a[j0 + jl(u)]; }
+    __device__ __forceinline__ int b(int u) const { return CACHE ? b_[0] : c->s_b[j0 + jl(u)]; }
+    __device__ __forceinline__ u32 aux(int u) const { return c->s_aux[j0 + jl(u)]; }
 };
 
 // Filter: compare on chip, append passing (position, bits) to this warp's staging
@@ -44,18 +51,16 @@ struct FilterEpi {
     u32* cand_val;
     int* count;
     Owned<S> own;
-    u32 tkey[S::U];
+    u32 tkey0;                     // the threshold key of slot u = 0 (cached with one slot per lane)
     int cnt[S::U];                 // entries in this warp's buffer of the owned slot (same in the 8 lanes of a tig)
 
     __device__ __forceinline__ void begin(const Core<S>& c, int j0) {
         own.load(c, j0);
-        const int tig = (int)(lane_id() & 3);
+        tkey0 = own.t(0) >= 0 ? own.aux(0) : 0u;
 #pragma unroll
-        for (int u = 0; u < S::U; ++u) {
-            tkey[u] = own.t[u] >= 0 ? c.s_aux[j0 + 4 * u + tig] : 0u;
-            cnt[u] = 0;
-        }
+        for (int u = 0; u < S::U; ++u) cnt[u] = 0;
     }
+    __device__ __forceinline__ u32 tkey(int u) const { return Owned<S>::CACHE ? tkey0 : own.aux(u); }
     __device__ __forceinline__ uint2* buffer(const Core<S>& c, int jl) const {
         return c.s_stage + ((int)(threadIdx.x >> 5) * S::NJ + jl) * S::E;
     }
@@ -77,9 +82,11 @@ struct FilterEpi {
 #pragma unroll
         for (int u = 0; u < S::U; ++u) {
             // non-short-circuit &: straight-line selects, no branches in the common path
-            const bool ok = own.t[u] >= 0;
-            const bool pass0 = ok & (s0 >= own.a[u]) & (s0 < own.b[u]) & (order_key(v[u][0]) >= tkey[u]);
-            const bool pass1 = ok & (s1 >= own.a[u]) & (s1 < own.b[u]) & (order_key(v[u][1]) >= tkey[u]);
+            const int t = own.t(u), a = t >= 0 ? own.a(u) : 0, b = t >= 0 ? own.b(u) : 0;
+            const u32 tk = t >= 0 ? tkey(u) : 0u;
+            const bool ok = t >= 0;
+            const bool pass0 = ok & (s0 >= a) & (s0 < b) & (order_key(v[u][0]) >= tk);
+            const bool pass1 = ok & (s1 >= a) & (s1 < b) & (order_key(v[u][1]) >= tk);
             const u32 m0 = __ballot_sync(FULL, pass0), m1 = __ballot_sync(FULL, pass1);
             if ((m0 | m1) == 0u) continue;                              // warp-uniform
             const int n0 = __popc(m0 & mine), tot = n0 + __popc(m1 & mine);
@@ -89,7 +96,7 @@ struct FilterEpi {
 #pragma unroll
                 for (int q = 0; q < 4; ++q) {
                     if (4 * u + q >= S::NJ || !((fm >> q) & 1u)) continue;   // lane q speaks for slot 4u + q
-                    const int cq = __shfl_sync(FULL, cnt[u], q), tq = __shfl_sync(FULL, own.t[u], q);
+                    const int cq = __shfl_sync(FULL, cnt[u], q), tq = __shfl_sync(FULL, t, q);
                     int base = 0;
                     if (lane == q) base = atomicAdd(count + tq, cq);
                     base = __shfl_sync(FULL, base, q);
@@ -116,7 +123,7 @@ struct FilterEpi {
 #pragma unroll
         for (int u = 0; u < S::U; ++u) {
             mybase[u] = 0;
-            if (lane < 4 && own.t[u] >= 0 && cnt[u] > 0) mybase[u] = atomicAdd(count + own.t[u], cnt[u]);
+            if (lane < 4 && cnt[u] > 0) mybase[u] = atomicAdd(count + own.t(u), cnt[u]);
         }
 #pragma unroll
         for (int u = 0; u < S::U; ++u)
@@ -124,7 +131,7 @@ struct FilterEpi {
             for (int q = 0; q < 4; ++q) {
                 if (4 * u + q >= S::NJ) continue;
                 const int cq = __shfl_sync(FULL, cnt[u], q), base = __shfl_sync(FULL, mybase[u], q);
-                const int tq = __shfl_sync(FULL, own.t[u], q);
+                const int tq = __shfl_sync(FULL, own.t(u), q);
                 if (cq > 0) copy_out(c, 4 * u + q, tq, base, cq);
             }
     }
@@ -140,12 +147,14 @@ struct DenseEpi {
         const int g = (int)(lane_id() >> 2);
 #pragma unroll
         for (int u = 0; u < S::U; ++u) {
-            if (own.t[u] < 0) continue;
-            u32* row = out + (long long)own.t[u] * c.L;
+            const int t = own.t(u);
+            if (t < 0) continue;
+            const int a = own.a(u), b = own.b(u);
+            u32* row = out + (long long)t * c.L;
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int s = (int)s_warp + g + 8 * e;
-                if (s < c.L) row[s] = (s >= own.a[u] && s < own.b[u]) ? __float_as_uint(v[u][e]) : NEG_INF_BITS;
+                if (s < c.L) row[s] = (s >= a && s < b) ? __float_as_uint(v[u][e]) : NEG_INF_BITS;
             }
         }
     }
@@ -166,22 +175,18 @@ struct RowsEpi {
     u32* buf;
     long long stride;
     Owned<S> own;
-    __device__ __forceinline__ void begin(const Core<S>& c, int j0) {
-        own.load(c, j0);
-#pragma unroll
-        for (int u = 0; u < S::U; ++u)            // b: the end of the stored part of the row
-            own.b[u] = (int)min((long long)own.b[u], (long long)own.a[u] + stride);
-    }
+    __device__ __forceinline__ void begin(const Core<S>& c, int j0) { own.load(c, j0); }
     __device__ __forceinline__ void scores(const Core<S>& c, long long s_warp, const float (&v)[S::U][2]) {
         const int g = (int)(lane_id() >> 2), tig = (int)(lane_id() & 3);
 #pragma unroll
         for (int u = 0; u < S::U; ++u) {
-            if (own.t[u] < 0) continue;
-            u32* row = buf + (long long)(c.group * S::QPB + own.j0 + 4 * u + tig) * stride - own.a[u];
+            if (own.t(u) < 0) continue;
+            const long long a = own.a(u), end = min((long long)own.b(u), a + stride);   // the stored part of the row
+            u32* row = buf + (long long)(c.group * S::QPB + own.j0 + 4 * u + tig) * stride - a;
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int s = (int)s_warp + g + 8 * e;
-                if (s >= own.a[u] && s < own.b[u]) row[s] = __float_as_uint(v[u][e]);
+                if (s >= a && s < end) row[s] = __float_as_uint(v[u][e]);
             }
         }
     }
@@ -200,11 +205,12 @@ struct ChecksumEpi {
         const int g = (int)(lane_id() >> 2);
 #pragma unroll
         for (int u = 0; u < S::U; ++u) {
-            if (own.t[u] < 0) continue;
+            if (own.t(u) < 0) continue;
+            const int a = own.a(u), b = own.b(u);
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int s = (int)s_warp + g + 8 * e;
-                if (s >= own.a[u] && s < own.b[u]) sum += order_key(v[u][e]);
+                if (s >= a && s < b) sum += order_key(v[u][e]);
             }
         }
     }

@@ -29,7 +29,11 @@ from kernels_cuda import instantiations as INST
 from . import loader
 
 # kernel name-expression prefix -> why its spills are acceptable
-ALLOWED_SPILLS: dict[str, str] = {}
+ALLOWED_SPILLS: dict[str, str] = {
+    "hytopk_filter_ws<16, ": "H = 16 (the padded test shape, not a model's): 8 slots per consumer in 112 registers; "
+                             "a few words spill, the model shapes H = 32 / 64 do not",
+    "hytopk_filter_ws_fp8<16, ": "H = 16 fp8 (the padded test shape): as hytopk_filter_ws<16, ...>",
+}
 NVCC_FLAGS = ("-std=c++17", "-O3", "-Xptxas", "-v", "-cubin")
 
 _ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(sm_\w+)'")
