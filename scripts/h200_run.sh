@@ -48,6 +48,7 @@ for arg in "$@"; do      # NAME or NAME:SECONDS (time box for that phase)
     tests) phase tests ${CAP:-560} $PYT tests --junitxml="$OUT/logs/junit.xml" ;;
     sanitize) phase sanitize ${CAP:-420} env PYTHON=python3 bash scripts/sanitize.sh ;;
     compare) phase compare ${CAP:-480} python3 -m workbench compare --preset "${PRESET:-dsv32-128k}" --json "$OUT/compare.json" --plot "$OUT/compare.png" ${BUDGET:+--budget $BUDGET} ${COMPARE_ARGS:-} ;;
+    compare-*) P=${p#compare-}; phase "$p" ${CAP:-300} python3 -m workbench compare --preset "$P" --json "$OUT/compare-$P.json" ${BUDGET:+--budget $BUDGET} ${COMPARE_ARGS:-} ;;
     bench-train) phase bench-train ${CAP:-480} python3 -m workbench.torch.bench_train ${BENCH_PRESETS:---preset dsv32-32k --preset dsv32-128k} --json "$OUT/bench_train.json" ;;
     *) echo "unknown phase $p" | tee -a "$S" ;;
   esac

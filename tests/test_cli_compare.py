@@ -174,3 +174,11 @@ def test_checks_catch_each_kind_of_wrong_filter_output():
     assert not C.filter_(wrongval, E, **ctx)[0]
     wrongcount = (good[0], good[1], good[2] + 1)
     assert not C.filter_(wrongcount, E, **ctx)[0]
+
+
+def test_exclude_patterns_are_substrings_or_regular_expressions():
+    from workbench.harness.compare import _matches
+    assert _matches("simt", "cupy.filter.simt")
+    assert _matches("wgmma$", "cupy.filter.wgmma") and not _matches("wgmma$", "cupy.filter.wgmma_ws")
+    assert _matches("score_only[tiled]", "cupy score_only[tiled] (checksum)")      # a substring, not a class
+    assert not _matches("(", "cupy.filter.simt")                                     # a bad expression matches nothing

@@ -74,8 +74,9 @@ def compare(
                                                      "(pipelines and baselines always run). Default: 120 on a "
                                                      "GPU preset, none on tiny; 'inf' for no limit"),
     exclude: Optional[List[str]] = typer.Option(None, help="skip stage variants and score-only floors whose name "
-                                                           "contains this (repeatable; pipelines still run), "
-                                                           "e.g. --exclude simt on glm5-256k-allkeys"),
+                                                           "contains this, or matches it as a regular expression "
+                                                           "(repeatable; pipelines still run), e.g. --exclude simt "
+                                                           "on glm5-256k-allkeys, --exclude 'wgmma$'"),
 ):
     """Check, then time every variant of each stage, the pipelines and the baselines, side by side."""
     from .harness import report, winners

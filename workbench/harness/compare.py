@@ -10,6 +10,7 @@ correct = false.
 from __future__ import annotations
 
 import os
+import re
 import time
 import tracemalloc
 from dataclasses import asdict, dataclass, field
@@ -349,7 +350,7 @@ class Runner:
         check = lambda out: C.topk_values(out[1], out[0], E, wl.lo_t, wl.hi_t)
         return self.measure(row, fn, [()], check)
 
-    def fp8_rows(self) -> list:
+    def fp8_rows(self, excluded=lambda name: False) -> list:
         """The wgmma cores on fp8 e4m3 inputs: each core's fused filter (a stage row, source
         'indexer_fp8', checked like the bf16 filter) and its score-only floor. The preset's
         inputs are small integers, exact in e4m3: with key scales of 1 the scores equal the
@@ -373,6 +374,8 @@ class Runner:
         out = []
         for core, filt, floor in (("wgmma_ws", wgmma_ws.filter_ws, wgmma_ws.score_only_ws),
                                   ("wgmma", wgmma.filter_wgmma, wgmma.score_only_wgmma)):
+            if excluded(f"cupy.filter.{core}"):
+                continue
             row = Row("stage", "filter", f"cupy.filter.{core}", "indexer_fp8")
             row.flops, row.bytes = wl.work("filter", "indexer")
             row.bytes -= wl.p.L * wl.p.D * (2 if wl.p.dtype == "bfloat16" else 4) - wl.p.L * (wl.p.D + 4)
@@ -435,7 +438,7 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
     skipped, while the pipelines and the other baselines still run (e.g. ("simt",) on the largest
     presets, where a scalar row takes seconds per call)."""
     exclude = tuple(exclude or ())
-    excluded = lambda name: any(x in name for x in exclude)
+    excluded = lambda name: any(_matches(x, name) for x in exclude)
     gpu = gpu_available()
     notes = []
     name = preset or default_preset(gpu)
@@ -563,7 +566,7 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
         elif s == "fp8":
             ok, why = fp8_usable()
             if ok:
-                rows += runner.fp8_rows()
+                rows += runner.fp8_rows(excluded)
             else:
                 skipped.append({"name": "cupy.filter.wgmma[indexer_fp8]", "stage": "filter", "reason": why})
         if rows and live:
@@ -589,6 +592,17 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
     res = CompareResult(p.as_dict(), device, environment(), ceilings, rows, skipped, missing, notes)
     res.winners = pick_winners(rows)
     return res
+
+
+def _matches(pattern: str, name: str) -> bool:
+    """--exclude: a substring of the name, or a regular expression found in it ('wgmma$': the
+    names that end in wgmma, not wgmma_ws)."""
+    if pattern in name:
+        return True
+    try:
+        return re.search(pattern, name) is not None
+    except re.error:
+        return False
 
 
 def fastest_of_family(rows, family: str) -> dict:

@@ -6,8 +6,8 @@ import math
 from pathlib import Path
 
 BASE_COLS = (("torch", "×torch"), ("dense+topk", "×dense+topk"), ("score-only", "×floor"), ("flop-bound", "×bound"))
-# the floor column: the fastest score-only core present (the tiled one when it ran)
-FLOORS = ("score-only-tiled", "score-only")
+# the floor column: the score-only run of the default bf16 core present (wgmma_ws on Hopper, else tiled)
+FLOORS = ("score-only-wgmma_ws", "score-only-tiled", "score-only")
 
 
 def _fmt(x, spec="{:.3g}"):

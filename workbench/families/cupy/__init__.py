@@ -24,11 +24,24 @@ DEFAULTS = {
     "dense": "cupy.dense.simt",
     "replay": "cupy.replay.simt",
 }
-# bf16 inputs (torch.bfloat16 / uint16 bits): the tiled tensor-core core loses nothing there,
-# so it is the default (the threshold too: its samples get the filter's own bits); float32
-# inputs keep the exact SIMT scorer above.
-DEFAULTS_BF16 = dict(DEFAULTS, threshold="cupy.threshold.tiled_mma", filter="cupy.filter.tiled_mma",
-                     recover="cupy.recover.tiled_mma", dense="cupy.dense.tiled_mma", replay="cupy.replay.tiled_mma")
+# bf16 inputs (torch.bfloat16 / uint16 bits): a tensor-core core loses nothing there, so it is
+# the default (the threshold too: its samples get the filter's own bits). On Hopper (sm_90a)
+# the warp-specialised wgmma core, elsewhere the tiled mma.sync core; float32 inputs keep the
+# exact SIMT scorer above.
+TILED_BF16 = dict(DEFAULTS, threshold="cupy.threshold.tiled_mma", filter="cupy.filter.tiled_mma",
+                  recover="cupy.recover.tiled_mma", dense="cupy.dense.tiled_mma", replay="cupy.replay.tiled_mma")
+WS_BF16 = dict(DEFAULTS, threshold="cupy.threshold.wgmma_ws", filter="cupy.filter.wgmma_ws",
+               recover="cupy.recover.wgmma_ws", dense="cupy.dense.wgmma_ws", replay="cupy.replay.wgmma_ws")
+
+
+def _hopper() -> bool:
+    try:
+        return cp.cuda.runtime.getDeviceCount() > 0 and cp.cuda.Device().compute_capability == "90"
+    except Exception:
+        return False
+
+
+DEFAULTS_BF16 = WS_BF16 if _hopper() else TILED_BF16
 
 
 class CupyFamily(Family):
