@@ -7,6 +7,8 @@ either zero-padded up to TINY (small test shapes) or compiled on demand.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 TINY = (8, 16)                               # (H, D): the test shape (smaller inputs are padded to it)
 SHAPES = (TINY, (32, 128), (64, 128))        # + GLM-5 (H=32) and DeepSeek-V3.2 (H=64), D=128
 DTYPES = ("float32", "bfloat16")
@@ -99,6 +101,11 @@ def name(kernel: str, source: str | None = None, shape: tuple | None = None) -> 
 
 def name_expressions(file: str, shapes=SHAPES, dtypes=DTYPES) -> list[str]:
     """Every instantiation of `file`'s kernels for the given shapes and dtypes."""
+    return list(_name_expressions(file, tuple(map(tuple, shapes)), tuple(dtypes)))
+
+
+@lru_cache(maxsize=256)          # on every launch's path: built once per (file, shapes, dtypes)
+def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
     out = []
     for kernel, over in KERNELS[file]:
         if over == "plain":
@@ -115,4 +122,4 @@ def name_expressions(file: str, shapes=SHAPES, dtypes=DTYPES) -> list[str]:
         if over == "table+indexer":
             out.append(name(kernel, TABLE))
         out += [name(kernel, indexer_source(H, D, dt)) for H, D in shapes for dt in dtypes]
-    return out
+    return tuple(out)

@@ -20,6 +20,7 @@ import hashlib
 import os
 import re
 import threading
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,14 +205,20 @@ class KernelModule:
         self._built: _Built | None = None
         self._lock = threading.Lock()
         self._functions: dict[str, dict] = {}
+        self._path_for: tuple | None = None
+        self._checked_at = float("-inf")
         self.compiles = 0          # how many times it actually compiled (tests, diagnostics)
 
     @property
     def path(self) -> Path:
-        p = kernel_dir(self._dir_override) / self.file
-        if not p.is_file():
-            raise FileNotFoundError(f"argument 'file': no kernel source {str(p)!r}")
-        return p
+        # resolved once per $HYTOPK_KERNEL_DIR value; a file deleted later fails at its stat / read
+        env = os.environ.get(KERNEL_DIR_ENV)
+        if self._path_for is None or self._path_for[0] != env:
+            p = kernel_dir(self._dir_override) / self.file
+            if not p.is_file():
+                raise FileNotFoundError(f"argument 'file': no kernel source {str(p)!r}")
+            self._path_for = (env, p)
+        return self._path_for[1]
 
     @property
     def last_good(self):
@@ -226,19 +233,25 @@ class KernelModule:
         b = self._built
         return b is not None and b.files[0] == path and _stamps(b.files) == b.stamps
 
-    def get(self, on_error: str = "raise"):
-        """The compiled module, recompiled first if any file it includes changed."""
+    def get(self, on_error: str = "raise", max_age: float = 0.0):
+        """The compiled module, recompiled first if any file it includes changed.
+        ``max_age`` > 0: trust a freshness check younger than that many seconds (the launch
+        path: a kernel launched in a loop stats its files at most every max_age seconds)."""
         if on_error not in ("raise", "last_good"):
             raise ValueError(f"argument 'on_error' must be 'raise' or 'last_good', got {on_error!r}")
+        if max_age > 0 and self._built is not None and time.monotonic() - self._checked_at < max_age:
+            return self._built.module
         with self._lock:
             path = self.path
             if self._fresh(path):
+                self._checked_at = time.monotonic()
                 return self._built.module
             try:
                 files = tuple(include_closure(path, (path.parent,)))
                 stamps = _stamps(files)
                 arch = self._arch()
                 key = cache_key(files, self.options, self.names, arch)
+                self._checked_at = time.monotonic()
                 if self._built is not None and self._built.key == key:
                     self._built = _Built(key, stamps, files, self._built.module)   # touched, not changed
                     return self._built.module
@@ -256,10 +269,10 @@ class KernelModule:
                     return e.last_good
                 raise
 
-    def function(self, name: str, on_error: str = "raise"):
+    def function(self, name: str, on_error: str = "raise", max_age: float = 0.0):
         """A kernel of the module by its name expression (or plain extern "C" name);
-        cached per build, so a reload hands out the new kernel."""
-        mod = self.get(on_error)
+        cached per build, so a reload hands out the new kernel (``max_age``: see get)."""
+        mod = self.get(on_error, max_age)
         cache = self._functions.setdefault(self._built.key, {})
         if len(self._functions) > 4:                     # forget old builds
             for key in list(self._functions)[:-4]:
@@ -279,9 +292,18 @@ def module(file: str, names: Sequence[str] = (), *, options: Sequence[str] = (),
 
     The kernel folder is read from $HYTOPK_KERNEL_DIR at every call, so pointing
     it at an edited copy takes effect on the next launch."""
+    names = tuple(names)
+    fast = (file, names, tuple(options), define_options(defines), kernel_dir, os.environ.get(KERNEL_DIR_ENV))
+    mod = _BY_ARGS.get(fast)          # the launch path: no path resolution once seen
+    if mod is not None:
+        return mod
     folder = str(_find_kernel_dir(kernel_dir))
-    key = (file, tuple(names), tuple(options), define_options(defines), folder)
+    key = (file, names, tuple(options), define_options(defines), folder)
     mod = _MODULES.get(key)
     if mod is None:
         mod = _MODULES[key] = KernelModule(file, names, options=options, defines=defines, kernel_dir=folder)
+    _BY_ARGS[fast] = mod
     return mod
+
+
+_BY_ARGS: dict[tuple, KernelModule] = {}

@@ -112,6 +112,12 @@ def run_hytopk(st: StageSet, source, lo, hi, lo_h, hi_h, k, capacity, oversample
     passes = [(a, min(n, a + chunk)) for a in range(0, n, chunk)] or [(0, 0)]
     # host arrays go to the device once: a copy from pageable memory waits for the stream
     M_d, r_d = fam.to_device(M), fam.to_device(r)
+    with fam.call_scope():
+        return _run_passes(st, source, lo, hi, M, r, M_d, r_d, n, passes, k, capacity, max_failed)
+
+
+def _run_passes(st, source, lo, hi, M, r, M_d, r_d, n, passes, k, capacity, max_failed):
+    fam = st.family
     if len(passes) == 1:
         T, count, idx, val = _select_pass(st, source, lo, hi, M_d, r_d, k, capacity)
     else:

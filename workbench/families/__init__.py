@@ -5,6 +5,7 @@ A family module (reference.py, numba/, cupy/) registers its stage variants in
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 
 import numpy as np
@@ -43,6 +44,11 @@ class Family:
     def scatter_rows(self, dst_idx, dst_val, rows, src_idx, src_val):
         """dst[rows[j]] = src[j] for the recovery results (in place)."""
         raise NotImplementedError
+
+    def call_scope(self):
+        """A context for the stages of one pipeline call (every pass and the recovery): inside it
+        the inputs do not change, so a family may reuse per-input preparation across passes."""
+        return contextlib.nullcontext()
 
 
 

@@ -77,6 +77,10 @@ class CupyFamily(Family):
         with launch_stream():
             super().place(dst, start, as_device(src))
 
+    def call_scope(self):
+        """Keys put into the wgmma_ws core's layout once per pipeline call, not once per pass."""
+        return wgmma_ws.prepared_keys()
+
     def scatter_rows(self, dst_idx, dst_val, rows, src_idx, src_val):
         with launch_stream():
             rows = as_device(rows)

@@ -3,6 +3,7 @@ score-source binding (which template instantiation, padded tiny shapes) and
 kernel launches through the hot-reloading loader."""
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from contextlib import contextmanager
@@ -182,11 +183,23 @@ def bind(source) -> BoundSource:
 
 # ------------------------------------------------------------------ launches
 def kernel(file: str, name: str, shapes=INST.SHAPES):
-    """The compiled kernel `name` of `file` (module with every instantiation for `shapes`)."""
-    names = INST.name_expressions(file, shapes)
-    if name not in names:
-        raise KeyError(f"{name!r} is not instantiated in {file}; known: {names}")
-    return loader.module(file, names, options=INST.FILE_OPTIONS.get(file, ())).function(name)
+    """The compiled kernel `name` of `file` (module with every instantiation for `shapes`).
+    On every launch's path: the name list is built once, the module found by a dict lookup,
+    and the loader's staleness check (a stat of each included file) runs at most every
+    LAUNCH_MAX_AGE_S: a pass loop of many launches no longer pays it per launch."""
+    names, known = _names(file, tuple(map(tuple, shapes)))
+    if name not in known:
+        raise KeyError(f"{name!r} is not instantiated in {file}; known: {list(names)}")
+    return loader.module(file, names, options=INST.FILE_OPTIONS.get(file, ())).function(name, max_age=LAUNCH_MAX_AGE_S)
+
+
+LAUNCH_MAX_AGE_S = 0.05     # a launch trusts a freshness check this young (edits show up within it)
+
+
+@functools.lru_cache(maxsize=256)
+def _names(file: str, shapes: tuple):
+    names = tuple(INST.name_expressions(file, shapes))
+    return names, frozenset(names)
 
 
 MAX_GRID_X = 2**31 - 1
