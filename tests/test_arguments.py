@@ -175,3 +175,18 @@ def test_torch_valid_target_dtypes_still_work():
     for dt in (torch.float64, torch.float16, torch.bfloat16):
         got = wt.indexer_kl_loss(T(Q), T(W), T(KEYS), T(IDX), T(TARGET).to(dt))
         assert abs(float(got) - float(want)) < 5e-2
+
+
+def test_torch_target_rules_hold_under_torch_compile():
+    """Traced: no host sync, so the value rules become device-side asserts with the same message."""
+    import workbench.torch as wt
+    from _argument_probes import BAD_TARGETS
+    T = torch.from_numpy
+    fn = torch.compile(lambda *a: wt.indexer_kl_loss(*a) * 1.0, fullgraph=True, backend="aot_eager")
+    assert float(fn(T(Q), T(W), T(KEYS), T(IDX), T(TARGET))) > 0
+    for name in ("nan", "negative", "nonzero_at_padding"):
+        with pytest.raises(ValueError) as want:
+            R.indexer_kl_loss(Q, W, KEYS, IDX, BAD_TARGETS[name])
+        with pytest.raises(RuntimeError) as got:
+            fn(T(Q), T(W), T(KEYS), T(IDX), T(BAD_TARGETS[name]))
+        assert str(want.value) in str(got.value), name

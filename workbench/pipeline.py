@@ -14,7 +14,7 @@ import reference as R
 from reference import validate as V
 
 from . import registry
-from .arrays import common_kind, to_kind
+from .arrays import common_kind, to_kind, to_numpy
 from .bf16 import bf16_bits_to_float32
 from .families import Family, get_family
 
@@ -103,8 +103,8 @@ def run_hytopk(st: StageSet, source, lo, hi, lo_h, hi_h, k, capacity, oversample
     Returns a reference.HyTopKResult whose idx/val are family-native and whose
     statistics are host NumPy arrays."""
     fam = st.family
-    if capacity is None:                       # one capacity for every pass
-        capacity = R.default_capacity(k, lo_h, hi_h, oversample)
+    # one capacity for every pass: the default, or the given one clamped to the longest context
+    capacity = R.resolve_capacity(capacity, k, lo_h, hi_h, oversample)
     M, r = R.sample_plan(lo_h, hi_h, k, oversample)
     n = len(lo_h)
     # the sample count of the longest possible context bounds every threshold variant's buffer
@@ -159,6 +159,9 @@ class Backend:
         self.chosen = chosen
         self.stages = stage_set(family, chosen)
         self.family = self.stages.family
+        ok, why = self.family.available()
+        if not ok:                              # say what to do now, not at the first launch
+            raise RuntimeError(f"backend {family!r} is unavailable here: {why}")
         self._bf16_stages = None
 
     def stages_for(self, x) -> StageSet:
@@ -206,7 +209,7 @@ class Backend:
     def hytopk(self, scores, lo, hi, k, *, capacity=None, oversample=3.0, max_failed=64, query_chunk=None):
         """``query_chunk``: queries per pass (default: as many as keep the scratch within
         pipeline.SCRATCH_BYTES); the selection does not depend on it."""
-        shape = V.check_array("scores", scores, ndim=2, dtypes=V.SCORE_DTYPES)
+        shape = V.check_scores(scores)
         kind = common_kind(scores, lo, hi)
         (s,) = self._dev(("scores", scores))
         return self._select(R.TableSource(s), shape, lo, hi, k, capacity, oversample, max_failed, query_chunk, kind)
@@ -221,7 +224,7 @@ class Backend:
 
     def topk(self, scores, lo, hi, k):
         """Exact top-k of every query (the recovery path over all rows)."""
-        n, L = V.check_array("scores", scores, ndim=2, dtypes=V.SCORE_DTYPES)
+        n, L = V.check_scores(scores)
         lo_h, hi_h = V.check_ranges(lo, hi, n, L)
         k = V.check_k(k)
         kind = common_kind(scores, lo, hi)
@@ -241,9 +244,34 @@ class Backend:
 
     def replay_scores(self, q, w, keys, idx):
         n, H, D, L = V.check_indexer_inputs(q, w, keys)
-        V.check_idx(idx, n, L)
+        k = V.check_idx(idx, n, L)
         kind = common_kind(q, w, keys, idx)
+        if L == 0:                  # no keys: every slot is padding (check_idx), no kernel to launch
+            return self._out(self.family.to_device(np.full((n, k), -np.inf, np.float32)), kind)
         return self._out(self.stages_for(q).replay(*self._dev(("q", q), ("w", w), ("keys", keys), ("idx", idx))), kind)
+
+    LOSS_DTYPES = ("float32", "float64", "bfloat16", "uint16")
+
+    def indexer_kl_loss(self, q, w, keys, idx, target, reduction="sum"):
+        """reference.indexer_kl_loss under the same checks: (loss, dq, dw, dkeys) with float64
+        gradients, returned in the inputs' array kind. The loss and its gradients are the
+        reference's float64 computation on host copies (bf16 inputs widened exactly); the
+        device-side training loss is workbench.torch.indexer_kl_loss."""
+        n, H, D, L = V.check_indexer_inputs(q, w, keys, dtypes=self.LOSS_DTYPES)
+        V.check_idx(idx, n, L)
+        V.check_target(target, idx)
+        kind = common_kind(q, w, keys, idx, target)
+
+        def host(x, dtype):
+            if V.dtype_name(x) == "uint16":
+                x = bf16_bits_to_float32(x)
+            elif V.dtype_name(x) in ("bfloat16", "float16"):
+                x = x.float() if hasattr(x, "float") else x.astype(np.float32)
+            return np.asarray(to_numpy(x), dtype)
+        dt = np.float64 if V.dtype_name(q) == "float64" else np.float32      # bf16 widens exactly to float32
+        loss, dq, dw, dkeys = R.indexer_kl_loss(host(q, dt), host(w, dt), host(keys, dt),
+                                                np.asarray(to_numpy(idx)), host(target, np.float64), reduction)
+        return (loss, *(to_kind(g, kind) for g in (dq, dw, dkeys)))
 
 
 def backend(name: str = "reference", variants: dict | None = None) -> Backend:
