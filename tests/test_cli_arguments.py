@@ -67,6 +67,7 @@ def _bad_paths(tmp_path):
 
 CASES = ("under_a_file", "a_directory", "unwritable", "missing_parent")
 QUICK = ["compare", "--preset", "tiny", "--family", "reference", "--stage", "check"]
+RECORDS = ["compare", "--preset", "tiny", "--stage", "check"]     # no --family: winners are recorded
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -94,17 +95,18 @@ def test_compare_plot_next_to_json_checked_too(tmp_path):
 @pytest.mark.parametrize("case", CASES)
 def test_compare_winners_path_checked_before_the_run(tmp_path, case):
     path, says = _bad_paths(tmp_path)[case]
-    p = run_cli(QUICK, tmp_path, extra_env={"HYTOPK_WINNERS": path})
+    p = run_cli(RECORDS, tmp_path, extra_env={"HYTOPK_WINNERS": path})
     one_error_line(p, "HYTOPK_WINNERS", says)
 
 
 @pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"version": 1, "entries": []}', '"text"'])
 def test_compare_with_a_corrupt_winners_file(tmp_path, content):
     (tmp_path / "winners.json").write_text(content)
-    p = run_cli(QUICK, tmp_path)
+    p = run_cli(RECORDS, tmp_path)
     one_error_line(p, str(tmp_path / "winners.json"), "--no-winners")
+    assert STARTED not in p.stdout
     # --no-winners does not read it
-    p = run_cli(QUICK + ["--no-winners"], tmp_path)
+    p = run_cli(RECORDS + ["--no-winners"], tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
 
 
