@@ -90,14 +90,17 @@ def test_default_capacity_never_exceeds_the_longest_context():
 
 @pytest.mark.parametrize("family", list(registry.FAMILY_MODULES))
 @pytest.mark.parametrize("probe", sorted(ALL_ERRORS))
-def test_backend_same_error_as_reference(family, probe):
+def test_backend_same_error_as_reference(family, probe, monkeypatch):
     b = _usable_backend(family)
     call, exc, arg = ALL_ERRORS[probe]
     with pytest.raises(exc) as want:
         call(R, _ident)
+    moved = []
+    monkeypatch.setattr(b.family, "to_device", lambda x: moved.append(x) or x)
     with no_big_allocation(), pytest.raises(exc) as got:
         call(b, _ident)
     assert str(got.value) == str(want.value)
+    assert not moved, "arguments were moved to the device before they were checked"
 
 
 @pytest.mark.parametrize("family", list(registry.FAMILY_MODULES))

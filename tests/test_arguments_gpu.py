@@ -91,16 +91,21 @@ ALL_ERRORS = {**ERROR_PROBES, **HOST_ONLY_PROBES}
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("kind", _kinds())
 @pytest.mark.parametrize("probe", sorted(ALL_ERRORS))
-def test_backend_same_error_as_reference(family, kind, probe):
+def test_backend_same_error_as_reference(family, kind, probe, monkeypatch):
     if probe in HOST_ONLY_PROBES and kind != "numpy":
         pytest.skip("mixes array kinds on purpose: NumPy inputs only")
     b = _backend(family)
     call, exc, arg = ALL_ERRORS[probe]
     with pytest.raises(exc) as want:
         call(R, lambda x: x)
+    A = _to(kind)
+    moved = []
+    to_device = b.family.to_device
+    monkeypatch.setattr(b.family, "to_device", lambda x: moved.append(1) or to_device(x))
     with DeviceMemory() as mem, pytest.raises(exc) as got:
-        call(b, _to(kind))
+        call(b, A)
     assert str(got.value) == str(want.value)
+    assert not moved, "arguments were moved to the device before they were checked"
     assert mem.torch_peak < 64 * MiB and mem.cupy_growth < 64 * MiB, (mem.torch_peak, mem.cupy_growth)
 
 

@@ -26,13 +26,16 @@ def numba_backend():
 
 
 @pytest.mark.parametrize("probe", sorted(ALL_ERRORS))
-def test_same_error_as_reference(numba_backend, probe):
+def test_same_error_as_reference(numba_backend, probe, monkeypatch):
     call, exc, arg = ALL_ERRORS[probe]
     with pytest.raises(exc) as want:
         call(R, lambda x: x)
+    moved = []
+    monkeypatch.setattr(numba_backend.family, "to_device", lambda x: moved.append(x) or x)
     with no_big_allocation(), pytest.raises(exc) as got:
         call(numba_backend, lambda x: x)
     assert str(got.value) == str(want.value)
+    assert not moved, "arguments were moved to the device before they were checked"
 
 
 @pytest.mark.parametrize("probe", sorted(SUCCESS_PROBES))

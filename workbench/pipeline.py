@@ -64,6 +64,12 @@ def stage_set(family: str, chosen: dict | None = None, bf16: bool = False) -> St
 SCRATCH_BYTES = 32 << 20      # default bound on one pass's selection scratch (see query_chunk_for)
 
 
+def check_query_chunk(query_chunk):
+    if isinstance(query_chunk, bool) or not isinstance(query_chunk, (int, np.integer)) or query_chunk < 1:
+        raise ValueError(f"argument 'query_chunk' must be a positive int, got {query_chunk!r}")
+    return int(query_chunk)
+
+
 def query_chunk_for(n: int, capacity: int, m_max: int, query_chunk=None, k: int = 0) -> int:
     """Queries per pass. ``query_chunk`` if given; else as many as keep a pass's scratch
     (the candidate buffer, capacity x 8 B per query, the sampled scores and positions,
@@ -71,9 +77,7 @@ def query_chunk_for(n: int, capacity: int, m_max: int, query_chunk=None, k: int 
     the passes and rounded up to a multiple of 8 (the tiled kernels take 4 or 8 queries
     per block) where that still fits."""
     if query_chunk is not None:
-        if isinstance(query_chunk, bool) or not isinstance(query_chunk, (int, np.integer)) or query_chunk < 1:
-            raise ValueError(f"argument 'query_chunk' must be a positive int, got {query_chunk!r}")
-        return int(query_chunk)
+        return check_query_chunk(query_chunk)
     per_query = 8 * int(capacity) + 8 * int(m_max) + 8 * int(k) + 16
     fit = max(1, SCRATCH_BYTES // per_query)
     if fit >= n:
@@ -198,8 +202,14 @@ class Backend:
         """A result back in the caller's kind; host copies go through the family (its stream)."""
         return self.family.to_host(x) if kind == "numpy" else to_kind(x, kind)
 
-    def _select(self, source, shape, lo, hi, k, capacity, oversample, max_failed, query_chunk, kind, stages=None):
+    def _check_select(self, shape, lo, hi, k, capacity, oversample, max_failed, query_chunk):
+        """Every argument of a selection, before anything moves to the device: host (lo, hi)."""
         lo_h, hi_h = V.check_selection_args(shape, lo, hi, k, capacity, oversample, max_failed)
+        if query_chunk is not None:
+            check_query_chunk(query_chunk)
+        return lo_h, hi_h
+
+    def _select(self, source, lo_h, hi_h, k, capacity, oversample, max_failed, query_chunk, kind, stages=None):
         lo_d, hi_d = self._dev(("lo", lo_h.astype(np.int32)), ("hi", hi_h.astype(np.int32)))
         res = run_hytopk(stages or self.stages, source, lo_d, hi_d, lo_h, hi_h, k, capacity, oversample, max_failed,
                          query_chunk)
@@ -210,16 +220,18 @@ class Backend:
         """``query_chunk``: queries per pass (default: as many as keep the scratch within
         pipeline.SCRATCH_BYTES); the selection does not depend on it."""
         shape = V.check_scores(scores)
+        lo_h, hi_h = self._check_select(shape, lo, hi, k, capacity, oversample, max_failed, query_chunk)
         kind = common_kind(scores, lo, hi)
         (s,) = self._dev(("scores", scores))
-        return self._select(R.TableSource(s), shape, lo, hi, k, capacity, oversample, max_failed, query_chunk, kind)
+        return self._select(R.TableSource(s), lo_h, hi_h, k, capacity, oversample, max_failed, query_chunk, kind)
 
     def hytopk_indexer(self, q, w, keys, lo, hi, k, *, capacity=None, oversample=3.0, max_failed=64,
                        query_chunk=None):
         n, H, D, L = V.check_indexer_inputs(q, w, keys)
+        lo_h, hi_h = self._check_select((n, L), lo, hi, k, capacity, oversample, max_failed, query_chunk)
         kind = common_kind(q, w, keys, lo, hi)
         src = R.IndexerSource(*self._dev(("q", q), ("w", w), ("keys", keys)))
-        return self._select(src, (n, L), lo, hi, k, capacity, oversample, max_failed, query_chunk, kind,
+        return self._select(src, lo_h, hi_h, k, capacity, oversample, max_failed, query_chunk, kind,
                             self.stages_for(q))
 
     def topk(self, scores, lo, hi, k):
