@@ -37,7 +37,7 @@ def _no_host_sync(x) -> bool:
     copy to the host then, so they become device-side asserts (torch._assert_async)."""
     if torch.compiler.is_compiling():
         return True
-    return x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    return isinstance(x, Tensor) and x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def _check_target(target, idx):
