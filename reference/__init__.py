@@ -3,7 +3,7 @@
 Brute force (`topk`) defines the answer; `hytopk` runs the kernels' stages one
 by one and must equal it bit for bit. Every backend copies this public API.
 """
-from .capacity import default_capacity
+from .capacity import default_capacity, resolve_capacity
 from .candidates import stage_check, stage_filter
 from .indexer import indexer_kl_loss, indexer_scores, replay_scores
 from .order import empty_selection, order_keys, rank_order, topk
@@ -15,7 +15,7 @@ from .sources import IndexerSource, TableSource, indexer_score_block
 
 __all__ = [
     "order_keys", "topk", "hytopk", "hytopk_indexer", "HyTopKResult",
-    "indexer_scores", "replay_scores", "indexer_kl_loss", "default_capacity",
+    "indexer_scores", "replay_scores", "indexer_kl_loss", "default_capacity", "resolve_capacity",
     "TableSource", "IndexerSource", "indexer_score_block",
     "num_samples", "threshold_rank", "sample_plan", "sample_positions",
     "stage_threshold", "stage_filter", "stage_check", "stage_select",

@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from . import validate as V
 from .sampling import sample_plan
 
 SIGMAS = 6.0
@@ -24,7 +25,10 @@ def default_capacity(k: int, lo, hi, oversample: float = 3.0) -> int:
     """Capacity for one selection: SIGMAS spreads above the largest expected
     candidate count (r * c / M) over its queries, rounded up to ROUND_TO, at
     least k and never more than the longest context."""
-    c = np.asarray(hi, np.int64) - np.asarray(lo, np.int64)
+    k = V.check_k(k)
+    oversample = V.check_oversample(oversample)
+    lo, hi = V.check_ranges(lo, hi, None, None)
+    c = hi - lo
     M, r = sample_plan(lo, hi, k, oversample)
     sampled = c > k
     if not np.any(sampled):
@@ -34,6 +38,18 @@ def default_capacity(k: int, lo, hi, oversample: float = 3.0) -> int:
     cap = float(np.max(expect * (1.0 + SIGMAS / np.sqrt(r))))
     cap = int(math.ceil(cap / ROUND_TO) * ROUND_TO)
     return int(max(k, min(cap, int(c.max()))))
+
+
+def resolve_capacity(capacity, k: int, lo, hi, oversample: float = 3.0) -> int:
+    """The capacity a selection runs with (validated arguments, host lo/hi): default_capacity
+    when ``capacity`` is None; otherwise ``capacity`` clamped to max(k, the longest context),
+    as default_capacity is. A larger buffer could never fill (count <= c), so the clamp
+    changes no result or statistic and nothing of the requested size is allocated."""
+    if capacity is None:
+        return default_capacity(k, lo, hi, oversample)
+    c = np.asarray(hi, np.int64) - np.asarray(lo, np.int64)
+    longest = int(c.max()) if c.size else 0
+    return int(min(int(capacity), max(int(k), longest)))
 
 
 def failure_rates_iid(c: int, k: int, capacity: int, oversample: float = 3.0,

@@ -21,11 +21,20 @@ def indexer_scores(q, w, keys, lo, hi) -> np.ndarray:
     return out
 
 
+def _selected_keys(keys, idx):
+    """keys[idx[t, j]] in float64, [n, k, D]; zero rows where idx = -1 (also when L = 0)."""
+    keys = np.asarray(keys, np.float64)
+    if keys.shape[0] == 0:                   # no keys: every slot is padding (check_idx)
+        return np.zeros(np.shape(idx) + keys.shape[1:], np.float64)
+    ks = keys[np.maximum(idx, 0)]
+    ks[np.asarray(idx) < 0] = 0.0
+    return ks
+
+
 def _selected_dots(q, keys, idx):
     """dots[t, j, h] = q[t, h] . keys[idx[t, j]] in float64 (0 where idx = -1)."""
-    ks = np.asarray(keys, np.float64)[np.maximum(idx, 0)]            # [n, k, D]
-    dots = np.einsum("tjd,thd->tjh", ks, np.asarray(q, np.float64))
-    dots[idx < 0] = 0.0
+    dots = np.einsum("tjd,thd->tjh", _selected_keys(keys, idx), np.asarray(q, np.float64))
+    dots[np.asarray(idx) < 0] = 0.0
     return dots
 
 
@@ -50,13 +59,11 @@ def indexer_kl_loss(q, w, keys, idx, target, reduction="sum"):
     """
     n, H, D, L = V.check_indexer_inputs(q, w, keys, dtypes=("float32", "float64"))
     V.check_idx(idx, n, L)
-    V.check_target(target, idx)
+    V.check_target(target, idx)             # finite, >= 0, 0 at padding: one ValueError naming 'target'
     if reduction not in ("sum", "mean"):
         raise ValueError(f"argument 'reduction' must be 'sum' or 'mean', got {reduction!r}")
     p = np.asarray(target, np.float64)
     valid = idx >= 0
-    if np.any(p < 0) or np.any(p[~valid] != 0):
-        raise ValueError("argument 'target' must be >= 0 and zero where idx = -1")
     w64 = np.asarray(w, np.float64)
     dots = _selected_dots(q, keys, idx)                       # [n, k, H]
     relu = np.maximum(dots, 0.0)
@@ -77,7 +84,7 @@ def indexer_kl_loss(q, w, keys, idx, target, reduction="sum"):
     gI *= scale
     gate = (dots > 0).astype(np.float64)                        # ReLU gate, [n, k, H]
     gd = gI[:, :, None] * gate * w64[:, None, :]                # d loss / d dots
-    ks = np.asarray(keys, np.float64)[np.maximum(idx, 0)]
+    ks = _selected_keys(keys, idx)
     dq = np.einsum("tjh,tjd->thd", gd, ks)
     dw = np.einsum("tj,tjh->th", gI, relu)
     dkeys = np.zeros((L, D), np.float64)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .validate import check_array, check_k, check_ranges
+from .validate import check_k, check_ranges, check_scores
 
 SIGN = np.uint32(0x80000000)
 PAD_IDX = -1
@@ -41,7 +41,7 @@ def topk(scores, lo, hi, k):
     Returns idx [n, k] int32 and val [n, k] float32 in rank order, padded with
     -1 / -inf when the context is shorter than k.
     """
-    n, L = check_array("scores", scores, ndim=2, dtypes=("float32",))
+    n, L = check_scores(scores)
     lo_h, hi_h = check_ranges(lo, hi, n, L)
     k = check_k(k)
     scores = np.asarray(scores)

@@ -7,7 +7,7 @@ import numpy as np
 
 from . import validate as V
 from .candidates import stage_check, stage_filter
-from .capacity import default_capacity
+from .capacity import resolve_capacity
 from .sampling import sample_plan, stage_threshold
 from .select import fallback_all, stage_recover, stage_select
 from .sources import IndexerSource, Source, TableSource
@@ -28,8 +28,7 @@ class HyTopKResult:
 
 def run_stages(source: Source, lo, hi, k, capacity, oversample, max_failed) -> HyTopKResult:
     """The pipeline on already-validated arguments (host int64 lo/hi)."""
-    if capacity is None:
-        capacity = default_capacity(k, lo, hi, oversample)
+    capacity = resolve_capacity(capacity, k, lo, hi, oversample)     # before anything is allocated
     M, r = sample_plan(lo, hi, k, oversample)
     T = stage_threshold(source, lo, hi, M, r)
     cand_idx, cand_val, count = stage_filter(source, lo, hi, T, capacity)
@@ -46,7 +45,7 @@ def run_stages(source: Source, lo, hi, k, capacity, oversample, max_failed) -> H
 
 def hytopk(scores, lo, hi, k, *, capacity=None, oversample=3.0, max_failed=64) -> HyTopKResult:
     """HyTopK on a given [n, L] float32 score table (table source)."""
-    shape = V.check_array("scores", scores, ndim=2, dtypes=V.SCORE_DTYPES)
+    shape = V.check_scores(scores)
     lo_h, hi_h = V.check_selection_args(shape, lo, hi, k, capacity, oversample, max_failed)
     return run_stages(TableSource(np.asarray(scores)), lo_h, hi_h, k, capacity,
                       oversample, max_failed)

@@ -16,6 +16,26 @@ if not console.is_terminal:          # logs and CI: don't squeeze the tables int
     console = Console(width=max(console.width, 200))
 
 
+def _fail(msg, code: int = 2):
+    """Misuse: one line (never wrapped, no traceback) and a non-zero exit."""
+    from rich.markup import escape
+    console.print(f"[red]error:[/] {escape(str(msg))}", soft_wrap=True, highlight=False)
+    raise typer.Exit(code)
+
+
+def _outputs(json_path, plot):
+    """--json and --plot (default: next to --json) checked writable before any work:
+    (absolute json path or None, absolute plot path or None)."""
+    from .harness import report
+    if json_path is not None:
+        json_path = report.check_writable(json_path, "argument '--json'")
+    if plot is not None:
+        plot = report.check_writable(plot, "argument '--plot'")
+    elif json_path is not None:
+        plot = report.check_writable(json_path.with_suffix(".png"), "argument '--plot' (default: next to --json)")
+    return json_path, plot
+
+
 def _progress(console):
     """A rich progress bar as an advance(label) callable factory for the harness."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -81,14 +101,25 @@ def compare(
     """Check, then time every variant of each stage, the pipelines and the baselines, side by side."""
     from .harness import report, winners
     from rich.markup import escape
-    from .harness.compare import run_compare
+    from .harness.compare import check_run_args, run_compare
+    record = record_winners and not variant and not family and not exclude
+    # everything that can be wrong with the arguments is found before the comparison starts
+    try:
+        check_run_args(repeats, budget)
+        json_path, plot = _outputs(json_path, plot)
+    except ValueError as e:
+        _fail(e)
+    if record:
+        try:
+            winners.check_recordable()
+        except ValueError as e:
+            _fail(f"{e} (or run with --no-winners)")
     try:
         res = run_compare(preset, stage, variant, repeats, say=lambda m: console.print(f"[cyan]{escape(m)}[/]"),
                           progress_factory=_progress(console), families=family or None, budget_s=budget,
                           exclude=exclude or ())
     except ValueError as e:
-        console.print(f"[red]error:[/] {e}")
-        raise typer.Exit(2)
+        _fail(e)
     console.print(report.compare_table(res))
     by_reason = {}
     for s in res.skipped:
@@ -98,17 +129,19 @@ def compare(
     for n in res.notes:
         console.print(f"[cyan]note:[/] {n}")
     wrong = [r for r in res.rows if r.correct is False]
-    if json_path:
-        console.print(f"results: {report.write_json(res.to_json(), json_path)}")
-        plot = plot or json_path.with_suffix(".png")
-    if plot:
-        console.print(f"plot: {report.compare_plot(res, plot)}")
-    if record_winners and not variant and not family and not exclude:
-        p = winners.record(res.preset, res.device, res.environment["gpu"].get("name"),
-                           res.environment["git_commit"], res.environment["date"], res.winners,
-                           stages_run=stage or None)
-        console.print(f"winners: {p}")
-    elif variant or family or exclude:
+    try:                     # checked before the run; a file system that changed since still gets one line
+        if json_path:
+            console.print(f"results: {report.write_json(res.to_json(), json_path)}")
+        if plot:
+            console.print(f"plot: {report.compare_plot(res, plot)}")
+        if record:
+            p = winners.record(res.preset, res.device, res.environment["gpu"].get("name"),
+                               res.environment["git_commit"], res.environment["date"], res.winners,
+                               stages_run=stage or None)
+            console.print(f"winners: {p}")
+    except (OSError, ValueError) as e:
+        _fail(f"writing the results failed: {e}", 1)
+    if variant or family or exclude:
         console.print("winners not updated (--variant/--family/--exclude compare a subset)")
     if wrong:
         console.print(f"[bold red]{len(wrong)} row(s) wrong:[/] " + ", ".join(r.label for r in wrong))
@@ -119,11 +152,14 @@ def compare(
 def show_winners(path: Optional[Path] = typer.Option(None, help="winners file (default: $HYTOPK_WINNERS or the cache)")):
     """Show the recorded fastest correct variant per stage for each preset."""
     from .harness import winners
-    data = winners.read(path)
+    try:
+        data = winners.read(path)
+    except ValueError as e:
+        _fail(e)
     if not data["entries"]:
         console.print(f"no winners recorded yet in {path or winners.path()}: run `hytopk compare`")
         return
-    console.print(winners.table(data))
+    console.print(winners.table(data, path))
 
 
 @app.command()
@@ -141,17 +177,19 @@ def calibrate(
     from .harness import calibrate as cal
     from .harness import report
     try:
+        json_path, plot = _outputs(json_path, plot)
         out = cal.run(n=n, L=L, k=k, draws=draws, families=family or None, quick=quick,
                       say=lambda m: console.print(f"[cyan]{m}[/]"), progress_factory=_progress(console))
     except ValueError as e:
-        console.print(f"[red]error:[/] {e}")
-        raise typer.Exit(2)
+        _fail(e)
     console.print(cal.table(out))
-    if json_path:
-        console.print(f"results: {report.write_json(out, json_path)}")
-        plot = plot or json_path.with_suffix(".png")
-    if plot:
-        console.print(f"plot: {report.calibrate_plot(out, plot)}")
+    try:
+        if json_path:
+            console.print(f"results: {report.write_json(out, json_path)}")
+        if plot:
+            console.print(f"plot: {report.calibrate_plot(out, plot)}")
+    except OSError as e:
+        _fail(f"writing the results failed: {e}", 1)
 
 
 @app.command()
@@ -163,8 +201,11 @@ def watch(
 ):
     """On every save: recompile / re-import, re-check against the reference, re-time, print the change."""
     from .harness import watch as W
-    loop = W.WatchLoop(stage=stage, say=console.print)
-    dirs = W.default_dirs(kernels_dir, numba_dir)
+    try:
+        loop = W.WatchLoop(stage=stage, say=console.print)
+        dirs = W.default_dirs(kernels_dir, numba_dir)
+    except ValueError as e:
+        _fail(e)
     console.print(f"watching {', '.join(str(d) for d in dirs)} (Ctrl-C to stop)")
     try:
         W.run_forever(loop, dirs, poll=poll, say=console.print)

@@ -14,7 +14,7 @@ import reference as R
 from reference import validate as V
 
 from . import registry
-from .arrays import common_kind, to_kind
+from .arrays import common_kind, to_kind, to_numpy
 from .bf16 import bf16_bits_to_float32
 from .families import Family, get_family
 
@@ -64,6 +64,12 @@ def stage_set(family: str, chosen: dict | None = None, bf16: bool = False) -> St
 SCRATCH_BYTES = 32 << 20      # default bound on one pass's selection scratch (see query_chunk_for)
 
 
+def check_query_chunk(query_chunk):
+    if isinstance(query_chunk, bool) or not isinstance(query_chunk, (int, np.integer)) or query_chunk < 1:
+        raise ValueError(f"argument 'query_chunk' must be a positive int, got {query_chunk!r}")
+    return int(query_chunk)
+
+
 def query_chunk_for(n: int, capacity: int, m_max: int, query_chunk=None, k: int = 0) -> int:
     """Queries per pass. ``query_chunk`` if given; else as many as keep a pass's scratch
     (the candidate buffer, capacity x 8 B per query, the sampled scores and positions,
@@ -71,9 +77,7 @@ def query_chunk_for(n: int, capacity: int, m_max: int, query_chunk=None, k: int 
     the passes and rounded up to a multiple of 8 (the tiled kernels take 4 or 8 queries
     per block) where that still fits."""
     if query_chunk is not None:
-        if isinstance(query_chunk, bool) or not isinstance(query_chunk, (int, np.integer)) or query_chunk < 1:
-            raise ValueError(f"argument 'query_chunk' must be a positive int, got {query_chunk!r}")
-        return int(query_chunk)
+        return check_query_chunk(query_chunk)
     per_query = 8 * int(capacity) + 8 * int(m_max) + 8 * int(k) + 16
     fit = max(1, SCRATCH_BYTES // per_query)
     if fit >= n:
@@ -103,8 +107,8 @@ def run_hytopk(st: StageSet, source, lo, hi, lo_h, hi_h, k, capacity, oversample
     Returns a reference.HyTopKResult whose idx/val are family-native and whose
     statistics are host NumPy arrays."""
     fam = st.family
-    if capacity is None:                       # one capacity for every pass
-        capacity = R.default_capacity(k, lo_h, hi_h, oversample)
+    # one capacity for every pass: the default, or the given one clamped to the longest context
+    capacity = R.resolve_capacity(capacity, k, lo_h, hi_h, oversample)
     M, r = R.sample_plan(lo_h, hi_h, k, oversample)
     n = len(lo_h)
     # the sample count of the longest possible context bounds every threshold variant's buffer
@@ -165,6 +169,9 @@ class Backend:
         self.chosen = chosen
         self.stages = stage_set(family, chosen)
         self.family = self.stages.family
+        ok, why = self.family.available()
+        if not ok:                              # say what to do now, not at the first launch
+            raise RuntimeError(f"backend {family!r} is unavailable here: {why}")
         self._bf16_stages = None
 
     def stages_for(self, x) -> StageSet:
@@ -201,8 +208,14 @@ class Backend:
         """A result back in the caller's kind; host copies go through the family (its stream)."""
         return self.family.to_host(x) if kind == "numpy" else to_kind(x, kind)
 
-    def _select(self, source, shape, lo, hi, k, capacity, oversample, max_failed, query_chunk, kind, stages=None):
+    def _check_select(self, shape, lo, hi, k, capacity, oversample, max_failed, query_chunk):
+        """Every argument of a selection, before anything moves to the device: host (lo, hi)."""
         lo_h, hi_h = V.check_selection_args(shape, lo, hi, k, capacity, oversample, max_failed)
+        if query_chunk is not None:
+            check_query_chunk(query_chunk)
+        return lo_h, hi_h
+
+    def _select(self, source, lo_h, hi_h, k, capacity, oversample, max_failed, query_chunk, kind, stages=None):
         lo_d, hi_d = self._dev(("lo", lo_h.astype(np.int32)), ("hi", hi_h.astype(np.int32)))
         res = run_hytopk(stages or self.stages, source, lo_d, hi_d, lo_h, hi_h, k, capacity, oversample, max_failed,
                          query_chunk)
@@ -212,22 +225,24 @@ class Backend:
     def hytopk(self, scores, lo, hi, k, *, capacity=None, oversample=3.0, max_failed=64, query_chunk=None):
         """``query_chunk``: queries per pass (default: as many as keep the scratch within
         pipeline.SCRATCH_BYTES); the selection does not depend on it."""
-        shape = V.check_array("scores", scores, ndim=2, dtypes=V.SCORE_DTYPES)
+        shape = V.check_scores(scores)
+        lo_h, hi_h = self._check_select(shape, lo, hi, k, capacity, oversample, max_failed, query_chunk)
         kind = common_kind(scores, lo, hi)
         (s,) = self._dev(("scores", scores))
-        return self._select(R.TableSource(s), shape, lo, hi, k, capacity, oversample, max_failed, query_chunk, kind)
+        return self._select(R.TableSource(s), lo_h, hi_h, k, capacity, oversample, max_failed, query_chunk, kind)
 
     def hytopk_indexer(self, q, w, keys, lo, hi, k, *, capacity=None, oversample=3.0, max_failed=64,
                        query_chunk=None):
         n, H, D, L = V.check_indexer_inputs(q, w, keys)
+        lo_h, hi_h = self._check_select((n, L), lo, hi, k, capacity, oversample, max_failed, query_chunk)
         kind = common_kind(q, w, keys, lo, hi)
         src = R.IndexerSource(*self._dev(("q", q), ("w", w), ("keys", keys)))
-        return self._select(src, (n, L), lo, hi, k, capacity, oversample, max_failed, query_chunk, kind,
+        return self._select(src, lo_h, hi_h, k, capacity, oversample, max_failed, query_chunk, kind,
                             self.stages_for(q))
 
     def topk(self, scores, lo, hi, k):
         """Exact top-k of every query (the recovery path over all rows)."""
-        n, L = V.check_array("scores", scores, ndim=2, dtypes=V.SCORE_DTYPES)
+        n, L = V.check_scores(scores)
         lo_h, hi_h = V.check_ranges(lo, hi, n, L)
         k = V.check_k(k)
         kind = common_kind(scores, lo, hi)
@@ -247,9 +262,34 @@ class Backend:
 
     def replay_scores(self, q, w, keys, idx):
         n, H, D, L = V.check_indexer_inputs(q, w, keys)
-        V.check_idx(idx, n, L)
+        k = V.check_idx(idx, n, L)
         kind = common_kind(q, w, keys, idx)
+        if L == 0:                  # no keys: every slot is padding (check_idx), no kernel to launch
+            return self._out(self.family.to_device(np.full((n, k), -np.inf, np.float32)), kind)
         return self._out(self.stages_for(q).replay(*self._dev(("q", q), ("w", w), ("keys", keys), ("idx", idx))), kind)
+
+    LOSS_DTYPES = ("float32", "float64", "bfloat16", "uint16")
+
+    def indexer_kl_loss(self, q, w, keys, idx, target, reduction="sum"):
+        """reference.indexer_kl_loss under the same checks: (loss, dq, dw, dkeys) with float64
+        gradients, returned in the inputs' array kind. The loss and its gradients are the
+        reference's float64 computation on host copies (bf16 inputs widened exactly); the
+        device-side training loss is workbench.torch.indexer_kl_loss."""
+        n, H, D, L = V.check_indexer_inputs(q, w, keys, dtypes=self.LOSS_DTYPES)
+        V.check_idx(idx, n, L)
+        V.check_target(target, idx)
+        kind = common_kind(q, w, keys, idx, target)
+
+        def host(x, dtype):
+            if V.dtype_name(x) == "uint16":
+                x = bf16_bits_to_float32(x)
+            elif V.dtype_name(x) in ("bfloat16", "float16"):
+                x = x.float() if hasattr(x, "float") else x.astype(np.float32)
+            return np.asarray(to_numpy(x), dtype)
+        dt = np.float64 if V.dtype_name(q) == "float64" else np.float32      # bf16 widens exactly to float32
+        loss, dq, dw, dkeys = R.indexer_kl_loss(host(q, dt), host(w, dt), host(keys, dt),
+                                                np.asarray(to_numpy(idx)), host(target, np.float64), reduction)
+        return (loss, *(to_kind(g, kind) for g in (dq, dw, dkeys)))
 
 
 def backend(name: str = "reference", variants: dict | None = None) -> Backend:

@@ -135,8 +135,7 @@ class ContextParallelHyTopK:
         self.sharding, self.k = sharding, int(k)
         self.oversample, self.max_failed = float(oversample), int(max_failed)
         # the single-process capacity: computed over every query, not just ours
-        self.capacity = int(capacity) if capacity is not None else \
-            R.default_capacity(self.k, lo_h, hi_h, self.oversample)
+        self.capacity = R.resolve_capacity(capacity, self.k, lo_h, hi_h, self.oversample)
         if backend not in registry.FAMILY_MODULES:
             raise ValueError(f"argument 'backend': unknown family {backend!r}; "
                              f"choose from {sorted(registry.FAMILY_MODULES)}")

@@ -85,15 +85,26 @@ def rates(counts, sampled, k, capacity):
     return over, under, float(np.mean((c > capacity) | (c < k)))
 
 
+def _positive(name, v, none_ok=True):
+    if v is None and none_ok:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+        raise ValueError(f"argument '{name}' must be an int >= 1, got {v!r}")
+    return int(v)
+
+
 def run(n=None, L=None, k=None, draws=2, families=None, layout="full", quick=False, gpu=None,
         oversamples=None, capacity_factors=None, bounds=None, max_failed=None,
         say: Callable[[str], None] = print, progress_factory=None) -> dict:
     from .timing import gpu_available
+    # sizes: None means the default; anything else must be a positive int (0 is not "default")
+    n, L, k, draws = (_positive(name, v, none_ok=name != "draws")
+                      for name, v in (("n", n), ("L", L), ("k", k), ("draws", draws)))
     gpu = gpu_available() if gpu is None else gpu
     # CPU defaults keep r (the threshold rank) at the real shape's value: L=16384, k=64 -> M=4096, r=48
-    n = n or (4096 if gpu else (16 if quick else 64))
-    L = L or (131072 if gpu else (8192 if quick else 16384))
-    k = k or (2048 if gpu else (32 if quick else 64))
+    n = n if n is not None else (4096 if gpu else (16 if quick else 64))
+    L = L if L is not None else (131072 if gpu else (8192 if quick else 16384))
+    k = k if k is not None else (2048 if gpu else (32 if quick else 64))
     families = list(families or generate.SCORE_FAMILIES)
     for f in families:
         if f not in generate.SCORE_FAMILIES:

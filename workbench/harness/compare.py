@@ -430,6 +430,21 @@ def torch_indexer_topk(q, w, keys, lo, hi, k, rows_per_chunk):
     return idx, val
 
 
+def check_run_args(repeats, budget_s):
+    """repeats: None (default) or an int >= 1; budget_s: None (default), a number of seconds > 0,
+    or inf (no limit). Checked before any work; no silent fallback to a default."""
+    if repeats is not None and (isinstance(repeats, bool) or not isinstance(repeats, (int, np.integer))
+                                or repeats < 1):
+        raise ValueError(f"argument 'repeats' must be an int >= 1 (timed repeats per row), got {repeats!r}")
+    if budget_s is not None:
+        try:
+            b = float(budget_s)
+        except (TypeError, ValueError):
+            raise ValueError(f"argument 'budget' must be a number of seconds > 0 or inf, got {budget_s!r}") from None
+        if not b > 0:                               # also NaN
+            raise ValueError(f"argument 'budget' must be > 0 seconds (inf: no limit), got {b:g}")
+
+
 def run_compare(preset: str | None = None, stages=None, variant_names=None, repeats=None,
                 say: Callable[[str], None] = print, progress_factory=None, families=None,
                 budget_s: float | None = None, exclude=()) -> CompareResult:
@@ -437,11 +452,12 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
     ``exclude``: substrings; stage variants (and score-only floors) whose name contains one are
     skipped, while the pipelines and the other baselines still run (e.g. ("simt",) on the largest
     presets, where a scalar row takes seconds per call)."""
+    check_run_args(repeats, budget_s)
     exclude = tuple(exclude or ())
     excluded = lambda name: any(_matches(x, name) for x in exclude)
     gpu = gpu_available()
     notes = []
-    name = preset or default_preset(gpu)
+    name = default_preset(gpu) if preset is None else preset      # '' is an unknown preset, not the default
     p = get_preset(name)
     if p.gpu and not gpu:
         notes.append(f"no GPU here: preset {name!r} needs one; running 'tiny' on the CPU instead")

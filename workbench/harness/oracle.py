@@ -82,7 +82,7 @@ class _Oracle:
 
     def plan(self, k, capacity, oversample):
         M, r = R.sample_plan(self.lo_h, self.hi_h, k, oversample)
-        cap = capacity if capacity is not None else R.default_capacity(k, self.lo_h, self.hi_h, oversample)
+        cap = R.resolve_capacity(capacity, k, self.lo_h, self.hi_h, oversample)
         return M, r, int(cap)
 
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import tempfile
 from pathlib import Path
 
 BASE_COLS = (("torch", "×torch"), ("dense+topk", "×dense+topk"), ("score-only", "×floor"), ("flop-bound", "×bound"))
@@ -48,9 +50,35 @@ def compare_table(res):
     return t
 
 
+def check_writable(path: str | Path, what: str) -> Path:
+    """Check, before any work, that a file can be written at ``path`` (relative paths: the
+    current directory); returns it as an absolute Path. ``what`` names the source in the
+    message ("argument '--json'", "HYTOPK_WINNERS"). A directory, a parent that is missing or
+    not a directory, or a place this process cannot write is a ValueError saying which. Missing
+    parent directories are not created: a typo in a path should not grow a directory tree."""
+    p = Path(path).expanduser().absolute()
+    if p.is_dir():
+        raise ValueError(f"{what}: {p} is a directory; give a file path")
+    parent = p.parent
+    if not parent.exists():
+        raise ValueError(f"{what}: directory {parent} does not exist; create it first")
+    if not parent.is_dir():
+        raise ValueError(f"{what}: {parent} is not a directory")
+    try:
+        if p.exists():
+            with open(p, "ab"):              # append mode: the file is not truncated
+                pass
+        else:                                # a probe file next to it, removed at once
+            fd, probe = tempfile.mkstemp(dir=parent, prefix=".hytopk-write-check-")
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as e:
+        raise ValueError(f"{what}: cannot write {p}: {e.strerror or e}") from None
+    return p
+
+
 def write_json(obj: dict, path: str | Path) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, indent=2, default=_jsonable) + "\n")
     return path
 
@@ -91,7 +119,6 @@ def compare_plot(res, path: str | Path) -> Path:
                  fontsize=9)
     fig.tight_layout()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
@@ -131,7 +158,6 @@ def calibrate_plot(cal: dict, path: str | Path) -> Path:
     fig.suptitle(f"hytopk calibrate ({p['scale']}: n={p['n']} L={p['L']} k={p['k']}, {p['draws']} draws)", fontsize=10)
     fig.tight_layout()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

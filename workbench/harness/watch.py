@@ -47,10 +47,22 @@ class Outcome:
 
 
 def default_dirs(kernels_dir=None, numba_dir=None) -> list[Path]:
+    """The folders to watch. A folder given that is missing or not a folder is a ValueError
+    naming it (never dropped silently); a default folder absent from this install is skipped."""
     from .. import loader
-    k = Path(kernels_dir) if kernels_dir else loader.kernel_dir()
-    n = Path(numba_dir) if numba_dir else ROOT / "workbench" / "families" / "numba"
-    return [d for d in (k, n) if d.is_dir()]
+    out = []
+    for opt, given, default in (("--kernels-dir", kernels_dir, loader.kernel_dir()),
+                                ("--numba-dir", numba_dir, ROOT / "workbench" / "families" / "numba")):
+        d = Path(given).expanduser().absolute() if given is not None else Path(default)
+        if d.is_dir():
+            out.append(d)
+        elif given is not None:
+            why = "is not a directory" if d.exists() else "does not exist"
+            raise ValueError(f"argument '{opt}': {d} {why}")
+    if not out:
+        raise ValueError("nothing to watch: neither kernels_cuda/ nor workbench/families/numba/ is here; "
+                         "give --kernels-dir / --numba-dir")
+    return out
 
 
 def stage_of_source(path: Path) -> list[str]:

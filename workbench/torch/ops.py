@@ -29,12 +29,25 @@ from . import dispatch, scoring
 CALLS: collections.Counter = collections.Counter()
 
 
-def _same_device(**tensors):
-    devs = {name: t.device for name, t in tensors.items()}
-    first = next(iter(devs.values()))
-    for name, d in devs.items():
-        if d != first:
-            raise ValueError(f"argument '{name}' is on {d}, expected {first} like the other inputs")
+_same_device = V.check_same_device
+
+
+def _no_host_sync(x) -> bool:
+    """True while tracing (torch.compile) or capturing a CUDA graph: checks of values must not
+    copy to the host then, so they become device-side asserts (torch._assert_async)."""
+    if torch.compiler.is_compiling():
+        return True
+    return isinstance(x, Tensor) and x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _check_target(target, idx):
+    """The reference's rules for the KL target (reference.validate.check_target): one ValueError
+    naming 'target'; value checks as device-side asserts while tracing or capturing."""
+    deferred = _no_host_sync(idx)
+    V.check_target(target, idx, values=not deferred)
+    if deferred:
+        for ok, msg in V.target_conditions(target, idx):
+            torch._assert_async(ok, msg)
 
 
 def _check_select(q, w, keys, lo, hi, k, capacity, oversample, max_failed, *, host=True):
@@ -100,8 +113,13 @@ def _select_cuda(q, w, keys, lo, hi, k, capacity=None, oversample=3.0, max_faile
 
 @select_op.register_fake
 def _select_fake(q, w, keys, lo, hi, k, capacity=None, oversample=3.0, max_failed=64):
+    # also the Meta kernel: a meta tensor among real ones must fail here, not return garbage
+    _same_device(q=q, w=w, keys=keys, lo=lo, hi=hi)
     torch._check(q.dim() == 3 and w.dim() == 2 and keys.dim() == 2, lambda: "q, w, keys must be 3-D, 2-D, 2-D")
+    if isinstance(k, int):
+        V.check_k(k)
     torch._check(k >= 1, lambda: f"argument 'k' must be >= 1, got {k}")
+    torch._check(k <= V.INT32_MAX, lambda: f"argument 'k' must be <= {V.INT32_MAX}, got {k}")
     n = q.shape[0]
     return q.new_empty((n, k), dtype=torch.int32), q.new_empty((n, k), dtype=torch.float32)
 
@@ -123,8 +141,8 @@ def _replay_cuda(q, w, keys, idx, deterministic=None):
     capturing = torch.cuda.is_current_stream_capturing()
     n, L = _check_replay(q, w, keys, idx, host=False)
     shape = {"L": L, "H": q.shape[1], "D": q.shape[2], "k": idx.shape[1], "dtype": V.dtype_name(q)}
-    b = None if capturing else dispatch.cuda_backend("replay", shape)
-    if b is None:
+    b = None if capturing or L == 0 else dispatch.cuda_backend("replay", shape)
+    if b is None:                   # (L = 0: only padding, nothing for a kernel to gather)
         return scoring.replay(q, w, keys, idx)
     from workbench.arrays import to_kind
     dt = dispatch.input_dtype(b)
@@ -137,6 +155,7 @@ def _replay_cuda(q, w, keys, idx, deterministic=None):
 
 @replay_op.register_fake
 def _replay_fake(q, w, keys, idx, deterministic=None):
+    _same_device(q=q, w=w, keys=keys, idx=idx)
     torch._check(idx.dim() == 2, lambda: "argument 'idx' must be 2-D")
     return q.new_empty((q.shape[0], idx.shape[1]), dtype=torch.float32)
 
@@ -146,12 +165,14 @@ def replay_backward_op(grad: Tensor, q: Tensor, w: Tensor, keys: Tensor, idx: Te
                        deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
     """Sparse backward of replay_scores (pure torch on every device; see scoring.replay_backward)."""
     CALLS["replay_backward"] += 1
+    _same_device(grad=grad, q=q, w=w, keys=keys, idx=idx)
     V.check_array("grad", grad, ndim=2, shape=tuple(idx.shape))
     return scoring.replay_backward(grad, q, w, keys, idx, deterministic)
 
 
 @replay_backward_op.register_fake
 def _replay_backward_fake(grad, q, w, keys, idx, deterministic):
+    _same_device(grad=grad, q=q, w=w, keys=keys, idx=idx)
     return torch.empty_like(q), torch.empty_like(w), torch.empty_like(keys)
 
 
@@ -180,7 +201,11 @@ def selected_kl(scores: Tensor, idx: Tensor, target: Tensor, reduction: str = "s
     (softmax - p for a normalised target), zero on padding slots."""
     if reduction not in ("sum", "mean"):
         raise ValueError(f"argument 'reduction' must be 'sum' or 'mean', got {reduction!r}")
-    V.check_array("target", target, ndim=2, shape=tuple(idx.shape))
+    _check_target(target, idx)
+    return _selected_kl(scores, idx, target, reduction)
+
+
+def _selected_kl(scores, idx, target, reduction):
     valid = idx >= 0
     masked = scores.float().masked_fill(~valid, torch.finfo(torch.float32).min)   # finite: empty rows stay NaN-free
     logsm = torch.log_softmax(masked, dim=1)
@@ -194,6 +219,10 @@ def indexer_kl_loss(q: Tensor, w: Tensor, keys: Tensor, idx: Tensor, target: Ten
     """The indexer loss: replay the selected scores (sparse backward) then ``selected_kl``.
 
     The target (main-attention distribution at the selected slots) is detached
-    here: no gradient flows into it, nor through the choice of ``idx``."""
+    here: no gradient flows into it, nor through the choice of ``idx``. The target obeys the
+    reference's rules (real floating, finite, >= 0, 0 where idx = -1), checked before anything runs."""
+    if reduction not in ("sum", "mean"):
+        raise ValueError(f"argument 'reduction' must be 'sum' or 'mean', got {reduction!r}")
+    _check_target(target, idx)
     scores = torch.ops.hytopk.replay_scores(q, w, keys, idx, deterministic)
-    return selected_kl(scores, idx, target.detach(), reduction)
+    return _selected_kl(scores, idx, target.detach(), reduction)

@@ -63,12 +63,18 @@ def exact_select(q, w, keys, lo, hi, k: int):
     return idx, val
 
 
+def _gatherable(keys32):
+    """keys to gather from with idx.clamp(min=0): with L = 0 every slot is padding (idx = -1),
+    so one zero row stands in for the missing key 0."""
+    return keys32 if keys32.shape[0] else keys32.new_zeros((1, keys32.shape[1]))
+
+
 def replay(q, w, keys, idx) -> torch.Tensor:
     """[n, k] float32 scores at the selected positions, -inf where idx = -1."""
     n, H, D = q.shape
     k = idx.shape[1]
     out = torch.empty((n, k), dtype=torch.float32, device=q.device)
-    keys32 = keys.float()
+    keys32 = _gatherable(keys.float())
     step = _rows_per_chunk(k * max(H, D))          # [c, k, D] gathered keys, [c, k, H] dots
     for s in range(0, n, step):
         e = min(n, s + step)
@@ -88,6 +94,8 @@ def _add_keys_grad(dkeys, flat_idx, contrib, deterministic: bool):
     added to dkeys. Extra cost: one sort of the chunk's indices and one gathered
     copy of its contributions."""
     L = dkeys.shape[0]
+    if L == 0:                       # no keys: every slot is padding, nothing to add
+        return
     if not deterministic:
         dkeys.index_add_(0, flat_idx.clamp(min=0), contrib)
         return
@@ -109,7 +117,7 @@ def replay_backward(grad, q, w, keys, idx, deterministic: bool):
     dq = torch.zeros((n, H, D), dtype=torch.float32, device=q.device)
     dw = torch.zeros((n, H), dtype=torch.float32, device=q.device)
     dkeys = torch.zeros((L, D), dtype=torch.float32, device=q.device)
-    keys32 = keys.float()
+    keys32 = _gatherable(keys.float())
     step = _rows_per_chunk(k, KEYS_GRAD_ENTRIES)
     for s in range(0, n, step):
         e = min(n, s + step)
