@@ -325,3 +325,36 @@ def test_ws_dense_never_writes_past_the_table(dtype):
            x.geo.smem, threads=x.geo.threads)
     assert bool(cp.all(guard[n * L:] == 12345.0)), "dense wrote past the end of the table"
     assert bool(cp.all(cp.isinf(out[:, 100:]))) and bool(cp.all(cp.isfinite(out[:, :100])))
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_ws_threshold_shared_context_fast_path(dtype):
+    """Every query with one context (full attention): the samples are one key set, scored once by
+    the dense kernel; T equals the r-th best sample of the core's own table, directly (a device
+    check finds the shared context) and inside the pipeline (the driver's host ranges say so)."""
+    import cupy as cp
+    import workbench as wb
+    from workbench.families.cupy import wgmma_ws as WS
+    from tests.test_cupy_gpu import assert_selection_equal, gpu_topk
+    n, L, H, D, k = 40, 30000, 64, 128, 300
+    src, rng = _random_source(dtype, n, L, H, D, 12)
+    lo, hi = np.full(n, 17, np.int32), np.full(n, L - 3, np.int32)
+    lo_d, hi_d = cp.asarray(lo), cp.asarray(hi)
+    table = WS.dense_source(src, lo_d, hi_d)
+    M, r = R.sample_plan(lo, hi, k, 3.0)
+    want = R.stage_threshold(R.TableSource(table.get()), lo, hi, M, r)
+    T = WS.threshold_ws(src, lo_d, hi_d, cp.asarray(M), cp.asarray(r)).get()
+    np.testing.assert_array_equal(R.order_keys(T), R.order_keys(want))
+    with WS.call_scope(lo, hi, M):                                      # the pipeline's hint, no sync
+        T2 = WS.threshold_ws(src, lo_d, hi_d, cp.asarray(M), cp.asarray(r)).get()
+    np.testing.assert_array_equal(R.order_keys(T2), R.order_keys(want))
+    if dtype == "bf16":
+        src = R.IndexerSource(src.q, cp.asarray(float32_to_bf16_bits(src.w.get())), src.keys)
+        table = WS.dense_source(src, lo_d, hi_d)
+        idx, val = gpu_topk(table, lo, hi, k)
+        chosen = {"threshold": "cupy.threshold.wgmma_ws", "filter": "cupy.filter.wgmma_ws",
+                  "recover": "cupy.recover.wgmma_ws"}
+        for chunk in (None, 16):                                           # one pass, and passes
+            res = wb.backend("cupy", chosen).hytopk_indexer(src.q, src.w, src.keys, lo_d, hi_d, k, query_chunk=chunk)
+            assert_selection_equal(res.idx.get(), res.val.get(), idx, val)

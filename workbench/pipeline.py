@@ -116,7 +116,7 @@ def run_hytopk(st: StageSet, source, lo, hi, lo_h, hi_h, k, capacity, oversample
     passes = [(a, min(n, a + chunk)) for a in range(0, n, chunk)] or [(0, 0)]
     # host arrays go to the device once: a copy from pageable memory waits for the stream
     M_d, r_d = fam.to_device(M), fam.to_device(r)
-    with fam.call_scope():
+    with fam.call_scope(lo_h, hi_h, M):
         return _run_passes(st, source, lo, hi, M, r, M_d, r_d, n, passes, k, capacity, max_failed)
 
 

@@ -45,9 +45,11 @@ class Family:
         """dst[rows[j]] = src[j] for the recovery results (in place)."""
         raise NotImplementedError
 
-    def call_scope(self):
+    def call_scope(self, lo_h=None, hi_h=None, M_h=None):
         """A context for the stages of one pipeline call (every pass and the recovery): inside it
-        the inputs do not change, so a family may reuse per-input preparation across passes."""
+        the inputs do not change, so a family may reuse per-input preparation across passes;
+        lo_h, hi_h, M_h: the call's context ranges and sample counts on the host (facts about
+        them need no device sync)."""
         return contextlib.nullcontext()
 
 

@@ -77,9 +77,10 @@ class CupyFamily(Family):
         with launch_stream():
             super().place(dst, start, as_device(src))
 
-    def call_scope(self):
-        """Keys put into the wgmma_ws core's layout once per pipeline call, not once per pass."""
-        return wgmma_ws.prepared_keys()
+    def call_scope(self, lo_h=None, hi_h=None, M_h=None):
+        """Keys put into the wgmma_ws core's layout once per pipeline call, not once per pass;
+        whether every query shares one context (the wgmma_ws threshold's fast path)."""
+        return wgmma_ws.call_scope(lo_h, hi_h, M_h)
 
     def scatter_rows(self, dst_idx, dst_val, rows, src_idx, src_val):
         with launch_stream():

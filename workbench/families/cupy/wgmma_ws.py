@@ -37,21 +37,34 @@ NOTE = ("warp-specialised wgmma (sm_90a): a bulk-copy producer warp, 4 consumer 
 INPUTS = "(bf16 q/keys, float32 w; fp8 e4m3 from an Fp8IndexerSource)"
 
 
-_PREPARED: dict | None = None      # id(source keys) -> (those keys, layout tag, core-matrix copy); see prepared_keys
+_PREPARED: dict | None = None      # id(source keys) -> (those keys, layout tag, core-matrix copy); see call_scope
+_SHARED: tuple | None = None       # (lo, c, M) when every query of the current call has that context and M
 
 
 @contextlib.contextmanager
-def prepared_keys():
-    """Inside: a source's keys are put into the core-matrix layout once and reused by every
-    stage (the pipeline's passes and its recovery); the driver opens it around one call,
-    during which the keys do not change. Entries hold their keys, so an id is never reused."""
-    global _PREPARED
-    outer = _PREPARED
-    _PREPARED = {} if outer is None else outer
+def call_scope(lo_h=None, hi_h=None, M_h=None):
+    """One pipeline call (Family.call_scope). Inside: a source's keys are put into the
+    core-matrix layout once and reused by every stage (passes and recovery), since they do
+    not change during the call (entries hold their keys, so an id is never reused); and when
+    the host ranges show one context shared by every query, the threshold takes its fast
+    path with no device sync."""
+    global _PREPARED, _SHARED
+    outer = (_PREPARED, _SHARED)
+    _PREPARED = {} if outer[0] is None else outer[0]
+    _SHARED = None
+    if lo_h is not None and hi_h is not None and M_h is not None and len(lo_h):
+        lo_h, hi_h, M_h = np.asarray(lo_h), np.asarray(hi_h), np.asarray(M_h)
+        if (lo_h == lo_h[0]).all() and (hi_h == hi_h[0]).all() and (M_h == M_h[0]).all():
+            _SHARED = (int(lo_h[0]), int(hi_h[0]) - int(lo_h[0]), int(M_h[0]))
     try:
         yield
     finally:
-        _PREPARED = outer
+        _PREPARED, _SHARED = outer
+
+
+def prepared_keys():
+    """call_scope without ranges: the keys' layout reused, no threshold hint."""
+    return call_scope()
 
 
 def _f32_weights(w):
@@ -252,17 +265,57 @@ def replay_ws(q, w, keys, idx):
 
 
 @register("threshold", "cupy.threshold.wgmma_ws", sources=("indexer",), gpu_only=True,
-          notes=f"samples scored by the wgmma_ws replay (its filter's own bits), r-th best by the block "
-                f"threshold's in-shared-memory radix select {INPUTS}")
+          notes=f"samples scored by the wgmma_ws core (its filter's own bits): when every query shares one "
+                f"context (e.g. full attention) its samples are one key set, scored by the dense kernel; "
+                f"else by the replay of each query's samples; r-th best by the block threshold's "
+                f"in-shared-memory radix select {INPUTS}")
 def threshold_ws(source, lo, hi, M, r):
     if not isinstance(source, (R.IndexerSource, Fp8IndexerSource)):
         raise TypeError("argument 'source': cupy.threshold.wgmma_ws takes the indexer source only")
     with launch_stream():
         lo, hi, M, r = i32(lo, "lo"), i32(hi, "hi"), i32(M, "M"), i32(r, "r")
-        s, M = _sample_scores(source, lo, hi, M, replay=replay_source)
+        shared = _shared_plan(source, lo, hi, M)
+        if shared is not None:
+            s = _shared_sample_scores(source, lo.shape[0], *shared)
+            M = cp.full(lo.shape[0], s.shape[1], cp.int32)
+        else:
+            s, M = _sample_scores(source, lo, hi, M, replay=replay_source)
         if s.shape[1] == 0:
             return cp.full(lo.shape[0], cp.nan, cp.float32)
         return threshold_unchecked(R.TableSource(s), cp.zeros_like(M), M, M, r)
+
+
+def _shared_plan(source, lo, hi, M):
+    """(lo0, c0, M0) when every query has the context [lo0, lo0 + c0) and M0 samples (M0 the
+    contract's num_samples(c0), or 0), else None. Inside a pipeline call the host ranges
+    decide (no sync); a direct stage call checks on the device (one sync)."""
+    n = lo.shape[0]
+    if n == 0:
+        return None
+    if _SHARED is not None:                          # the driver's ranges and sample plan, uniform
+        return _SHARED
+    if _PREPARED is not None:                        # in a pipeline call whose queries differ
+        return None
+    a, b, c, d, e, f = (int(x) for x in cp.stack([lo.min(), lo.max(), hi.min(), hi.max(), M.min(), M.max()]).get())
+    if a != b or c != d or e != f:
+        return None
+    return a, c - a, e
+
+
+def _shared_sample_scores(source, n, lo0, c0, M0):
+    """[n, M0] sample scores when every query samples the same positions: the M0 sampled keys
+    gathered once, scored by the dense kernel for every query (the filter's bits: the score
+    of a key does not depend on where it sits)."""
+    M0 = min(int(M0), int(R.num_samples(int(source.keys.shape[0]))))
+    if M0 <= 0 or c0 <= 0:
+        return cp.zeros((n, 0), cp.float32)
+    pos = cp.asarray(R.sample_positions(lo0, c0, M0))
+    keys = as_device(source.keys)[pos]
+    if isinstance(source, Fp8IndexerSource):
+        sub = Fp8IndexerSource(source.q, source.w, keys, as_device(source.kscale)[pos])
+    else:
+        sub = R.IndexerSource(source.q, source.w, keys)
+    return dense_source(sub, cp.zeros(n, cp.int32), cp.full(n, M0, cp.int32))
 
 
 def score_only_ws(source, lo, hi, consumers=4):
