@@ -162,3 +162,45 @@ def test_stage_set_picks_the_kind_defaults():
     assert b.stages_for_kind("fp8").filter.name == "reference.filter"
     assert stage_set("reference", kind="bf16").threshold.name == b.stages.threshold.name
     assert "Backend('reference'" in repr(b)
+
+
+# ------------------------------------------------------------------ what each family is handed (CuPy's contract, on CPU)
+class _Recorder:
+    """A family stub that records what the Backend hands it."""
+    name = "stub"
+
+    def __init__(self, bf16_bits, fp8_bits):
+        self.takes_bf16_bits, self.takes_fp8_bits, self.seen = bf16_bits, fp8_bits, []
+
+    def to_device(self, x):
+        self.seen.append(x)
+        return x
+
+
+@pytest.mark.parametrize("fp8_bits", [True, False])
+def test_backend_passes_float32_w_and_fp8_bits_through(fp8_bits):
+    torch = pytest.importorskip("torch")
+    from workbench.torch import dispatch
+    b = workbench.backend("reference")
+    b.family = _Recorder(bf16_bits=True, fp8_bits=fp8_bits)
+    q8 = torch.zeros((2, 3, 4), dtype=torch.float8_e4m3fn)
+    k8 = torch.ones((10, 4)).to(torch.float8_e4m3fn)
+    w, ks = torch.rand(2, 3), torch.ones(10)
+    qq, ww, kk, ss = dispatch.kernel_inputs(q8, w.requires_grad_(), k8, ks)
+    assert (qq.dtype, ww.dtype, kk.dtype, ss.dtype) == (q8.dtype, torch.float32, k8.dtype, torch.float32)
+    assert not ww.requires_grad
+    dts = DT.check_indexer_dtypes(qq, ww, kk, ss)
+    out = b._indexer_args(qq, ww, kk, ss, dts)
+    assert out[1] is ww and out[3] is ss                        # float32 w and kscale: unchanged
+    if fp8_bits:                                                # the e4m3 bits, viewed (no copy)
+        assert out[0].dtype == torch.uint8 and out[0].data_ptr() == q8.data_ptr()
+        assert out[2].dtype == torch.uint8 and out[2].data_ptr() == k8.data_ptr()
+    else:                                                       # decoded float32 values
+        assert out[0].dtype == torch.float32 and torch.equal(out[2], k8.float())
+    # bf16 q/keys with float32 w: unchanged for a family with bf16 kernels; bf16 w beside float32 q: widened
+    qb, kb = torch.zeros((2, 3, 4), dtype=torch.bfloat16), torch.zeros((10, 4), dtype=torch.bfloat16)
+    out = b._indexer_args(qb, w.detach(), kb, None, DT.check_indexer_dtypes(qb, w, kb))
+    assert out[0] is qb and out[2] is kb and out[1].dtype == torch.float32 and out[3] is None
+    out = b._indexer_args(qb.float(), w.detach().bfloat16(), kb.float(), None,
+                          DT.check_indexer_dtypes(qb.float(), w.bfloat16(), kb.float()))
+    assert out[1].dtype == torch.float32
