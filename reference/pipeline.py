@@ -5,12 +5,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import dtypes as DT
 from . import validate as V
 from .candidates import stage_check, stage_filter
 from .capacity import resolve_capacity
+from .indexer import indexer_source
 from .sampling import sample_plan, stage_threshold
 from .select import fallback_all, stage_recover, stage_select
-from .sources import IndexerSource, Source, TableSource
+from .sources import Source, TableSource
 
 
 @dataclass
@@ -51,10 +53,11 @@ def hytopk(scores, lo, hi, k, *, capacity=None, oversample=3.0, max_failed=64) -
                       oversample, max_failed)
 
 
-def hytopk_indexer(q, w, keys, lo, hi, k, *, capacity=None, oversample=3.0,
+def hytopk_indexer(q, w, keys, lo, hi, k, *, kscale=None, capacity=None, oversample=3.0,
                    max_failed=64) -> HyTopKResult:
-    """HyTopK with scores computed on the fly from the lightning indexer."""
-    n, H, D, L = V.check_indexer_inputs(q, w, keys, dtypes=("float32",))
+    """HyTopK with scores computed on the fly from the lightning indexer
+    (q/keys float32, bf16 or fp8 e4m3 + kscale; w float32 or bf16: reference.dtypes)."""
+    n, H, D, L, dts = DT.check_indexer_args(q, w, keys, kscale)
     lo_h, hi_h = V.check_selection_args((n, L), lo, hi, k, capacity, oversample, max_failed)
-    src = IndexerSource(np.asarray(q), np.asarray(w), np.asarray(keys))
+    src = indexer_source(q, w, keys, kscale, dts)
     return run_stages(src, lo_h, hi_h, k, capacity, oversample, max_failed)

@@ -45,7 +45,16 @@ class IndexerSource(NamedTuple):
 Source = Union[TableSource, IndexerSource]
 
 
+def _f64(x) -> np.ndarray:
+    """Values as float64; uint16 arrays are bf16 bits (decoded exactly)."""
+    a = np.asarray(x)
+    if a.dtype == np.uint16 or a.dtype.name == "bfloat16":
+        return (a.view(np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return a.astype(np.float64)
+
+
 def indexer_score_block(q_t, w_t, keys_blk) -> np.ndarray:
-    """I[s] = sum_h w[h] * relu(q[h] . keys[s]) in float64, rounded once to float32."""
-    dots = np.asarray(keys_blk, np.float64) @ np.asarray(q_t, np.float64).T   # [B, H]
-    return (np.maximum(dots, 0.0) @ np.asarray(w_t, np.float64)).astype(np.float32)
+    """I[s] = sum_h w[h] * relu(q[h] . keys[s]) in float64, rounded once to float32
+    (bf16 inputs as uint16 bits are decoded first; see reference.dtypes)."""
+    dots = _f64(keys_blk) @ _f64(q_t).T                                       # [B, H]
+    return (np.maximum(dots, 0.0) @ _f64(w_t)).astype(np.float32)

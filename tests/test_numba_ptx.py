@@ -19,7 +19,7 @@ SRC = (F2, F2, F2)
 
 
 def _kernels():
-    from workbench.families.numba import check, dense, filter as F, recover, replay, select, threshold
+    from workbench.families.numba import check, common, dense, filter as F, recover, replay, select, threshold
     sel = (F2, I2, I1, I64, I2, F2, I2, I2)
     jobs = {
         "select_block": (select.select_block_kernel, sel),
@@ -28,12 +28,13 @@ def _kernels():
         "threshold_warp": (threshold.threshold_warp_kernel, (F2, I1, I1, F1)),
         "check_block": (check.check_block_kernel, (I1, I1, I1, I64, I64, U1, I1, I1)),
         "check_warp": (check.check_warp_kernel, (I1, I1, I1, I64, I64, U1, I1, I1)),
-        "dense_block": (dense.dense_block_kernel, (F2, F2, F2, I1, I1, F2)),
-        "dense_smem": (dense.dense_smem_kernel, (F2, F2, F2, I1, I1, F2)),
-        "replay_block": (replay.replay_block_kernel, (F2, F2, F2, I2, F2)),
-        "replay_smem": (replay.replay_smem_kernel, (F2, F2, F2, I2, F2)),
+        "dense_block": (dense.dense_block_kernel, (F2, F2, F2, I1, I1, F2, I64)),
+        "dense_smem": (dense.dense_smem_kernel, (F2, F2, F2, I1, I1, F2, I64)),
+        "replay_block": (replay.replay_block_kernel, (F2, F2, F2, I2, F2, I64)),
+        "replay_smem": (replay.replay_smem_kernel, (F2, F2, F2, I2, F2, I64)),
+        "pack_scaled_keys": (common._pack_kernel, (F2, F1, F2)),
     }
-    for kind in ("table", "indexer"):
+    for kind in KINDS:
         jobs[f"sample_{kind}"] = (threshold.sample_kernel(kind), SRC + (I1, I1, I1, F2))
         jobs[f"filter_block_{kind}"] = (F.filter_block_kernel(kind), SRC + (I1, I1, F1, I64, I2, F2, I1))
         jobs[f"filter_warp_{kind}"] = (F.filter_warp_kernel(kind), SRC + (I1, I1, F1, I64, I2, F2, I1))
@@ -41,9 +42,10 @@ def _kernels():
     return jobs
 
 
+KINDS = ("table", "indexer", "indexer_fp8")
 NAMES = ["select_block", "select_warp", "threshold_block", "threshold_warp", "check_block", "check_warp",
-         "dense_block", "dense_smem", "replay_block", "replay_smem"] + \
-    [f"{s}_{k}" for k in ("table", "indexer") for s in ("sample", "filter_block", "filter_warp", "materialise")]
+         "dense_block", "dense_smem", "replay_block", "replay_smem", "pack_scaled_keys"] + \
+    [f"{s}_{k}" for k in KINDS for s in ("sample", "filter_block", "filter_warp", "materialise")]
 
 
 class _SM90:

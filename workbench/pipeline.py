@@ -11,7 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 
 import reference as R
+from reference import dtypes as DT
 from reference import validate as V
+from reference.fp8 import e4m3_bits_to_float32
 
 from . import registry
 from .arrays import common_kind, to_kind, to_numpy
@@ -33,14 +35,16 @@ class StageSet:
     replay: registry.Variant | None = None
 
 
-def stage_set(family: str, chosen: dict | None = None, bf16: bool = False) -> StageSet:
-    """The family's default variant per stage (its module's DEFAULTS, or DEFAULTS_BF16
-    for bf16 inputs when it has one), overridden by ``chosen``."""
+def stage_set(family: str, chosen: dict | None = None, bf16: bool = False, kind: str | None = None) -> StageSet:
+    """The family's default variant per stage, overridden by ``chosen``: its module's DEFAULTS,
+    or for ``kind`` "bf16" (or ``bf16=True``) DEFAULTS_BF16 and for ``kind`` "fp8" DEFAULTS_FP8
+    when the module has them (reference.dtypes: the input kinds)."""
     fam = get_family(family)
     import importlib
     mod = importlib.import_module(registry.FAMILY_MODULES[family])
-    defaults = dict(getattr(mod, "DEFAULTS_BF16", None) if bf16 and hasattr(mod, "DEFAULTS_BF16")
-                    else getattr(mod, "DEFAULTS", {}))
+    kind = kind or ("bf16" if bf16 else "float32")
+    table = {"bf16": "DEFAULTS_BF16", "fp8": "DEFAULTS_FP8"}.get(kind)
+    defaults = dict(getattr(mod, table, None) if table and hasattr(mod, table) else getattr(mod, "DEFAULTS", {}))
     for stage, name in (chosen or {}).items():
         if stage not in registry.STAGES:
             raise ValueError(f"argument 'variants': unknown stage {stage!r}; stages are {sorted(registry.STAGES)}")
@@ -91,6 +95,8 @@ def _rows(source, a, b):
     """The score source of queries a .. b-1 (row slices: views, no copies)."""
     if isinstance(source, R.TableSource):
         return R.TableSource(source.scores[a:b])
+    if isinstance(source, R.Fp8IndexerSource):
+        return R.Fp8IndexerSource(source.q[a:b], source.w[a:b], source.keys, source.kscale)
     return R.IndexerSource(source.q[a:b], source.w[a:b], source.keys)
 
 
@@ -161,7 +167,9 @@ class Backend:
 
     Accepts host NumPy arrays (copied in, results copied back) or device
     arrays (CuPy, torch CUDA tensors, Numba device arrays: zero-copy) and
-    returns results of the same kind as its inputs.
+    returns results of the same kind as its inputs. q/keys float32, bf16 or fp8 e4m3
+    (+ ``kscale``), w float32 or bf16 (reference.dtypes); see ``_indexer_args`` for
+    what each family is handed.
     """
 
     def __init__(self, family: str, chosen: dict | None = None):
@@ -172,26 +180,32 @@ class Backend:
         ok, why = self.family.available()
         if not ok:                              # say what to do now, not at the first launch
             raise RuntimeError(f"backend {family!r} is unavailable here: {why}")
-        self._bf16_stages = None
+        self._kind_stages = {"float32": self.stages}
 
     def stages_for(self, x) -> StageSet:
-        """The stage set for inputs like ``x``: DEFAULTS_BF16 for bf16 (torch.bfloat16 / uint16 bits)."""
+        """The stage set for inputs like ``x``: DEFAULTS_BF16 for bf16 (torch.bfloat16 / uint16 bits),
+        DEFAULTS_FP8 for fp8 e4m3 (torch.float8_e4m3fn / uint8 bits), where the family has them."""
         return self._stages_for_dtype(V.dtype_name(x))
 
     def _stages_for_dtype(self, dtype: str) -> StageSet:
-        if dtype not in ("bfloat16", "uint16"):
-            return self.stages
-        if self._bf16_stages is None:
-            self._bf16_stages = stage_set(self.name, self.chosen, bf16=True)
-        return self._bf16_stages
+        return self.stages_for_kind(DT.Q_DTYPES.get(dtype, "float32"))
+
+    def stages_for_kind(self, kind: str) -> StageSet:
+        if kind not in self._kind_stages:
+            self._kind_stages[kind] = stage_set(self.name, self.chosen, kind=kind)
+        return self._kind_stages[kind]
 
     order_keys = staticmethod(R.order_keys)
 
     def __repr__(self):
         def names(st):
             return {s: getattr(st, s).name for s in registry.STAGES if getattr(st, s)}
-        f32, bf16 = names(self.stages), names(self._stages_for_dtype("bfloat16"))
-        extra = "" if bf16 == f32 else f", bf16={ {s: n for s, n in bf16.items() if f32.get(s) != n} }"
+        f32 = names(self.stages)
+        extra = ""
+        for kind in ("bf16", "fp8"):
+            other = names(self.stages_for_kind(kind))
+            if other != f32:
+                extra += f", {kind}={ {s: n for s, n in other.items() if f32.get(s) != n} }"
         return f"Backend({self.name!r}, {f32}{extra})"
 
     def _dev(self, *xs):
@@ -203,6 +217,27 @@ class Backend:
                 x = bf16_bits_to_float32(x)          # raw bf16 bits: exact widening for float32 families
             out.append(self.family.to_device(x))
         return out
+
+    def _indexer_args(self, q, w, keys, kscale, dts):
+        """(q, w, keys, kscale) as the family takes them, on its device. Every widening is exact:
+        bf16 w with float32 q/keys or fp8 q/keys -> float32 (one weight dtype per core); bf16 q/keys
+        (and w) -> float32 for families without bf16 kernels; fp8: torch.float8_e4m3fn viewed as its
+        uint8 bits for families that read e4m3 bits (``takes_fp8_bits``: the CuPy wgmma core, the
+        reference), else decoded to float32 values (Numba), kscale passed beside. float32 w with bf16
+        or fp8 q/keys is passed through unchanged."""
+        fam = self.family
+        if dts.w == "bf16" and (dts.kind != "bf16" or not fam.takes_bf16_bits):
+            w = _widen_bf16(w)
+        if dts.kind == "bf16" and not fam.takes_bf16_bits:
+            q, keys = _widen_bf16(q), _widen_bf16(keys)
+        if dts.kind == "fp8":
+            conv = _fp8_bits if getattr(fam, "takes_fp8_bits", True) else _fp8_values
+            q, keys = conv(q), conv(keys)
+        args = self._dev(("q", q), ("w", w), ("keys", keys))
+        return (*args, self._dev(("kscale", kscale))[0] if dts.kind == "fp8" else None)
+
+    def _source(self, q, w, keys, kscale):
+        return R.Fp8IndexerSource(q, w, keys, kscale) if kscale is not None else R.IndexerSource(q, w, keys)
 
     def _out(self, x, kind):
         """A result back in the caller's kind; host copies go through the family (its stream)."""
@@ -231,14 +266,14 @@ class Backend:
         (s,) = self._dev(("scores", scores))
         return self._select(R.TableSource(s), lo_h, hi_h, k, capacity, oversample, max_failed, query_chunk, kind)
 
-    def hytopk_indexer(self, q, w, keys, lo, hi, k, *, capacity=None, oversample=3.0, max_failed=64,
+    def hytopk_indexer(self, q, w, keys, lo, hi, k, *, kscale=None, capacity=None, oversample=3.0, max_failed=64,
                        query_chunk=None):
-        n, H, D, L = V.check_indexer_inputs(q, w, keys)
+        n, H, D, L, dts = DT.check_indexer_args(q, w, keys, kscale)
         lo_h, hi_h = self._check_select((n, L), lo, hi, k, capacity, oversample, max_failed, query_chunk)
-        kind = common_kind(q, w, keys, lo, hi)
-        src = R.IndexerSource(*self._dev(("q", q), ("w", w), ("keys", keys)))
+        kind = common_kind(q, w, keys, lo, hi, kscale)
+        src = self._source(*self._indexer_args(q, w, keys, kscale, dts))
         return self._select(src, lo_h, hi_h, k, capacity, oversample, max_failed, query_chunk, kind,
-                            self.stages_for(q))
+                            self.stages_for_kind(dts.kind))
 
     def topk(self, scores, lo, hi, k):
         """Exact top-k of every query (the recovery path over all rows)."""
@@ -252,21 +287,25 @@ class Backend:
         idx, val = self.stages.recover(R.TableSource(s), lo_d, hi_d, rows, k)
         return self._out(idx, kind), self._out(val, kind)
 
-    def indexer_scores(self, q, w, keys, lo, hi):
-        n, H, D, L = V.check_indexer_inputs(q, w, keys)
+    def indexer_scores(self, q, w, keys, lo, hi, *, kscale=None):
+        n, H, D, L, dts = DT.check_indexer_args(q, w, keys, kscale)
         lo_h, hi_h = V.check_ranges(lo, hi, n, L)
-        kind = common_kind(q, w, keys, lo, hi)
-        args = self._dev(("q", q), ("w", w), ("keys", keys), ("lo", lo_h.astype(np.int32)),
-                         ("hi", hi_h.astype(np.int32)))
-        return self._out(self.stages_for(q).dense(*args), kind)
+        kind = common_kind(q, w, keys, lo, hi, kscale)
+        qd, wd, kd, sd = self._indexer_args(q, w, keys, kscale, dts)
+        lo_d, hi_d = self._dev(("lo", lo_h.astype(np.int32)), ("hi", hi_h.astype(np.int32)))
+        extra = {"kscale": sd} if sd is not None else {}
+        return self._out(self.stages_for_kind(dts.kind).dense(qd, wd, kd, lo_d, hi_d, **extra), kind)
 
-    def replay_scores(self, q, w, keys, idx):
-        n, H, D, L = V.check_indexer_inputs(q, w, keys)
+    def replay_scores(self, q, w, keys, idx, *, kscale=None):
+        n, H, D, L, dts = DT.check_indexer_args(q, w, keys, kscale)
         k = V.check_idx(idx, n, L)
-        kind = common_kind(q, w, keys, idx)
+        kind = common_kind(q, w, keys, idx, kscale)
         if L == 0:                  # no keys: every slot is padding (check_idx), no kernel to launch
             return self._out(self.family.to_device(np.full((n, k), -np.inf, np.float32)), kind)
-        return self._out(self.stages_for(q).replay(*self._dev(("q", q), ("w", w), ("keys", keys), ("idx", idx))), kind)
+        qd, wd, kd, sd = self._indexer_args(q, w, keys, kscale, dts)
+        (idx_d,) = self._dev(("idx", idx))
+        extra = {"kscale": sd} if sd is not None else {}
+        return self._out(self.stages_for_kind(dts.kind).replay(qd, wd, kd, idx_d, **extra), kind)
 
     LOSS_DTYPES = ("float32", "float64", "bfloat16", "uint16")
 
@@ -290,6 +329,40 @@ class Backend:
         loss, dq, dw, dkeys = R.indexer_kl_loss(host(q, dt), host(w, dt), host(keys, dt),
                                                 np.asarray(to_numpy(idx)), host(target, np.float64), reduction)
         return (loss, *(to_kind(g, kind) for g in (dq, dw, dkeys)))
+
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.split(".", 1)[0] == "torch"
+
+
+def _widen_bf16(x):
+    """bf16 (torch.bfloat16 or uint16 bits, any array kind) -> float32 values (exact)."""
+    if _is_torch(x):
+        import torch
+        x = x.detach()
+        return (x if x.dtype == torch.bfloat16 else x.view(torch.bfloat16)).float()
+    if V.dtype_name(x) == "float32":
+        return x
+    a = x if hasattr(x, "view") and not hasattr(x, "copy_to_host") else to_numpy(x)
+    return bf16_bits_to_float32(a.view(np.uint16) if a.dtype != np.uint16 else a)
+
+
+def _fp8_bits(x):
+    """fp8 e4m3 as uint8 bits of the same array kind (torch.float8_e4m3fn is viewed, not copied)."""
+    if _is_torch(x):
+        import torch
+        return x.detach().view(torch.uint8)
+    return x
+
+
+def _fp8_values(x):
+    """fp8 e4m3 (torch.float8_e4m3fn or uint8 bits) -> float32 values (exact), same array kind."""
+    if _is_torch(x):
+        import torch
+        return x.detach().float() if x.dtype != torch.uint8 else x.detach().view(torch.float8_e4m3fn).float()
+    if hasattr(x, "copy_to_host"):
+        x = x.copy_to_host()
+    return e4m3_bits_to_float32(x)
 
 
 def backend(name: str = "reference", variants: dict | None = None) -> Backend:

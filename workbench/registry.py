@@ -18,8 +18,8 @@ STAGES = {
     "check": "(count, lo, hi, k, capacity) -> (failed bool/uint8[n], rows int32[nf])",
     "select": "(cand_idx, cand_val, count, k) -> (idx int32[n,k], val float32[n,k])",
     "recover": "(source, lo, hi, rows, k) -> (idx int32[len(rows),k], val float32[len(rows),k])",
-    "dense": "(q, w, keys, lo, hi) -> scores float32[n, L] (-inf outside the context)",
-    "replay": "(q, w, keys, idx) -> scores float32[n, k] (-inf where idx = -1)",
+    "dense": "(q, w, keys, lo, hi[, kscale]) -> scores float32[n, L] (-inf outside the context)",
+    "replay": "(q, w, keys, idx[, kscale]) -> scores float32[n, k] (-inf where idx = -1)",
 }
 SOURCE_STAGES = ("threshold", "filter", "recover")     # take a TableSource / IndexerSource
 FAMILY_MODULES = {

@@ -14,6 +14,9 @@ import numpy as np
 class Family:
     name = "?"
     takes_bf16_bits = False     # True: its kernels read uint16 bf16 bits; else the Backend widens them to float32
+    # fp8 e4m3 q/keys: True = its stages read the uint8 bits (an Fp8IndexerSource of bits + float32 kscale);
+    # False = the Backend decodes them to float32 values first (exact) and passes kscale beside
+    takes_fp8_bits = True
 
     def available(self) -> tuple[bool, str]:
         """(usable here, reason if not)."""

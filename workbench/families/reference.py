@@ -31,12 +31,12 @@ register("recover", "reference.recover")(R.stage_recover)
 
 
 @register("dense", "reference.dense")
-def dense(q, w, keys, lo, hi):
+def dense(q, w, keys, lo, hi, kscale=None):
     """Dense indexer scores in float64, rounded (the oracle's table)."""
-    return R.indexer_scores(q, w, keys, np.asarray(lo), np.asarray(hi))
+    return R.indexer_scores(q, w, keys, np.asarray(lo), np.asarray(hi), kscale=kscale)
 
 
 @register("replay", "reference.replay")
-def replay(q, w, keys, idx):
+def replay(q, w, keys, idx, kscale=None):
     """Rescore only the selected entries."""
-    return R.replay_scores(q, w, keys, idx)
+    return R.replay_scores(q, w, keys, idx, kscale=kscale)

@@ -385,6 +385,32 @@ class Runner:
             out.append(self.measure(row, floor, [(src, lo, hi)], check_sum))
         return out
 
+    def fp8_pipeline_row(self, fam_name: str) -> Row:
+        """End to end on fp8 e4m3 inputs: the family's Backend.hytopk_indexer with float32 weights,
+        e4m3 q/keys and a float32 scale per key row. The preset's inputs are small integers: as e4m3
+        with power-of-two key scales (reference.dtypes.encode_exact) every score equals the
+        oracle's bit for bit, so the selection is checked against the same answer. On the GPU the
+        inputs are torch.float8_e4m3fn tensors, as a PyTorch user hands them over."""
+        import workbench
+        from reference.dtypes import encode_exact
+        wl, p, E = self.wl, self.wl.p, self.wl.E
+        b = workbench.backend(fam_name)
+        row = Row("pipeline", "hytopk_indexer", f"{fam_name}.hytopk_indexer", "indexer_fp8")
+        row.flops, row.bytes = wl.work("hytopk_indexer", "indexer")
+        q8, w, k8, ks = encode_exact(wl.host["q"], wl.host["w"], wl.host["keys"], "fp8", rng=np.random.default_rng(p.seed))
+        d = dict(q=q8, w=w, keys=k8, kscale=ks, lo=wl.host["lo"], hi=wl.host["hi"])
+        if wl.device != "cpu":
+            d = {k: torch.from_numpy(np.ascontiguousarray(v)).to(wl.device) for k, v in d.items()}
+            d["q"], d["keys"] = d["q"].view(torch.float8_e4m3fn), d["keys"].view(torch.float8_e4m3fn)
+        kw = dict(kscale=d["kscale"], capacity=E.capacity, oversample=p.oversample, max_failed=p.max_failed)
+        fn = lambda x: b.hytopk_indexer(x["q"], x["w"], x["keys"], x["lo"], x["hi"], p.k, **kw)
+
+        def check(res):
+            idx = C.as_torch(res.idx, b.family, wl.device)
+            val = C.as_torch(res.val, b.family, wl.device)
+            return C.selection(idx, val, E.topk_idx, E.topk_val, "hytopk_indexer")
+        return self.measure(row, fn, [(d,)], check, simulated=self.simulated(fam_name))
+
     def score_only_baseline(self, variant: str = "simt") -> Row | None:
         """The floor: the same scoring code as a fused filter, nothing written but a checksum."""
         try:
@@ -404,6 +430,27 @@ class Runner:
             got = int(np.asarray(fam.to_host(out)).reshape(-1)[0])
             return (True, "checksum matches") if got == want else (False, f"checksum {got} != expected {want}")
         return self.measure(row, lambda *a: score_only(*a, variant=variant), [args], check)
+
+
+def fp8_pipeline_jobs(families, device: str, skipped: list, excluded) -> list:
+    """The end-to-end fp8 rows (Runner.fp8_pipeline_row), one per family with a pipeline row: every
+    family but Numba in the simulator (one Numba pipeline row is enough there; tests/test_numba_dtypes.py
+    covers its fp8 path) and CuPy until its module lists DEFAULTS_FP8 (its fp8 stage set)."""
+    import importlib
+    jobs = []
+    for f in families:
+        name = f"{f}.hytopk_indexer[indexer_fp8]"
+        if excluded(name) or excluded("fp8"):
+            skipped.append({"name": name, "stage": "hytopk_indexer", "reason": "excluded (--exclude)"})
+        elif f == "numba" and device == "cpu":
+            skipped.append({"name": name, "stage": "hytopk_indexer",
+                            "reason": "CUDA simulator: one Numba pipeline row is enough (tests cover fp8)"})
+        elif f == "cupy" and not hasattr(importlib.import_module(registry.FAMILY_MODULES[f]), "DEFAULTS_FP8"):
+            skipped.append({"name": name, "stage": "hytopk_indexer",
+                            "reason": "the CuPy family has no fp8 stage set (DEFAULTS_FP8) yet"})
+        else:
+            jobs.append(("pipeline", "hytopk_indexer", f, "fp8"))
+    return jobs
 
 
 def fp8_usable() -> tuple[bool, str]:
@@ -527,6 +574,7 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
         # the table pipeline runs the same stages; in the simulator one pipeline row is enough
         if wl.table_ok and not (f == "numba" and device == "cpu"):
             jobs.append(("pipeline", "hytopk", f, None))
+    jobs += fp8_pipeline_jobs(pipes, device, skipped, excluded)
     jobs += [("baseline", b, None, None) for b in ("torch", "dense+topk", "score-only")]
     if device != "cpu" and usable.get("cupy") and not variant_names and not excluded("fp8"):
         jobs.append(("baseline", "fp8", None, None))
@@ -547,6 +595,8 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
             continue
         if kind == "stage":
             rows.append(runner.stage_row(s, v, src))
+        elif kind == "pipeline" and src == "fp8":
+            rows.append(runner.fp8_pipeline_row(v))
         elif kind == "pipeline" and src in ("fastest", "fastest, one pass"):
             chosen = fastest_of_family(rows, v)
             if chosen:
@@ -600,7 +650,8 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
             r.tflops = r.flops / (r.time_ms * 1e-3) / 1e12 if r.flops else None
             r.gbps = r.bytes / (r.time_ms * 1e-3) / 1e9 if r.bytes else None
         if r.source == "indexer_fp8" and r.time_ms:                    # issue 7: fp8 fused rate / bf16 fused rate
-            bf16 = [x for x in rows if x.name == r.name and x.source == "indexer" and x.correct and x.time_ms]
+            bf16 = [x for x in rows if x.name == r.name and x.kind == r.kind and x.source in ("indexer", None)
+                    and x.correct and x.time_ms]
             if bf16:
                 r.ratios["fp8_rate_vs_bf16"] = bf16[0].time_ms / r.time_ms
         if r.kind == "pipeline" and r.peak_extra_bytes is not None:    # issue 7's memory target: <= 1/16
@@ -650,7 +701,8 @@ def pick_winners(rows) -> dict:
         pick = best.get(f"{s}[indexer]") or best.get(s) or best.get(f"{s}[table]")
         if pick:
             stages[s] = pick[0]
-    pipes = [r for r in rows if r.kind == "pipeline" and r.correct and r.time_ms is not None]
+    pipes = [r for r in rows if r.kind == "pipeline" and r.correct and r.time_ms is not None
+             and r.source != "indexer_fp8"]          # the fp8 rows take other inputs: not a winner
     pipe = min(pipes, key=lambda r: r.time_ms).name if pipes else None
     return {"stages": stages, "by_source": {k: {"variant": n, "time_ms": t} for k, (n, t) in best.items()},
             "pipeline": pipe}

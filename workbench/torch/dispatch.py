@@ -100,14 +100,14 @@ def reset():
     _reasons.clear()
 
 
-BF16_FAMILIES = ("cupy", "numba")      # their to_device takes torch.bfloat16 (bits / widened)
-
-
-def input_dtype(b) -> torch.dtype | None:
-    """None: pass bf16 through (families that take it); else float32 (an exact widening)."""
-    accepted = getattr(b.family, "input_dtypes", ("float32", "bfloat16") if b.name in BF16_FAMILIES
-                       else ("float32",))
-    return None if "bfloat16" in accepted else torch.float32
+def kernel_inputs(q, w, keys, kscale=None):
+    """The op's tensors as the Backend takes them: detached (kernels take raw memory; CAI/DLPack
+    refuse tensors that require grad) and contiguous, dtypes unchanged. float32 w beside bf16 /
+    fp8 q and keys, fp8 e4m3 tensors and their kscale go through as they are: the Backend
+    (workbench.pipeline.Backend._indexer_args) makes the exact widenings a family needs and
+    hands fp8 inputs to its DEFAULTS_FP8 stages as an Fp8IndexerSource."""
+    out = [x.detach().contiguous() for x in (q, w, keys)]
+    return (*out, None if kscale is None else kscale.detach().contiguous())
 
 
 @contextlib.contextmanager

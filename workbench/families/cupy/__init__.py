@@ -42,6 +42,9 @@ def _hopper() -> bool:
 
 
 DEFAULTS_BF16 = WS_BF16 if _hopper() else TILED_BF16
+# fp8 e4m3 q/keys with per-key scales (the Backend hands them over as uint8 bits + kscale): only the
+# wgmma_ws core computes them (off Hopper its inputs say so: it needs sm_90a)
+DEFAULTS_FP8 = WS_BF16
 
 
 class CupyFamily(Family):

@@ -240,9 +240,14 @@ def dense_source(source, lo, hi):
         return out
 
 
+def _source(q, w, keys, kscale=None):
+    """The indexer source of (q, w, keys): fp8 e4m3 bits when the key scales are given."""
+    return Fp8IndexerSource(q, w, keys, kscale) if kscale is not None else R.IndexerSource(q, w, keys)
+
+
 @register("dense", "cupy.dense.wgmma_ws", gpu_only=True, notes=f"{NOTE}, writing the table {INPUTS}")
-def dense_ws(q, w, keys, lo, hi):
-    return dense_source(R.IndexerSource(q, w, keys), lo, hi)
+def dense_ws(q, w, keys, lo, hi, kscale=None):
+    return dense_source(_source(q, w, keys, kscale), lo, hi)
 
 
 @register("recover", "cupy.recover.wgmma_ws", sources=("indexer",), gpu_only=True,
@@ -260,8 +265,8 @@ def replay_source(source, idx):
 
 @register("replay", "cupy.replay.wgmma_ws", gpu_only=True,
           notes=f"gathered key tiles (cp.async) through the wgmma_ws score function: its filter's bits {INPUTS}")
-def replay_ws(q, w, keys, idx):
-    return replay_source(R.IndexerSource(q, w, keys), idx)
+def replay_ws(q, w, keys, idx, kscale=None):
+    return replay_source(_source(q, w, keys, kscale), idx)
 
 
 @register("threshold", "cupy.threshold.wgmma_ws", sources=("indexer",), gpu_only=True,

@@ -3,7 +3,8 @@
 
 Array moves: NumPy is copied in; anything with __cuda_array_interface__ (CuPy,
 torch CUDA tensors, Numba arrays) is wrapped zero-copy; bf16 torch tensors are
-converted to float32 on the device first (Numba has no bf16 arrays).
+converted to float32 on the device first (Numba has no bf16 arrays); fp8 e4m3 q/keys
+arrive as float32 values (decoded by the Backend) with their float32 key scales.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from .common import BLOCK, SIM
 
 class NumbaFamily(Family):
     name = "numba"
+    takes_fp8_bits = False      # fp8 e4m3 q/keys arrive decoded to float32 (the Backend widens them), kscale beside
     simulated = SIM             # tests skip gpu_only variants in the simulator
 
     def available(self):

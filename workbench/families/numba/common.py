@@ -95,6 +95,18 @@ def indexer_score(qrow, wrow, keys, s, H, D):
 
 
 @cuda.jit(device=True)
+def indexer_score_ks(qrow, wrow, keys, s, H, scaled):
+    """``indexer_score`` on keys [L, D] (scaled = 0), or on packed fp8 keys [L, D + 1] whose
+    last column is the key's scale (scaled = 1): kscale[s] * sum_h w[h] * relu(q[h] . keys[s]),
+    the scale applied after the head sum (reference.dtypes)."""
+    D = keys.shape[1] - scaled
+    acc = indexer_score(qrow, wrow, keys, s, H, D)
+    if scaled:
+        acc = acc * keys[s, D]
+    return acc
+
+
+@cuda.jit(device=True)
 def table_score(a, b, c, t, s):
     """Table source: a = scores[n, L]; b, c unused."""
     return a[t, s]
@@ -106,7 +118,14 @@ def indexer_at(a, b, c, t, s):
     return indexer_score(a[t], b[t], c, s, b.shape[1], c.shape[1])
 
 
-SCORE_FNS = {"table": table_score, "indexer": indexer_at}
+@cuda.jit(device=True)
+def indexer_at_fp8(a, b, c, t, s):
+    """fp8 indexer source: a = q values flattened [n, H*D], b = w [n, H], c = packed keys [L, D+1]
+    (decoded e4m3 values, then the key's float32 scale)."""
+    return indexer_score_ks(a[t], b[t], c, s, b.shape[1], 1)
+
+
+SCORE_FNS = {"table": table_score, "indexer": indexer_at, "indexer_fp8": indexer_at_fp8}
 
 
 # ---------------------------------------------------------------- block radix select
@@ -291,7 +310,32 @@ def source_args(source):
     if fields == ("q", "w", "keys"):
         n, H, D = source.q.shape
         return source.q.reshape(n, H * D), source.w, source.keys, "indexer"
-    raise TypeError(f"argument 'source' must be a TableSource or IndexerSource, got {type(source).__name__}")
+    if fields == ("q", "w", "keys", "kscale"):          # Fp8IndexerSource of decoded float32 values
+        n, H, D = source.q.shape
+        return source.q.reshape(n, H * D), source.w, pack_scaled_keys(source.keys, source.kscale), "indexer_fp8"
+    raise TypeError(f"argument 'source' must be a TableSource, IndexerSource or Fp8IndexerSource, "
+                    f"got {type(source).__name__}")
+
+
+@cuda.jit
+def _pack_kernel(keys, ks, out):
+    s, d = cuda.grid(2)
+    if s < out.shape[0] and d < out.shape[1]:
+        if d < keys.shape[1]:
+            out[s, d] = keys[s, d]
+        else:
+            out[s, d] = ks[s]
+
+
+def pack_scaled_keys(keys, kscale, s=None):
+    """keys [L, D] float32 (decoded e4m3 values) and kscale [L] -> one [L, D + 1] device array whose
+    last column is the scale: the fp8 source in the (a, b, c) shape of every score function."""
+    s = stream() if s is None else s
+    L, D = (int(x) for x in keys.shape)
+    out = cuda.device_array((L, D + 1), np.float32, stream=s)
+    if L:
+        _pack_kernel[(blocks(L, 8), blocks(D + 1, 32)), (8, 32), s](keys, kscale, out)
+    return out
 
 
 _DUMMY = []
