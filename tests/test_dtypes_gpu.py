@@ -195,7 +195,14 @@ def test_torch_straight_through_on_cuda(torch_backend):
     assert torch.equal(idx, i2) and torch.equal(val, v2)                  # one quantiser, the same bits
     ref = R.replay_scores(*(x.cpu().view(torch.uint8).numpy() if x.dtype == torch.float8_e4m3fn else x.cpu().numpy()
                             for x in (f.q, f.w, f.keys)), idx.cpu().numpy(), kscale=f.kscale.cpu().numpy())
-    torch.testing.assert_close(val.cpu(), torch.from_numpy(ref), rtol=1e-5, atol=1e-5)   # float32 vs float64 sums
+    if torch_backend == "cupy":
+        # the wgmma_ws core's fp8 MMAs (QGMMA) accumulate with Hopper's reduced fp8 accumulator precision
+        # (about 14 mantissa bits, DeepSeek-V3 report sec. 3.3.2), not float32: exact on exact inputs
+        # (test_backend_every_combination_bit_for_bit), within ~2^-12 of the float64 sums on random ones
+        scale = float(np.abs(ref).max())
+        torch.testing.assert_close(val.cpu(), torch.from_numpy(ref), rtol=2.0 ** -11, atol=2.0 ** -11 * scale)
+    else:
+        torch.testing.assert_close(val.cpu(), torch.from_numpy(ref), rtol=1e-5, atol=1e-5)   # float32 vs float64 sums
     s = wt.replay_scores(q, w, keys, idx, fp8=True)
     torch.testing.assert_close(s, val, rtol=1e-5, atol=1e-5)
     s.sum().backward()
