@@ -19,25 +19,20 @@ SRC = (F2, F2, F2)
 
 
 def _kernels():
-    from workbench.families.numba import check, common, dense, filter as F, recover, replay, select, threshold
+    from workbench.families.numba import check, common, filter as F, recover, rows, select, threshold
     sel = (F2, I2, I1, I64, I2, F2, I2, I2)
-    jobs = {
-        "select_block": (select.select_block_kernel, sel),
-        "select_warp": (select.select_warp_kernel, sel),
-        "threshold_block": (threshold.threshold_block_kernel, (F2, I1, I1, F1)),
-        "threshold_warp": (threshold.threshold_warp_kernel, (F2, I1, I1, F1)),
-        "check_block": (check.check_block_kernel, (I1, I1, I1, I64, I64, U1, I1, I1)),
-        "check_warp": (check.check_warp_kernel, (I1, I1, I1, I64, I64, U1, I1, I1)),
-        "dense_block": (dense.dense_block_kernel, (F2, F2, F2, I1, I1, F2, I64)),
-        "dense_smem": (dense.dense_smem_kernel, (F2, F2, F2, I1, I1, F2, I64)),
-        "replay_block": (replay.replay_block_kernel, (F2, F2, F2, I2, F2, I64)),
-        "replay_smem": (replay.replay_smem_kernel, (F2, F2, F2, I2, F2, I64)),
-        "pack_scaled_keys": (common._pack_kernel, (F2, F1, F2)),
-    }
+    jobs = {"pack_scaled_keys": (common._pack_kernel, (F2, F1, F2))}
+    for fl in ("block", "warp"):
+        jobs[f"select_{fl}"] = (select.select_kernel(fl), sel)
+        jobs[f"threshold_{fl}"] = (threshold.threshold_kernel(fl), (F2, I1, I1, F1))
+        jobs[f"check_{fl}"] = (check.check_kernel(fl), (I1, I1, I1, I64, I64, U1, I1, I1))
+    for staged, tag in ((False, "block"), (True, "smem")):
+        jobs[f"dense_{tag}"] = (rows.score_rows_kernel("dense", staged), (F2, F2, F2, I1, I1, F2, I64))
+        jobs[f"replay_{tag}"] = (rows.score_rows_kernel("replay", staged), (F2, F2, F2, I2, I2, F2, I64))
     for kind in KINDS:
         jobs[f"sample_{kind}"] = (threshold.sample_kernel(kind), SRC + (I1, I1, I1, F2))
-        jobs[f"filter_block_{kind}"] = (F.filter_block_kernel(kind), SRC + (I1, I1, F1, I64, I2, F2, I1))
-        jobs[f"filter_warp_{kind}"] = (F.filter_warp_kernel(kind), SRC + (I1, I1, F1, I64, I2, F2, I1))
+        for fl in ("block", "warp"):
+            jobs[f"filter_{fl}_{kind}"] = (F.filter_kernel(kind, fl), SRC + (I1, I1, F1, I64, I2, F2, I1))
         jobs[f"materialise_{kind}"] = (recover.materialise_kernel(kind), SRC + (I1, I1, I1, F2, I2, I1))
     return jobs
 

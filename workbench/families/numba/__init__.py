@@ -12,7 +12,7 @@ import numpy as np
 from numba import cuda
 
 from .. import Family
-from . import check, common, dense, filter, recover, replay, select, threshold  # noqa: F401  (registers variants)
+from . import check, common, dense, filter, recover, replay, rows, select, threshold  # noqa: F401  (registers variants)
 from .common import BLOCK, SIM
 
 

@@ -1,9 +1,13 @@
 """Stage 6: which queries failed (overflow or underflow), compacted into `rows`.
 
-`rows` is in any order; its length comes back to the host (the driver needs
-it to choose recovery or fallback), so this stage synchronises once.
+One thread per query; failed rows are appended block-aggregated (`block`
+flavour) or warp-aggregated (`warp`). `rows` is in any order; its length comes
+back to the host (the driver needs it to choose recovery or fallback), so this
+stage synchronises once.
 """
 from __future__ import annotations
+
+from functools import lru_cache
 
 import numpy as np
 from numba import cuda
@@ -20,46 +24,24 @@ def query_failed(count, lo, hi, t, k, capacity):
     return c > k and (n_c > capacity or n_c < k)
 
 
-@cuda.jit
-def check_block_kernel(count, lo, hi, k, capacity, failed, rows, nrows):
-    t = cuda.grid(1)
-    local = cuda.shared.array(2, np.int32)
-    if cuda.threadIdx.x == 0:
-        local[0] = 0
-    cuda.syncthreads()
-    bad = False
-    slot = 0
-    if t < count.shape[0]:
-        bad = query_failed(count, lo, hi, t, k, capacity)
-        failed[t] = 1 if bad else 0
-        if bad:
-            slot = cuda.atomic.add(local, 0, 1)
-    cuda.syncthreads()
-    if cuda.threadIdx.x == 0 and local[0] > 0:
-        local[1] = cuda.atomic.add(nrows, 0, local[0])
-    cuda.syncthreads()
-    if bad:
-        j = local[1] + slot
-        if j < rows.shape[0]:
-            rows[j] = t
+@lru_cache(maxsize=None)
+def check_kernel(flavour: str, failed_fn=None):
+    """The check kernel of a flavour; ``failed_fn`` (default: query_failed) decides one query."""
+    append = C.FLAVOURS[flavour].append
+    fails = failed_fn if failed_fn is not None else query_failed
 
-
-@cuda.jit
-def check_warp_kernel(count, lo, hi, k, capacity, failed, rows, nrows):
-    t = cuda.grid(1)
-    bad = False
-    if t < count.shape[0]:
-        bad = query_failed(count, lo, hi, t, k, capacity)
-        failed[t] = 1 if bad else 0
-    ballot = cuda.ballot_sync(C.FULL_MASK, bad)
-    first = 0
-    if cuda.laneid == 0 and ballot != 0:
-        first = cuda.atomic.add(nrows, 0, cuda.popc(ballot))
-    first = cuda.shfl_sync(C.FULL_MASK, first, 0)
-    if bad:
-        j = first + cuda.popc(ballot & ((1 << cuda.laneid) - 1))
-        if j < rows.shape[0]:
+    @cuda.jit
+    def kernel(count, lo, hi, k, capacity, failed, rows, nrows):
+        t = cuda.grid(1)
+        local = cuda.shared.array(2, np.int32)
+        bad = False
+        if t < count.shape[0]:
+            bad = fails(count, lo, hi, t, k, capacity)
+            failed[t] = 1 if bad else 0
+        j = append(nrows, 0, bad, local)
+        if bad and j < rows.shape[0]:
             rows[j] = t
+    return kernel
 
 
 def run_check(kernel, count, lo, hi, k, capacity):
@@ -78,10 +60,10 @@ def run_check(kernel, count, lo, hi, k, capacity):
 @register("check", "numba.check.block")
 def check_block(count, lo, hi, k, capacity):
     """One thread per query; block-aggregated append of failed rows."""
-    return run_check(check_block_kernel, count, lo, hi, k, capacity)
+    return run_check(check_kernel("block"), count, lo, hi, k, capacity)
 
 
 @register("check", "numba.check.warp", gpu_only=True)
 def check_warp(count, lo, hi, k, capacity):
     """One thread per query; warp-aggregated append (ballot + popc)."""
-    return run_check(check_warp_kernel, count, lo, hi, k, capacity)
+    return run_check(check_kernel("warp"), count, lo, hi, k, capacity)

@@ -1,11 +1,13 @@
 """Device building blocks shared by every Numba stage kernel.
 
-* the contract's order key (DESIGN.md §2) and its inverse, as integer math;
+* the contract's order key (docs/CONTRACT.md §2) and its inverse, as integer math;
 * the ONE indexer scoring routine: filter, dense, recovery and replay all call
   `indexer_score`, so their scores agree bit for bit within this family;
 * score sources as device functions (`table_score`, `indexer_at`) with one
   argument shape (a, b, c, t, s), so a kernel is written once and built per source;
-* block-level 8-bit MSB-first radix select and a stable LSD radix sort;
+* the two flavours of thread cooperation (block: shared-memory atomics; warp: warp
+  intrinsics) as interchangeable device functions, and the block-wide 8-bit MSB-first
+  radix select built per flavour;
 * launch helpers: block size, stream choice (PyTorch's current stream), fills.
 
 Order keys are carried as int64 in [0, 2**32) inside kernels: plain integer
@@ -14,6 +16,8 @@ compares, no unsigned wrap-around surprises in either the GPU or the simulator.
 from __future__ import annotations
 
 import sys
+from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 from numba import config, cuda
@@ -128,18 +132,28 @@ def indexer_at_fp8(a, b, c, t, s):
 SCORE_FNS = {"table": table_score, "indexer": indexer_at, "indexer_fp8": indexer_at_fp8}
 
 
-# ---------------------------------------------------------------- block radix select
+# ---------------------------------------------------------------- flavours
+# How the threads of a block cooperate. Every kernel with more than one variant is written once
+# and built per flavour by its module's factory (like the score sources above):
+#   block: shared-memory atomics and syncthreads only (runs in the CUDA simulator);
+#   warp:  warp intrinsics (match_any, ballot, shuffles): GPU only.
+# Each flavour supplies the same four device functions, called by every thread of the block.
+
 @cuda.jit(device=True)
-def select_value(vals, pos, t, i, match_key):
-    """The radix-select operand of entry i of row t: its order key when
-    match_key < 0, else its position when its key equals match_key.
-    Returns (active, value)."""
-    kk = order_key(vals[t, i])
-    if match_key < 0:
-        return True, kk
-    if kk == match_key:
-        return True, np.int64(pos[t, i]) & LOW32
-    return False, 0
+def block_hist_add(hist, d, active):
+    """Histogram add: one shared-memory atomic per active entry."""
+    if active:
+        cuda.atomic.add(hist, d, 1)
+
+
+@cuda.jit(device=True)
+def warp_hist_add(hist, d, active):
+    """Warp-aggregated histogram add: one atomic per distinct digit per warp."""
+    key = d if active else RADIX
+    peers = cuda.match_any_sync(FULL_MASK, key)
+    leader = cuda.ffs(peers) - 1
+    if active and cuda.laneid == leader:
+        cuda.atomic.add(hist, d, cuda.popc(peers))
 
 
 @cuda.jit(device=True)
@@ -156,37 +170,197 @@ def pick_digit(hist, remaining, largest):
 
 
 @cuda.jit(device=True)
-def block_msb_select(vals, pos, t, m, rank, largest, match_key, hist, state):
-    """Block-wide: the rank-th largest (or smallest) select_value over entries
-    [0, m) of row t, by four 8-bit MSB-first histogram passes in shared memory.
-    Every thread of the block must call it. Returns (value, still-needed count
-    among the entries equal to it)."""
+def block_pick(hist, largest, state, shift, prefix):
+    """Thread 0 scans the bins best-first; state = (prefix with the digit, still needed)."""
+    if cuda.threadIdx.x == 0:
+        d, before = pick_digit(hist, state[1], largest)
+        state[1] = state[1] - before
+        state[0] = prefix | (d << shift)
+
+
+@cuda.jit(device=True)
+def warp_pick(hist, largest, state, shift, prefix):
+    """Warp 0 scans the bins (8 per lane, shuffle prefix sums); the lane holding the digit records it."""
+    if cuda.threadIdx.x >= 32:
+        return
+    remaining = state[1]
+    lane = cuda.laneid
+    local = 0
+    for j in range(8):
+        b = lane * 8 + j
+        local += hist[RADIX - 1 - b if largest else b]
+    incl = local
+    for o in (1, 2, 4, 8, 16):
+        v = cuda.shfl_up_sync(FULL_MASK, incl, o)
+        if lane >= o:
+            incl += v
+    hit = cuda.ballot_sync(FULL_MASK, incl >= remaining)
+    if lane == cuda.ffs(hit) - 1:
+        before = incl - local
+        for j in range(8):
+            b = lane * 8 + j
+            d = RADIX - 1 - b if largest else b
+            h = hist[d]
+            if before + h >= remaining:
+                state[1] = remaining - before
+                state[0] = prefix | (np.int64(d) << shift)
+                break
+            before += h
+
+
+@cuda.jit(device=True)
+def block_append(counter, c, keep, local):
+    """Slot counter[c] gives this thread's entry if ``keep`` (meaningless otherwise): slots in
+    shared memory (``local``, 2 ints), then one atomic on counter per block."""
+    if cuda.threadIdx.x == 0:
+        local[0] = 0
+    cuda.syncthreads()
+    slot = 0
+    if keep:
+        slot = cuda.atomic.add(local, 0, 1)
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 0 and local[0] > 0:
+        local[1] = cuda.atomic.add(counter, c, local[0])
+    cuda.syncthreads()
+    first = np.int64(local[1])
+    cuda.syncthreads()              # local is reused by the next call
+    return first + slot
+
+
+@cuda.jit(device=True)
+def warp_append(counter, c, keep, local):
+    """The same with one atomic on counter per warp (ballot + popc + shfl); ``local`` unused."""
+    ballot = cuda.ballot_sync(FULL_MASK, keep)
+    first = 0
+    if cuda.laneid == 0 and ballot != 0:
+        first = cuda.atomic.add(counter, c, cuda.popc(ballot))
+    first = cuda.shfl_sync(FULL_MASK, first, 0)
+    return np.int64(first) + cuda.popc(ballot & ((1 << cuda.laneid) - 1))
+
+
+@cuda.jit(device=True)
+def block_tile_rank(d, valid, offs, scratch):
+    """Stable destination offs[d] + (entries of digit d earlier in this tile of blockDim entries)
+    of this thread's entry; offs advances past the tile. The tile's digits sit in shared memory
+    (``scratch``, BLOCK ints) and each thread counts its equals."""
+    tid = cuda.threadIdx.x
+    scratch[tid] = d if valid else -1
+    cuda.syncthreads()
+    before = 0
+    after = 0
+    off = 0
+    if valid:
+        for j in range(cuda.blockDim.x):
+            if scratch[j] == d:
+                if j < tid:
+                    before += 1
+                elif j > tid:
+                    after += 1
+        off = offs[d] + before
+    cuda.syncthreads()
+    if valid and after == 0:            # the last of its digit in this tile
+        offs[d] += before + 1
+    cuda.syncthreads()
+    return off
+
+
+@cuda.jit(device=True)
+def warp_tile_rank(d, valid, offs, scratch):
+    """The same from match_any_sync ranks and per-warp digit counts (``scratch``, WARP_BINS ints)."""
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
-    if tid == 0:
-        state[0] = 0
-        state[1] = rank
-    for p in range(4):
-        shift = 24 - 8 * p
-        hmask = 0 if p == 0 else (1 << 32) - (1 << (shift + 8))
-        for i in range(tid, RADIX, nt):
-            hist[i] = 0
-        cuda.syncthreads()
-        prefix = state[0]
-        for i in range(tid, m, nt):
-            act, v = select_value(vals, pos, t, i, match_key)
-            if act and (v & hmask) == prefix:
-                cuda.atomic.add(hist, (v >> shift) & 255, 1)
-        cuda.syncthreads()
+    warp = tid // 32
+    for i in range(tid, WARP_BINS, nt):
+        scratch[i] = 0
+    cuda.syncthreads()
+    peers = cuda.match_any_sync(FULL_MASK, d if valid else RADIX)
+    rank = cuda.popc(peers & ((1 << cuda.laneid) - 1))
+    if valid and rank == 0:
+        scratch[warp * RADIX + d] = cuda.popc(peers)
+    cuda.syncthreads()
+    off = 0
+    if valid:
+        off = offs[d] + rank
+        for w in range(warp):
+            off += scratch[w * RADIX + d]
+    cuda.syncthreads()
+    for d2 in range(tid, RADIX, nt):
+        tot = 0
+        for w in range(WARPS):
+            tot += scratch[w * RADIX + d2]
+        offs[d2] += tot
+    cuda.syncthreads()
+    return off
+
+
+class Flavour(NamedTuple):
+    hist_add: object
+    pick: object
+    append: object
+    tile_rank: object
+    scratch: int                    # shared int32 scratch that tile_rank needs
+
+
+FLAVOURS = {
+    "block": Flavour(block_hist_add, block_pick, block_append, block_tile_rank, BLOCK),
+    "warp": Flavour(warp_hist_add, warp_pick, warp_append, warp_tile_rank, WARP_BINS),
+}
+
+
+# ---------------------------------------------------------------- radix select (per flavour)
+@cuda.jit(device=True)
+def select_value(vals, pos, t, i, match_key):
+    """The radix-select operand of entry i of row t: its order key when
+    match_key < 0, else its position when its key equals match_key.
+    Returns (active, value)."""
+    kk = order_key(vals[t, i])
+    if match_key < 0:
+        return True, kk
+    if kk == match_key:
+        return True, np.int64(pos[t, i]) & LOW32
+    return False, 0
+
+
+@lru_cache(maxsize=None)
+def msb_select(flavour: str):
+    """The block-wide radix select of one flavour, as a device function."""
+    hist_add, pick = FLAVOURS[flavour].hist_add, FLAVOURS[flavour].pick
+
+    @cuda.jit(device=True)
+    def select(vals, pos, t, m, rank, largest, match_key, hist, state):
+        """The rank-th largest (or smallest) select_value over entries [0, m) of row t, by four
+        8-bit MSB-first histogram passes in shared memory. Every thread of the block must call
+        it. Returns (value, still-needed count among the entries equal to it)."""
+        tid = cuda.threadIdx.x
+        nt = cuda.blockDim.x
         if tid == 0:
-            d, before = pick_digit(hist, state[1], largest)
-            state[1] = state[1] - before
-            state[0] = prefix | (d << shift)
-        cuda.syncthreads()
-    value = state[0]
-    need = state[1]
-    cuda.syncthreads()          # everyone has read state before it is reused
-    return value, need
+            state[0] = 0
+            state[1] = rank
+        for p in range(4):
+            shift = 24 - 8 * p
+            hmask = 0 if p == 0 else (1 << 32) - (1 << (shift + 8))
+            for i in range(tid, RADIX, nt):
+                hist[i] = 0
+            cuda.syncthreads()
+            prefix = state[0]
+            for base in range(0, m, nt):        # every thread in every round: warp flavours vote
+                i = base + tid
+                act = False
+                d = 0
+                if i < m:
+                    a, v = select_value(vals, pos, t, i, match_key)
+                    if a and (v & hmask) == prefix:
+                        act = True
+                        d = (v >> shift) & 255
+                hist_add(hist, d, act)
+            cuda.syncthreads()
+            pick(hist, largest, state, shift, prefix)
+            cuda.syncthreads()
+        value = state[0]
+        need = state[1]
+        cuda.syncthreads()          # everyone has read state before it is reused
+        return value, need
+    return select
 
 
 @cuda.jit(device=True)

@@ -1,10 +1,10 @@
 """Stage 5: fused score-and-filter into the capacity-bounded candidate buffer.
 
-Grid (query, chunk of its context); each thread scores ITEMS positions and
-keeps those with key >= key(T). Slots come from one atomic add per block
-(block variant: shared-memory counter) or per warp (warp variant: ballot +
-popc). `count` is the true count (it keeps counting past capacity); a slot at
-or beyond capacity is never written.
+Grid (query, span of ITEMS * BLOCK keys of its context); each round a thread
+scores one position and keeps it if key >= key(T). Slots come from one atomic
+add per block and round (`block` flavour: shared-memory counter) or per warp
+(`warp` flavour: ballot + popc). `count` is the true count (it keeps counting
+past capacity); a slot at or beyond capacity is never written.
 """
 from __future__ import annotations
 
@@ -17,23 +17,20 @@ from ...registry import register
 from . import common as C
 from .common import BLOCK
 
-ITEMS = 4                      # positions per thread per block
+ITEMS = 4                      # rounds per block: a block covers ITEMS * BLOCK keys
 MAX_GRID_Y = 65535
 
 
 @lru_cache(maxsize=None)
-def filter_block_kernel(kind):
+def filter_kernel(kind: str, flavour: str):
+    """The fused score-and-filter kernel for a score source and a flavour."""
     score_at = C.SCORE_FNS[kind]
+    append = C.FLAVOURS[flavour].append
 
     @cuda.jit
     def kernel(a, b, c, lo, hi, T, span, cand_idx, cand_val, count):
         t = cuda.blockIdx.x
-        tid = cuda.threadIdx.x
-        nt = cuda.blockDim.x
         local = cuda.shared.array(2, np.int32)
-        hit = cuda.local.array(ITEMS, np.int32)
-        val = cuda.local.array(ITEMS, np.float32)
-        slot = cuda.local.array(ITEMS, np.int32)
         if t >= count.shape[0]:
             return
         lo_t = np.int64(lo[t])
@@ -44,76 +41,21 @@ def filter_block_kernel(kind):
         stop = min(hi_t, start + span)
         tkey = C.order_key(T[t])
         cap = cand_idx.shape[1]
-        if tid == 0:
-            local[0] = 0
-        cuda.syncthreads()
-        for base in range(start, stop, nt * ITEMS):
-            for it in range(ITEMS):
-                s = base + it * nt + tid
-                hit[it] = 0
-                if s < stop:
-                    v = score_at(a, b, c, t, s)
-                    if C.order_key(v) >= tkey:
-                        hit[it] = 1
-                        val[it] = v
-                        slot[it] = cuda.atomic.add(local, 0, 1)
-            cuda.syncthreads()
-            if tid == 0:
-                local[1] = cuda.atomic.add(count, t, local[0])
-                local[0] = 0
-            cuda.syncthreads()
-            first = local[1]
-            for it in range(ITEMS):
-                if hit[it] != 0:
-                    j = np.int64(first) + slot[it]
-                    if j < cap:
-                        cand_idx[t, j] = base + it * nt + tid
-                        cand_val[t, j] = val[it]
-            cuda.syncthreads()
-    return kernel
-
-
-@lru_cache(maxsize=None)
-def filter_warp_kernel(kind):
-    score_at = C.SCORE_FNS[kind]
-
-    @cuda.jit
-    def kernel(a, b, c, lo, hi, T, span, cand_idx, cand_val, count):
-        t = cuda.blockIdx.x
-        if t >= count.shape[0]:
-            return
-        lo_t = np.int64(lo[t])
-        hi_t = np.int64(hi[t])
-        start = lo_t + np.int64(cuda.blockIdx.y) * span
-        if start >= hi_t:
-            return
-        stop = min(hi_t, start + span)
-        tkey = C.order_key(T[t])
-        cap = cand_idx.shape[1]
-        nt = cuda.blockDim.x
-        lane = cuda.laneid
-        lt = (1 << lane) - 1
-        for base in range(start, stop, nt):
+        for base in range(start, stop, cuda.blockDim.x):
             s = base + cuda.threadIdx.x
             v = np.float32(0.0)
             keep = False
             if s < stop:
                 v = score_at(a, b, c, t, s)
                 keep = C.order_key(v) >= tkey
-            ballot = cuda.ballot_sync(C.FULL_MASK, keep)
-            first = 0
-            if lane == 0 and ballot != 0:
-                first = cuda.atomic.add(count, t, cuda.popc(ballot))
-            first = cuda.shfl_sync(C.FULL_MASK, first, 0)
-            if keep:
-                j = np.int64(first) + cuda.popc(ballot & lt)
-                if j < cap:
-                    cand_idx[t, j] = s
-                    cand_val[t, j] = v
+            j = append(count, t, keep, local)       # count keeps counting past capacity
+            if keep and j < cap:
+                cand_idx[t, j] = s
+                cand_val[t, j] = v
     return kernel
 
 
-def run_filter(kernel_for, source, lo, hi, T, capacity):
+def run_filter(flavour, source, lo, hi, T, capacity):
     s = C.stream()
     a, b, c, kind = C.source_args(source)
     n = int(lo.shape[0])
@@ -130,18 +72,18 @@ def run_filter(kernel_for, source, lo, hi, T, capacity):
     span = BLOCK * ITEMS
     while C.blocks(c_max, span) > MAX_GRID_Y:
         span *= 2
-    kernel_for(kind)[(n, C.blocks(c_max, span)), BLOCK, s](
+    filter_kernel(kind, flavour)[(n, C.blocks(c_max, span)), BLOCK, s](
         a, b, c, lo, hi, T, np.int64(span), cand_idx, cand_val, count)
     return cand_idx, cand_val, count
 
 
 @register("filter", "numba.filter.block")
 def filter_block(source, lo, hi, T, capacity):
-    """Score and compare; one global atomic per block (shared-memory counter)."""
-    return run_filter(filter_block_kernel, source, lo, hi, T, capacity)
+    """Score and compare; one global atomic per block and round (shared-memory counter)."""
+    return run_filter("block", source, lo, hi, T, capacity)
 
 
 @register("filter", "numba.filter.warp", gpu_only=True)
 def filter_warp(source, lo, hi, T, capacity):
     """Score and compare; warp-aggregated atomics (ballot + popc + shfl)."""
-    return run_filter(filter_warp_kernel, source, lo, hi, T, capacity)
+    return run_filter("warp", source, lo, hi, T, capacity)

@@ -15,7 +15,7 @@ from numba import cuda
 from ...registry import register
 from . import common as C
 from .common import BLOCK
-from .select import select_block_kernel, select_rows, select_warp_kernel
+from .select import select_rows
 
 
 @lru_cache(maxsize=None)
@@ -42,7 +42,7 @@ def materialise_kernel(kind):
     return kernel
 
 
-def run_recover(select_kernel, source, lo, hi, rows, k):
+def run_recover(flavour, source, lo, hi, rows, k):
     s = C.stream()
     a, b, c, kind = C.source_args(source)
     nr = int(rows.shape[0])
@@ -57,16 +57,16 @@ def run_recover(select_kernel, source, lo, hi, rows, k):
     count = C.empty((nr,), np.int32, s)
     grid_y = min(C.blocks(width, BLOCK), 1024)
     materialise_kernel(kind)[(nr, grid_y), BLOCK, s](a, b, c, lo, hi, rows, vals, pos, count)
-    return select_rows(select_kernel, vals, pos, count, k, s)
+    return select_rows(flavour, vals, pos, count, k, s)
 
 
 @register("recover", "numba.recover.block")
 def recover_block(source, lo, hi, rows, k):
     """Materialise the listed rows, then the block radix select/sort."""
-    return run_recover(select_block_kernel, source, lo, hi, rows, k)
+    return run_recover("block", source, lo, hi, rows, k)
 
 
 @register("recover", "numba.recover.warp", gpu_only=True)
 def recover_warp(source, lo, hi, rows, k):
     """Materialise the listed rows, then the warp-aggregated radix select/sort."""
-    return run_recover(select_warp_kernel, source, lo, hi, rows, k)
+    return run_recover("warp", source, lo, hi, rows, k)

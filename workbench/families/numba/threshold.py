@@ -16,7 +16,6 @@ from numba import cuda
 from ...registry import register
 from . import common as C
 from .common import BLOCK, RADIX
-from .select import warp_msb_select
 
 
 @lru_cache(maxsize=None)
@@ -35,41 +34,30 @@ def sample_kernel(kind):
     return kernel
 
 
-@cuda.jit
-def threshold_block_kernel(samples, M, r, T):
-    t = cuda.blockIdx.x
-    hist = cuda.shared.array(RADIX, np.int32)
-    state = cuda.shared.array(4, np.int64)
-    if t >= T.shape[0]:
-        return
-    m = min(np.int64(M[t]), samples.shape[1])
-    if m <= 0:
+@lru_cache(maxsize=None)
+def threshold_kernel(flavour: str):
+    """T[t] = the value whose order key is the r-th largest sample key, by the flavour's radix select."""
+    msb_select = C.msb_select(flavour)
+
+    @cuda.jit
+    def kernel(samples, M, r, T):
+        t = cuda.blockIdx.x
+        hist = cuda.shared.array(RADIX, np.int32)
+        state = cuda.shared.array(4, np.int64)
+        if t >= T.shape[0]:
+            return
+        m = min(np.int64(M[t]), samples.shape[1])
+        if m <= 0:
+            if cuda.threadIdx.x == 0:
+                T[t] = C.key_value(0)
+            return
+        key, _ = msb_select(samples, samples, t, m, max(np.int64(r[t]), 1), True, -1, hist, state)
         if cuda.threadIdx.x == 0:
-            T[t] = C.key_value(0)
-        return
-    key, _ = C.block_msb_select(samples, samples, t, m, max(np.int64(r[t]), 1), True, -1, hist, state)
-    if cuda.threadIdx.x == 0:
-        T[t] = C.key_value(key)
+            T[t] = C.key_value(key)
+    return kernel
 
 
-@cuda.jit
-def threshold_warp_kernel(samples, M, r, T):
-    t = cuda.blockIdx.x
-    hist = cuda.shared.array(RADIX, np.int32)
-    state = cuda.shared.array(4, np.int64)
-    if t >= T.shape[0]:
-        return
-    m = min(np.int64(M[t]), samples.shape[1])
-    if m <= 0:
-        if cuda.threadIdx.x == 0:
-            T[t] = C.key_value(0)
-        return
-    key, _ = warp_msb_select(samples, samples, t, m, max(np.int64(r[t]), 1), True, -1, hist, state)
-    if cuda.threadIdx.x == 0:
-        T[t] = C.key_value(key)
-
-
-def run_threshold(select_kernel, source, lo, hi, M, r):
+def run_threshold(flavour, source, lo, hi, M, r):
     s = C.stream()
     a, b, c, kind = C.source_args(source)
     n = int(lo.shape[0])
@@ -80,17 +68,17 @@ def run_threshold(select_kernel, source, lo, hi, M, r):
     samples = C.empty((n, max(m_max, 1)), np.float32, s)
     if m_max:
         sample_kernel(kind)[(n, C.blocks(m_max, BLOCK)), BLOCK, s](a, b, c, lo, hi, M, samples)
-    select_kernel[n, BLOCK, s](samples, M, r, T)
+    threshold_kernel(flavour)[n, BLOCK, s](samples, M, r, T)
     return T
 
 
 @register("threshold", "numba.threshold.block")
 def threshold_block(source, lo, hi, M, r):
     """Samples to scratch, block radix select (shared-memory atomics)."""
-    return run_threshold(threshold_block_kernel, source, lo, hi, M, r)
+    return run_threshold("block", source, lo, hi, M, r)
 
 
 @register("threshold", "numba.threshold.warp", gpu_only=True)
 def threshold_warp(source, lo, hi, M, r):
     """Samples to scratch, warp-aggregated radix select with shuffle scans."""
-    return run_threshold(threshold_warp_kernel, source, lo, hi, M, r)
+    return run_threshold("warp", source, lo, hi, M, r)
