@@ -258,6 +258,18 @@ def test_replay(name, case):
     np.testing.assert_array_equal(bits(fam.to_host(out)), bits(ref))
 
 
+@pytest.mark.parametrize("name", [p for s in registry.STAGES for p in _params(s)])
+def test_edge_probes(name):
+    """The contract's boundaries (a count at capacity, contexts of k and k + 1 keys, a -0.0/+0.0
+    tie at the k-th, NaN candidates, keys just past hi...): the probes every stage check runs
+    (workbench/harness/probes.py). tests/test_known_bad.py shows they reject the known-bad
+    mutants of each stage."""
+    from workbench.harness import probes
+    v, fam = _variant(name)
+    ok, why = probes.check_variant(v, fam)
+    assert ok, why
+
+
 # ---------------------------------------------------------------- whole pipeline
 def assert_same_result(res, ref):
     np.testing.assert_array_equal(np.asarray(res.idx), ref.idx)

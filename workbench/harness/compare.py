@@ -1,5 +1,5 @@
 """`hytopk compare`: every registered variant of each stage on the same inputs,
-then the end-to-end pipelines and the baselines of DESIGN.md §7.
+then the end-to-end pipelines and the baselines of docs/CONTRACT.md §7.
 
 Order of work: inputs and the oracle's answer; ceilings (GEMM rate, copy
 bandwidth) measured in this run; each variant checked first, timed only when
@@ -24,6 +24,7 @@ import reference as R
 from .. import loader, registry
 from ..families import get_family
 from . import checks as C
+from . import probes
 from .doctor import environment
 from .oracle import ReferenceOracle, TorchOracle
 from .presets import Preset, default_preset, get as get_preset, make_inputs
@@ -183,6 +184,15 @@ def stage_call(stage: str, v: registry.Variant, fam, X: dict, source: str | None
     return v.fn, args
 
 
+def stage_gate(v: registry.Variant, fam, source, out, ctx) -> tuple[bool, str]:
+    """A stage row's check: its stage's gate on the workload's answer, then the stage's edge
+    probes (harness/probes.py: the contract's boundaries the workload may not reach)."""
+    ok, why = C.STAGE_CHECKS[v.stage](out, **ctx)
+    if ok:
+        ok, why = probes.check_variant(v, fam, source if v.stage in registry.SOURCE_STAGES else None)
+    return ok, why
+
+
 def to_family(fam, d: dict, device: str) -> dict:
     """torch inputs -> the family's arrays (host NumPy on CPU; zero-copy on the GPU)."""
     out = {}
@@ -269,7 +279,7 @@ class Runner:
         row = Row("stage", stage, v.name, source)
         row.flops, row.bytes = wl.work(stage, source)
         ctx = dict(E=E, oracle=wl.oracle, lo=wl.lo_t, hi=wl.hi_t, rows=wl.rec_rows.to(wl.device))
-        check = lambda out: C.STAGE_CHECKS[stage](_as_torch_out(out, fam, wl.device), **ctx)
+        check = lambda out: stage_gate(v, fam, source, _as_torch_out(out, fam, wl.device), ctx)
         try:
             arg_sets = self._rotated(build)
         except Exception as e:

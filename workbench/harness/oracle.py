@@ -3,7 +3,7 @@
 `ReferenceOracle` (small presets) is the NumPy reference itself. `TorchOracle`
 (large presets) is a trusted stand-in that runs where the data lives: exact
 float32 scoring of the exact-arithmetic inputs, the contract's order key
-(DESIGN.md §2) in torch, and top-k over keys made unique by the position, so it
+(docs/CONTRACT.md §2) in torch, and top-k over keys made unique by the position, so it
 yields exactly the contract's order; rows are processed in chunks to bound
 memory. Both produce the same `Expected` bundle of torch tensors, and the
 tests check that they agree on small shapes.
@@ -107,6 +107,16 @@ class ReferenceOracle(_Oracle):
     def __init__(self, q, w, keys, lo, hi):
         super().__init__(q, w, keys, lo, hi)
         self.table = R.indexer_scores(q, w, keys, self.lo_h, self.hi_h)
+
+    @classmethod
+    def of_table(cls, table, lo, hi) -> "ReferenceOracle":
+        """The oracle of a given [n, L] float32 score table (table-source problems)."""
+        self = cls.__new__(cls)
+        self.n, self.L = table.shape
+        self.H = self.D = None
+        self.lo_h, self.hi_h = np.asarray(lo, np.int64), np.asarray(hi, np.int64)
+        self.table = np.ascontiguousarray(table, np.float32)
+        return self
 
     def scores_rows(self, a, b) -> torch.Tensor:
         return torch.from_numpy(self.table[a:b])

@@ -138,9 +138,9 @@ class WatchLoop:
         if not chosen:
             self.say(f"{path.name}: no variants of {'stage ' + self.stage if self.stage else 'any stage'} here")
             return []
-        return self._check_and_time(path, chosen, t0)
+        return self.check_and_time(path, chosen, t0)
 
-    def _check_and_time(self, path: Path, chosen, t0) -> list[Outcome]:
+    def check_and_time(self, path: Path, chosen, t0) -> list[Outcome]:
         from .compare import family_usable
         runner = self.runner()
         outs = []
