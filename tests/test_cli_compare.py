@@ -35,6 +35,12 @@ def test_compare_tiny_cpu_every_row_correct(tmp_path):
     assert ("pipeline", "hytopk_indexer") in kinds and ("baseline", "torch") in kinds
     assert ("baseline", "dense+topk") in kinds
     assert all(r["time_ms"] > 0 for r in data["rows"])
+    # each timing with its spread: quantiles and repeats, the median in time_ms (CPU: at least 5 repeats)
+    for r in data["rows"]:
+        sp = r["spread"]
+        assert sp["median_ms"] == r["time_ms"] and sp["repeats"] >= 5, (r["name"], sp)
+        assert sp["min_ms"] <= sp["q25_ms"] <= sp["median_ms"] <= sp["q75_ms"] <= sp["max_ms"]
+    assert "IQR ms" in p.stdout
     assert data["environment"]["git_commit"] is None or len(data["environment"]["git_commit"]) == 40
     assert data["ceilings"]["gemm_tflops"] > 0 and data["ceilings"]["copy_gbps"] > 0
     assert (tmp_path / "out.png").stat().st_size > 1000

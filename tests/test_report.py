@@ -26,3 +26,13 @@ def test_floor_column_uses_the_tiled_floor_when_the_simt_floor_was_excluded():
     text = _render(rows)
     line = next(ln for ln in text.splitlines() if "cupy.filter.x" in ln)
     assert "1.25" in line and "2.5" in line
+
+
+def test_time_spread_column_shows_the_middle_half_and_the_repeat_count():
+    spread = dict(median_ms=1.5, q25_ms=1.25, q75_ms=1.75, min_ms=1.0, max_ms=9.0, repeats=37, ci_ms=0.13)
+    one = dict(median_ms=2.0, q25_ms=2.0, q75_ms=2.0, min_ms=2.0, max_ms=2.0, repeats=1, ci_ms=None)
+    text = _render([Row("stage", "check", "reference.check", None, True, time_ms=1.5, spread=spread),
+                    Row("stage", "check", "numba.check.block", None, True, time_ms=2.0, spread=one)])
+    assert "IQR ms ×n" in text
+    assert "1.25–1.75 ×37" in next(ln for ln in text.splitlines() if "reference.check" in ln)
+    assert "– ×1" in next(ln for ln in text.splitlines() if "numba.check.block" in ln)

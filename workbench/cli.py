@@ -87,7 +87,8 @@ def compare(
     variant: Optional[List[str]] = typer.Option(None, help="only these variants (repeatable); winners are not updated"),
     json_path: Optional[Path] = typer.Option(None, "--json", help="write the results JSON here"),
     plot: Optional[Path] = typer.Option(None, help="write the PNG plot here (default: next to --json)"),
-    repeats: Optional[int] = typer.Option(None, help="timed repeats per row (default 3 on CPU, 10 on GPU)"),
+    repeats: Optional[int] = typer.Option(None, help="timed repeats per row (default: until the median is known "
+                                                     "to 2% on CPU / 1% on GPU or the row's time budget ends)"),
     record_winners: bool = typer.Option(True, "--winners/--no-winners", help="record the winners file"),
     family: Optional[List[str]] = typer.Option(None, help="only these families (reference, numba, cupy; repeatable)"),
     budget: Optional[float] = typer.Option(None, help="seconds for the per-stage rows; later ones are skipped "

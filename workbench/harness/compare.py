@@ -28,7 +28,7 @@ from . import probes
 from .doctor import environment
 from .oracle import ReferenceOracle, TorchOracle
 from .presets import Preset, default_preset, get as get_preset, make_inputs
-from .timing import gemm_tflops, copy_gbps, gpu_available, make_timer
+from .timing import Timing, gemm_tflops, copy_gbps, gpu_available, make_timer
 
 BASELINES = ("torch", "dense+topk", "score-only", "flop-bound")
 TABLE_SOURCE_MAX_BYTES = 16 << 30     # table-source rows need the [n, L] table in memory
@@ -46,7 +46,8 @@ class Row:
     source: str | None = None   # "table" | "indexer" for source stages
     correct: bool | None = None
     detail: str = ""
-    time_ms: float | None = None
+    time_ms: float | None = None  # the median
+    spread: dict | None = None      # Timing.spread(): quantiles, min/max, repeats, the median's interval
     flops: float = 0.0
     bytes: float = 0.0
     peak_extra_bytes: int | None = None
@@ -213,7 +214,7 @@ def _as_torch_out(out, fam, device):
 class Runner:
     def __init__(self, wl: Workload, timer, repeats: int | None, progress: Callable | None = None):
         self.wl, self.timer = wl, timer
-        self.repeats = repeats or (3 if timer.device == "cpu" else 10)
+        self.repeats = repeats          # None: until the median is known or the row's budget ends (timing.py)
         self.rotations = 1 if timer.device == "cpu" else 2
         self.progress = progress or (lambda msg: None)
 
@@ -249,19 +250,19 @@ class Runner:
         if row.correct is False:
             return row
         if simulated:
-            row.time_ms = elapsed
+            row.time_ms, row.spread = elapsed, Timing.of([elapsed]).spread()
             row.detail = row.detail or "CUDA simulator: one call timed, not a GPU time"
             return row
         if elapsed > ONE_CALL_MS and not compiled:
             # minutes-long rows (scalar scorers at 128K+ keys) would swamp the run: one call is enough
-            row.time_ms = elapsed
+            row.time_ms, row.spread = elapsed, Timing.of([elapsed]).spread()
             row.detail = row.detail or f"timed by its checked call alone (over {ONE_CALL_MS / 1e3:.0f} s per call)"
             return row
         # a slow row (over a second per call) gets fewer repeats: the checked call was its warm-up
         slow = elapsed > SLOW_CALL_MS and not compiled
         warmup = 0 if slow else (1 if self.timer.device == "cpu" else 2)
-        t = self.timer.time(fn, arg_sets, warmup=warmup, repeats=min(self.repeats, 3) if slow else self.repeats)
-        row.time_ms = t.median_ms
+        t = self.timer.time(fn, arg_sets, warmup=warmup, repeats=min(self.repeats or 3, 3) if slow else self.repeats)
+        row.time_ms, row.spread = t.median_ms, t.spread()
         if not watch_mem:
             row.peak_extra_bytes = self.timer.peak_extra_bytes(fn, arg_sets[0])
         return row

@@ -25,6 +25,15 @@ def _mem(b):
         b /= 1024
 
 
+def _iqr(spread) -> str:
+    """'q25–q75 ×n' of a row's timing (the middle half of its repeats and how many there were)."""
+    if not spread:
+        return "–"
+    if spread["repeats"] < 2:
+        return f"– ×{spread['repeats']}"
+    return f"{spread['q25_ms']:.4g}–{spread['q75_ms']:.4g} ×{spread['repeats']}"
+
+
 def compare_table(res):
     from rich.markup import escape
     from rich.table import Table
@@ -32,7 +41,7 @@ def compare_table(res):
     t = Table(title=f"hytopk compare — preset {res.preset['name']} on {res.device} "
                     f"(ceilings: GEMM {ceil['gemm_tflops']:.3g} TFLOP/s, copy {ceil['copy_gbps']:.4g} GB/s; "
                     f"ratio < 1 = faster than the baseline)")
-    for col in ("stage", "variant", "correct", "time ms", *(c for _, c in BASE_COLS),
+    for col in ("stage", "variant", "correct", "time ms", "IQR ms ×n", *(c for _, c in BASE_COLS),
                 "TFLOP/s (% ceil)", "GB/s (% ceil)", "extra mem"):
         t.add_column(col, justify="right" if col not in ("stage", "variant") else "left", no_wrap=col == "variant")
     present = {r.stage for r in res.rows if r.kind == "baseline"} | {"flop-bound"}
@@ -44,7 +53,7 @@ def compare_table(res):
         keys = [floor if b == "score-only" else b for b, _ in BASE_COLS]     # the floor: tiled when it ran
         ratios = [_fmt(r.ratios.get(k)) if k in present else "–" for k in keys]
         t.add_row(r.stage if r.kind != "baseline" else "baseline", escape(r.label), ok, _fmt(r.time_ms, "{:.4g}"),
-                  *ratios, tfl, gbs, _mem(r.peak_extra_bytes))
+                  _iqr(getattr(r, "spread", None)), *ratios, tfl, gbs, _mem(r.peak_extra_bytes))
         if r.correct is False and r.detail:
             t.add_row("", f"[red]  ↳ {escape(r.detail)}[/]", *[""] * (len(t.columns) - 2))
     return t
@@ -106,11 +115,14 @@ def compare_plot(res, path: str | Path) -> Path:
     labels = [f"{r.stage}: {r.label}" if r.kind != "baseline" else f"baseline: {r.name}" for r in rows]
     colours = ["tab:red" if r.correct is False else "tab:gray" if r.kind == "baseline"
                else "tab:green" if r.kind == "pipeline" else "tab:blue" for r in rows]
-    ax.barh(range(len(rows)), [r.time_ms for r in rows], color=colours)
+    spreads = [getattr(r, "spread", None) or {} for r in rows]      # whiskers: the middle half of the repeats
+    err = [[max(0.0, r.time_ms - s.get("q25_ms", r.time_ms)) for r, s in zip(rows, spreads)],
+           [max(0.0, s.get("q75_ms", r.time_ms) - r.time_ms) for r, s in zip(rows, spreads)]]
+    ax.barh(range(len(rows)), [r.time_ms for r in rows], color=colours, xerr=err, error_kw=dict(lw=0.8))
     ax.set_yticks(range(len(rows)), labels, fontsize=7)
     ax.invert_yaxis()
     ax.set_xscale("log")
-    ax.set_xlabel("median time (ms, log scale)")
+    ax.set_xlabel("median time (ms, log scale; whiskers: interquartile range)")
     bound = res.ceilings.get("flop_bound_ms")
     if bound:
         ax.axvline(bound, color="k", ls="--", lw=1, label=f"tensor-core FLOP bound {bound:.3g} ms")

@@ -41,6 +41,7 @@ class Outcome:
     time_ms: float | None
     detail: str = ""
     change: str = ""
+    spread: dict | None = None      # Timing.spread() of time_ms: quantiles, repeats, the median's interval
 
     def as_dict(self):
         return dict(self.__dict__)
@@ -92,7 +93,7 @@ class WatchLoop:
             gpu = gpu_available()
             p = get(self.preset or ("dsv32-32k" if gpu else "tiny"))
             device = "cuda" if p.gpu else "cpu"
-            self._runner = Runner(Workload(p, device), make_timer(device), self.repeats or (3 if gpu else 1))
+            self._runner = Runner(Workload(p, device), make_timer(device), self.repeats)
         return self._runner
 
     # ---- reloading
@@ -155,7 +156,7 @@ class WatchLoop:
                 srcs = [None]
             for src in srcs:
                 row = runner.stage_row(v.stage, v, src)
-                o = Outcome(str(path), v.name, v.stage, row.correct, row.time_ms, row.detail)
+                o = Outcome(str(path), v.name, v.stage, row.correct, row.time_ms, row.detail, spread=row.spread)
                 o.change = self._change(row.label, o)
                 self.previous[row.label] = o
                 mark = "[green]✓ correct[/]" if o.correct else "[bold red]✗ WRONG[/]"
@@ -174,8 +175,22 @@ class WatchLoop:
         if p.correct != o.correct:
             parts.append(f"correct: {p.correct} -> {o.correct}")
         if p.time_ms and o.time_ms:
-            parts.append(f"time {p.time_ms:.4g} -> {o.time_ms:.4g} ms ({100 * (o.time_ms / p.time_ms - 1):+.0f}%)")
+            parts.append(time_change(p.time_ms, o.time_ms, p.spread, o.spread))
         return "(" + "; ".join(parts) + ")" if parts else "(unchanged)"
+
+
+def time_change(before_ms, after_ms, before: dict | None, after: dict | None) -> str:
+    """A time change, called a change only outside the noise: the medians' ~95% intervals
+    (timing.differs) must not overlap."""
+    from .timing import differs
+    moved = f"time {before_ms:.4g} -> {after_ms:.4g} ms"
+    verdict = differs(before, after)
+    if verdict is None:
+        return f"{moved}, one call each: noise unknown"
+    noise = 100 * max(before["ci_ms"] / before["median_ms"], after["ci_ms"] / after["median_ms"])
+    if verdict:
+        return f"{moved} ({100 * (after_ms / before_ms - 1):+.0f}%, outside the noise of ±{noise:.1g}%)"
+    return f"{moved}: within the noise (±{noise:.1g}%)"
 
 
 class Watcher:
