@@ -11,6 +11,7 @@ the failure rates this buys.
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 
@@ -70,27 +71,35 @@ def failure_rates_iid(c: int, k: int, capacity: int, oversample: float = 3.0,
     return float(np.mean(count > capacity)), float(np.mean(count < k))
 
 
-def calibration_table(k: int = 2048, contexts=(1 << 17, 1 << 20), draws: int = 20_000_000,
-                      queries: int = 8192):
-    """Rows (c, M, r, capacity, P(overflow), P(underflow), failing per `queries`,
-    buffer bytes / table bytes) for a few capacities around the default."""
-    rows = []
+def calibration_rows(k: int = 2048, contexts=(1 << 17, 1 << 20), draws: int = 20_000_000,
+                     queries: int = 8192):
+    """Rows (c, M, r, capacity, is_default, P(overflow), P(underflow), failing per `queries`,
+    buffer bytes / table bytes) for a few capacities around the default, one at a time."""
     for c in contexts:
         M, r = sample_plan(np.array([0]), np.array([c]), k, 3.0)
         default = default_capacity(k, np.array([0]), np.array([c]))
-        for cap in sorted({7 * k // 2, 4 * k, 5 * k, default, 6 * k}):
+        for cap in _capacities(k, default):
             po, pu = failure_rates_iid(c, k, cap, draws=draws)
-            rows.append((c, int(M[0]), int(r[0]), cap, cap == default, po, pu,
-                         queries * (po + pu), cap * 8 / (c * 4)))
-    return rows
+            yield (c, int(M[0]), int(r[0]), cap, cap == default, po, pu, queries * (po + pu), cap * 8 / (c * 4))
 
 
+def _capacities(k, default):
+    return sorted({7 * k // 2, 4 * k, 5 * k, default, 6 * k})
 
-def print_calibration_table(**kw):
+
+def calibration_table(**kw):
+    return list(calibration_rows(**kw))
+
+
+def print_calibration_table(k: int = 2048, contexts=(1 << 17, 1 << 20), **kw):
+    """Print the table row by row as each is drawn (a row takes seconds: the rows are the progress)."""
+    total = sum(len(_capacities(k, default_capacity(k, np.array([0]), np.array([c])))) for c in contexts)
+    print(f"calibration: {total} rows of {kw.get('draws', 20_000_000):.0e} draws each, printed as they are drawn",
+          file=sys.stderr, flush=True)
     print(f"{'c':>8} {'M':>5} {'r':>4} {'capacity':>9} {'P(over)':>9} {'P(under)':>9} "
-          f"{'fail/8192q':>10} {'buffer/table':>12}")
-    for c, M, r, cap, is_default, po, pu, nf, ratio in calibration_table(**kw):
+          f"{'fail/8192q':>10} {'buffer/table':>12}", flush=True)
+    for c, M, r, cap, is_default, po, pu, nf, ratio in calibration_rows(k=k, contexts=contexts, **kw):
         mark = "*" if is_default else " "
-        print(f"{c:>8} {M:>5} {r:>4} {cap:>8}{mark} {po:>9.2e} {pu:>9.2e} {nf:>10.4f} {ratio:>12.4f}")
+        print(f"{c:>8} {M:>5} {r:>4} {cap:>8}{mark} {po:>9.2e} {pu:>9.2e} {nf:>10.4f} {ratio:>12.4f}", flush=True)
     print("* = default_capacity; i.i.d. continuous scores; buffer = 8 B/slot (int32 idx + float32 val),"
           " table = 4 B/key")

@@ -72,10 +72,13 @@ def test_shipped_shapes_are_instantiated():
 
 
 @needs_compiler
-def test_real_kernel_passes(capsys):
+def test_real_kernel_passes(capsys, monkeypatch):
+    monkeypatch.setenv("HYTOPK_PROGRESS_PERIOD", "0")
     assert CC.main(["check.cu", "--jobs", "1"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert "hytopk_check" in out and "compile-check: OK" in out
+    # progress on stderr (a log here, not a terminal): a first line, one per file, a last one
+    assert "compile-check: 1 step(s)" in err and "[1/1] check.cu compiled" in err and "done, 1 step(s)" in err
 
 
 @needs_nvcc

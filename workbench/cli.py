@@ -36,26 +36,25 @@ def _outputs(json_path, plot):
     return json_path, plot
 
 
-def _progress(console):
-    """A rich progress bar as an advance(label) callable factory for the harness."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    state = {}
+def _progress(console, what):
+    """The harness's advance(label) callable factory (label: the job starting now; None: all done):
+    a bar on a terminal, periodic lines when the output goes to a log (workbench.progress)."""
+    from .progress import Progress
 
     def factory(total):
-        prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=console, transient=True)
-        prog.start()
-        task = prog.add_task("starting", total=total)
-        state.update(prog=prog, task=task, started=False)
+        prog = Progress(total, what, console=console)
+        started = []
 
         def advance(label):
-            if state["started"]:
-                prog.advance(task)
-            state["started"] = True
             if label is None:
-                prog.stop()
+                if started:
+                    prog.advance("finished")
+                prog.close()
+            elif started:
+                prog.advance(label)
             else:
-                prog.update(task, description=label)
+                started.append(True)
+                prog.tick(label)
         return advance
     return factory
 
@@ -117,7 +116,7 @@ def compare(
             _fail(f"{e} (or run with --no-winners)")
     try:
         res = run_compare(preset, stage, variant, repeats, say=lambda m: console.print(f"[cyan]{escape(m)}[/]"),
-                          progress_factory=_progress(console), families=family or None, budget_s=budget,
+                          progress_factory=_progress(console, "compare"), families=family or None, budget_s=budget,
                           exclude=exclude or ())
     except ValueError as e:
         _fail(e)
@@ -180,7 +179,7 @@ def calibrate(
     try:
         json_path, plot = _outputs(json_path, plot)
         out = cal.run(n=n, L=L, k=k, draws=draws, families=family or None, quick=quick,
-                      say=lambda m: console.print(f"[cyan]{m}[/]"), progress_factory=_progress(console))
+                      say=lambda m: console.print(f"[cyan]{m}[/]"), progress_factory=_progress(console, "calibrate"))
     except ValueError as e:
         _fail(e)
     console.print(cal.table(out))

@@ -20,13 +20,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
 from kernels_cuda import instantiations as INST
 
 from . import loader
+from .progress import Progress
 
 # kernel name-expression prefix -> why its spills are acceptable
 ALLOWED_SPILLS: dict[str, str] = {
@@ -198,8 +199,14 @@ def main(argv=None) -> int:
 
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="hytopk_cc_") as tmp, \
-            ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        results = list(pool.map(lambda f: check_file(kdir / f, args.arch, nvcc, use_nvrtc, Path(tmp)), files))
+            ThreadPoolExecutor(max(1, args.jobs)) as pool, \
+            Progress(len(files), "compile-check", stream=sys.stderr) as prog:
+        futures = {pool.submit(check_file, kdir / f, args.arch, nvcc, use_nvrtc, Path(tmp)): f for f in files}
+        done = {}
+        for fut in as_completed(futures):          # a bar on a terminal, a line every few seconds in a log
+            done[futures[fut]] = fut.result()
+            prog.advance(f"{futures[fut]} compiled")
+        results = [done[f] for f in files]
 
     failed = 0
     legs = " + ".join(x for x, on in (("nvcc", nvcc), ("NVRTC", use_nvrtc)) if on)

@@ -8,6 +8,11 @@ import tempfile
 from pathlib import Path
 
 
+EXAMPLE_VARIANT = "select=cupy.select.radix_bitonic"      # tests/test_progress_and_names.py: it exists
+GLOO_MAX_GFLOP = 5.0       # one scoring pass on gloo (the NumPy reference, ~0.1 GFLOP/s): about a minute
+GLOO_SMALL = "--n 64 --L 4096 --H 4 --D 16 --k 32"
+
+
 def _parser():
     ap = argparse.ArgumentParser(prog="python -m workbench.distributed",
                                  description="Context-parallel HyTopK over torch.distributed.")
@@ -20,15 +25,15 @@ def _parser():
     st.add_argument("--full", action="store_true", help="every score family, not the quick subset")
     st.add_argument("--timeout", type=float, default=300.0, help="seconds before the ranks are killed")
     st.add_argument("--variant", action="append", default=[], metavar="STAGE=NAME",
-                    help="pick a stage variant, e.g. filter=cupy.filter.mma (repeatable)")
+                    help=f"pick a stage variant of the family, e.g. {EXAMPLE_VARIANT} with --family cupy (repeatable)")
 
     be = sub.add_parser("bench", help="time CP HyTopK on 1 GPU and on N GPUs (NCCL)")
     be.add_argument("--world-size", type=int, default=2)
     be.add_argument("--json", type=Path, default=None,
                     help="write the results here (default: results/cp_scaling_<family>_ws<N>.json)")
-    be.add_argument("--family", default="cupy")
+    be.add_argument("--family", default=None, help="stage family (default: cupy on nccl, reference on gloo)")
     be.add_argument("--backend", choices=("nccl", "gloo"), default="nccl",
-                    help="gloo (with --family reference, tiny shapes) only smoke-tests the code on a CPU")
+                    help="gloo (the reference family, small shapes) only smoke-tests the code on a CPU")
     be.add_argument("--n", type=int, default=8192)
     be.add_argument("--L", type=int, default=131072)
     be.add_argument("--H", type=int, default=64)
@@ -40,8 +45,10 @@ def _parser():
     be.add_argument("--sharding", default="zigzag", choices=("zigzag", "contiguous"))
     be.add_argument("--repeats", type=int, default=5)
     be.add_argument("--timeout", type=float, default=600.0)
+    be.add_argument("--force", action="store_true",
+                    help=f"run gloo on shapes over {GLOO_MAX_GFLOP:.0f} GFLOP per scoring pass anyway (hours)")
     be.add_argument("--variant", action="append", default=[], metavar="STAGE=NAME",
-                    help="pick a stage variant, e.g. filter=cupy.filter.mma (repeatable)")
+                    help=f"pick a stage variant of the family, e.g. {EXAMPLE_VARIANT} (repeatable)")
 
     wk = sub.add_parser("worker", help="one rank (torchrun-style environment); used by selftest/bench")
     wk.add_argument("--job", choices=("selftest", "bench"), required=True)
@@ -105,10 +112,10 @@ def cmd_worker(args) -> int:
     return rc
 
 
-def _spawned(args, worker_args, world_size, backend, out):
+def _spawned(args, worker_args, world_size, backend, out, on_wait=None):
     from .launch import spawn
     codes, logs = spawn(worker_args + ["--out", str(out)], world_size, backend=backend,
-                        timeout_s=args.timeout, log_dir=out)
+                        timeout_s=args.timeout, log_dir=out, on_wait=on_wait)
     if any(c != 0 for c in codes):
         print(f"FAIL: ranks exited with {codes} (None = killed after a timeout or another rank's failure)")
         for r, (c, text) in enumerate(zip(codes, logs)):
@@ -134,25 +141,45 @@ def cmd_selftest(args) -> int:
     return 0 if ok else 1
 
 
+def gloo_too_big(args) -> str | None:
+    """Why a gloo bench would run for hours (None: it will not). gloo runs the NumPy reference on
+    the CPU: at most GLOO_MAX_GFLOP per scoring pass of n x L keys."""
+    gflop = 2.0 * args.n * args.L * args.H * args.D / 1e9
+    if args.backend != "gloo" or gflop <= GLOO_MAX_GFLOP or args.force:
+        return None
+    return (f"bench --backend gloo runs the {_family(args)} family on the CPU: n={args.n} L={args.L} H={args.H} "
+            f"D={args.D} is {gflop:.0f} GFLOP per scoring pass (limit {GLOO_MAX_GFLOP:.0f}), hours of CPU time. "
+            f"Try {GLOO_SMALL}, run on GPUs (--backend nccl), or add --force.")
+
+
 def cmd_bench(args) -> int:
+    from ..progress import Progress
     from .bench import report
+    family = _family(args)
+    why = gloo_too_big(args)
+    if why:
+        print(why, file=sys.stderr, flush=True)
+        return 2
     params = {k: getattr(args, k) for k in ("n", "L", "H", "D", "k", "layout", "sharding", "dtype", "repeats")}
     runs = {}
     sizes = [1] + ([args.world_size] if args.world_size > 1 else [])
-    with tempfile.TemporaryDirectory(prefix="hytopk-cp-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="hytopk-cp-bench-") as tmp, \
+            Progress(len(sizes), "cp bench") as prog:          # a bar on a terminal, lines in a log
         for ws in sizes:
             out = Path(tmp) / f"ws{ws}"
-            wargs = ["--job", "bench", "--backend", args.backend, "--family", args.family,
+            wargs = ["--job", "bench", "--backend", args.backend, "--family", family,
                      "--bench", json.dumps(params)] + _variant_args(args)
-            if not _spawned(args, wargs, ws, args.backend, out):
+            if not _spawned(args, wargs, ws, args.backend, out,
+                            on_wait=lambda line: prog.tick(f"{ws} rank(s): {line or 'starting'}")):
                 return 1
             runs[ws] = json.loads((out / "bench.json").read_text())
-    result, text = report(params, args.family, runs)
+            prog.advance(f"{ws} rank(s) done")
+    result, text = report(params, family, runs)
     result["variants"] = _variants(args)
     print(text)
     if args.json is None:
         from .launch import ROOT
-        args.json = ROOT / "results" / f"cp_scaling_{args.family}_ws{args.world_size}.json"
+        args.json = ROOT / "results" / f"cp_scaling_{family}_ws{args.world_size}.json"
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))

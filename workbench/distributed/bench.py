@@ -83,6 +83,7 @@ def run_worker(family: str, p: dict, variants: dict | None = None) -> dict:
             out.append(float(dt.item()))
         return statistics.median(out)
 
+    say = (lambda m: print(f"bench: {m}", flush=True)) if me == 0 else (lambda m: None)   # rank 0's log: progress
     n, L, k = p["n"], p["L"], p["k"]
     q_all, w_all, keys_all = _inputs(p, device)
     lo, hi = G.layout(p["layout"], n, L, k, np.random.default_rng(int(p.get("seed", 8))))
@@ -95,14 +96,19 @@ def run_worker(family: str, p: dict, variants: dict | None = None) -> dict:
     cp = ContextParallelHyTopK(lo, hi, k, sh, backend=family, variants=variants, device=device)
     plan_s = time.perf_counter() - t0
 
+    say(f"planned in {plan_s:.1f} s; warm-up call")
     cp(q, w, keys)                                          # warm-up: communicators, compilation
     reps = int(p.get("repeats", 5))
     last = []
+    say(f"timing the CP call ({reps} repeats)")
     cp_s = timed(lambda: last.append(cp(q, w, keys)), reps)
     res = last[-1]                                          # its phase times are reported
     T = cp.threshold(q, w, keys)
+    say("timing the filter ring")
     ring_s = timed(lambda: cp.filter_ring(q, w, keys, T), reps)
+    say("timing the filter alone")
     compute_s = timed(lambda: cp.filter_ring(q, w, keys, T, exchange_keys=False, shards=shards), reps)
+    say("timing the transfers alone")
     comm_s = timed(lambda: ring_pass(cp.comm, keys, cp.shard_rows, None), reps) if P > 1 else 0.0
     overlap = None
     if comm_s > 0:
@@ -117,6 +123,7 @@ def run_worker(family: str, p: dict, variants: dict | None = None) -> dict:
     if me == 0:
         record["digest"] = _digest(full)
     if P == 1:                                              # the plain single-GPU pipeline, same inputs
+        say("timing the single-process pipeline")
         import workbench
         be = workbench.backend(family, variants)
         lo_t, hi_t = (torch.as_tensor(x, device=device) for x in (lo, hi))

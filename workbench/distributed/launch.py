@@ -29,11 +29,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn(worker_args: list, world_size: int, *, backend: str, timeout_s: float, log_dir: Path):
+def spawn(worker_args: list, world_size: int, *, backend: str, timeout_s: float, log_dir: Path,
+          on_wait=None):
     """Run ``python -m workbench.distributed worker *worker_args`` as ``world_size`` ranks.
 
     Returns (returncodes, log texts). A rank still running at the timeout, or
     after another rank failed, is killed and reported with return code None.
+    ``on_wait(line)`` is called about once a second while the ranks run, with the last line
+    rank 0 has logged (its progress).
     """
     port = free_port()
     log_dir = Path(log_dir)
@@ -55,6 +58,7 @@ def spawn(worker_args: list, world_size: int, *, backend: str, timeout_s: float,
                                       cwd=str(ROOT), env=env, stdout=log, stderr=subprocess.STDOUT))
     deadline = time.monotonic() + timeout_s
     codes = [None] * world_size
+    next_report = time.monotonic() + 1.0
     try:
         while any(c is None for c in codes):
             for i, p in enumerate(procs):
@@ -62,6 +66,9 @@ def spawn(worker_args: list, world_size: int, *, backend: str, timeout_s: float,
                     codes[i] = p.poll()
             if any(c not in (None, 0) for c in codes) or time.monotonic() > deadline:
                 break
+            if on_wait is not None and time.monotonic() >= next_report:
+                next_report = time.monotonic() + 1.0
+                on_wait(last_line(log_dir / "rank0.log"))
             time.sleep(0.05)
     finally:
         for i, p in enumerate(procs):
@@ -75,6 +82,18 @@ def spawn(worker_args: list, world_size: int, *, backend: str, timeout_s: float,
             log.close()
     texts = [(log_dir / f"rank{r}.log").read_text(errors="replace") for r in range(world_size)]
     return codes, texts
+
+
+def last_line(path: Path, tail: int = 4096) -> str:
+    """The last non-empty line of a log file ('' if none yet)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - tail))
+            lines = [ln for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+        return lines[-1].strip() if lines else ""
+    except OSError:
+        return ""
 
 
 def init_from_env(backend: str, timeout_s: float = 300.0):

@@ -23,6 +23,7 @@ import argparse
 import datetime
 import json
 import statistics
+import sys
 import time
 from importlib import metadata
 from pathlib import Path
@@ -30,6 +31,8 @@ from pathlib import Path
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from ..harness.timing import Timing
+from ..progress import Progress
 from . import dispatch, ops  # noqa: F401
 from .ops import indexer_kl_loss, selected_kl
 from .replay import checkpoint_with_replay
@@ -39,6 +42,7 @@ PRESETS = {
     "dsv32-128k": dict(n=4096, L=131072, H=64, D=128, k=2048, dtype="bfloat16"),
     "tiny": dict(n=64, L=1024, H=4, D=16, k=32, dtype="float32"),     # CPU smoke test
 }
+GPU_PRESETS = ("dsv32-32k", "dsv32-128k")       # the default on a GPU; refused on a CPU without --force
 DENSE_BUDGET = 1 << 30      # elements of the [chunk, H, L] dots tensor in (a)
 
 
@@ -112,8 +116,9 @@ CASES = {
 }
 
 
-def _time_case(fn, inputs, k, warmup, reps, device):
+def _time_case(fn, inputs, k, warmup, reps, device, progress=None):
     q, w, keys, lo, hi, bias = inputs
+    tick = progress or (lambda label: None)
     cuda = device.type == "cuda"
 
     def once():
@@ -123,11 +128,13 @@ def _time_case(fn, inputs, k, warmup, reps, device):
         loss.backward()
         return loss
 
-    for _ in range(warmup):
+    for i in range(warmup):
+        tick(f"warm-up {i + 1}/{warmup}")
         once()
     times = []
     peak = None
     for r in range(reps):
+        tick(f"repeat {r + 1}/{reps}")
         if cuda:
             torch.cuda.synchronize(device)
             base = torch.cuda.memory_allocated(device)
@@ -144,7 +151,7 @@ def _time_case(fn, inputs, k, warmup, reps, device):
             loss = once()
             times.append((time.perf_counter() - t0) * 1e3)
     grads = [x.grad.detach().clone() for x in (q, w, keys)]
-    return {"median_ms": statistics.median(times), "times_ms": times,
+    return {"median_ms": statistics.median(times), "times_ms": times, "spread": Timing.of(times).spread(),
             "peak_mem_gib_above_inputs": None if peak is None else peak / 2**30,
             "loss": float(loss.detach())}, grads
 
@@ -160,8 +167,11 @@ def run_preset(name, device, warmup=2, reps=5):
     p = PRESETS[name]
     inputs = make_inputs(device=device, **p)
     out, grads = {}, {}
-    for case, fn in CASES.items():
-        out[case], grads[case] = _time_case(fn, inputs, p["k"], warmup, reps, device)
+    with Progress(len(CASES), f"bench_train {name}") as prog:      # a bar on a terminal, lines in a log
+        for case, fn in CASES.items():
+            out[case], grads[case] = _time_case(fn, inputs, p["k"], warmup, reps, device,
+                                                lambda label: prog.tick(f"{case}: {label}"))
+            prog.advance(f"{case} done")
     a, b, c = (out[x]["median_ms"] for x in ("a_plain_torch_full_recompute", "b_hytopk_full_recompute",
                                              "c_hytopk_selection_replay"))
     # bitwise only in the deterministic keys-gradient mode (the default index_add_ uses atomics)
@@ -173,17 +183,41 @@ def run_preset(name, device, warmup=2, reps=5):
             "replay_grads_equal_full_recompute_grads_bitwise_deterministic": same}
 
 
+def cpu_presets(asked, device, force=False):
+    """The presets to run. On a CPU the GPU shapes (4096 queries x 32K-128K keys) take hours:
+    without --force, an explicit one is refused at once (exit 2) and the default is 'tiny'."""
+    if device.type == "cuda":
+        return asked or list(GPU_PRESETS)
+    gpu = [p for p in asked or () if p in GPU_PRESETS]
+    if gpu and not force:
+        print(f"bench_train: preset(s) {gpu} are GPU shapes ({', '.join(_shape(p) for p in gpu)}) and take hours "
+              f"on this CPU. Run --preset tiny here (the CPU smoke test), run on a GPU, or add --force.",
+              file=sys.stderr, flush=True)
+        raise SystemExit(2)
+    if not asked:
+        print("bench_train: no GPU here: running the 'tiny' preset (the GPU presets: --device cuda on a GPU)",
+              file=sys.stderr, flush=True)
+        return ["tiny"]
+    return asked
+
+
+def _shape(name):
+    p = PRESETS[name]
+    return f"n={p['n']} L={p['L']} H={p['H']}"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", action="append", choices=sorted(PRESETS),
-                    help="repeatable; default dsv32-32k and dsv32-128k")
+                    help="repeatable; default dsv32-32k and dsv32-128k on a GPU, tiny on a CPU")
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--force", action="store_true", help="run a GPU preset on a CPU anyway (hours)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
-    presets = args.preset or ["dsv32-32k", "dsv32-128k"]
+    presets = cpu_presets(args.preset, device, args.force)
     report = {
         "what": "indexer share of one DSA training step: forward + recomputation + backward",
         "baseline_a": "plain PyTorch: chunked bf16 GEMM scores, ReLU, fp32 head sum, torch.topk per chunk; "
