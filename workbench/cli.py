@@ -83,7 +83,9 @@ def compare(
     preset: Optional[str] = typer.Option(None, help="tiny | dsv32-32k | dsv32-128k | glm5-128k | glm5-256k-allkeys | "
                                                      "dsv32-1m (default: tiny on CPU, dsv32-128k on a GPU)"),
     stage: Optional[List[str]] = typer.Option(None, help="only these stages (repeatable)"),
-    variant: Optional[List[str]] = typer.Option(None, help="only these variants (repeatable); winners are not updated"),
+    variant: Optional[List[str]] = typer.Option(None, help="only these variants, as the table prints them: a name "
+                                                          "(every row of it) or name[source] (that row); repeatable; "
+                                                          "winners are not updated"),
     json_path: Optional[Path] = typer.Option(None, "--json", help="write the results JSON here"),
     plot: Optional[Path] = typer.Option(None, help="write the PNG plot here (default: next to --json)"),
     repeats: Optional[int] = typer.Option(None, help="timed repeats per row (default: until the median is known "
@@ -125,9 +127,9 @@ def compare(
     for s in res.skipped:
         by_reason.setdefault(s["reason"], []).append(s["name"])
     for reason, names in by_reason.items():
-        console.print(f"[yellow]skipped {len(names)}:[/] {', '.join(names)} — {reason}")
+        console.print(f"[yellow]skipped {len(names)}:[/] {escape(', '.join(names))} — {escape(reason)}")
     for n in res.notes:
-        console.print(f"[cyan]note:[/] {n}")
+        console.print(f"[cyan]note:[/] {escape(n)}")
     wrong = [r for r in res.rows if r.correct is False]
     try:                     # checked before the run; a file system that changed since still gets one line
         if json_path:
@@ -144,7 +146,7 @@ def compare(
     if variant or family or exclude:
         console.print("winners not updated (--variant/--family/--exclude compare a subset)")
     if wrong:
-        console.print(f"[bold red]{len(wrong)} row(s) wrong:[/] " + ", ".join(r.label for r in wrong))
+        console.print(f"[bold red]{len(wrong)} row(s) wrong:[/] " + escape(", ".join(r.label for r in wrong)))
         raise typer.Exit(1)
 
 
@@ -174,12 +176,13 @@ def calibrate(
     quick: bool = typer.Option(False, help="fewer settings (CI)"),
 ):
     """Failure rates (overflow, underflow, fallback) vs oversample, capacity and sample-count bounds."""
+    from rich.markup import escape
     from .harness import calibrate as cal
     from .harness import report
     try:
         json_path, plot = _outputs(json_path, plot)
         out = cal.run(n=n, L=L, k=k, draws=draws, families=family or None, quick=quick,
-                      say=lambda m: console.print(f"[cyan]{m}[/]"), progress_factory=_progress(console, "calibrate"))
+                      say=lambda m: console.print(f"[cyan]{escape(m)}[/]"), progress_factory=_progress(console, "calibrate"))
     except ValueError as e:
         _fail(e)
     console.print(cal.table(out))

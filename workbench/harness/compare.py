@@ -9,6 +9,7 @@ correct = false.
 """
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import time
@@ -539,6 +540,7 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
             missing[fam] = why
             say(f"family {fam}: skipped ({why})")
 
+    wanted = wanted_variants(variant_names or (), missing)      # before any work: a wrong name fails fast
     say(f"preparing preset {p.name} (n={p.n}, L={p.L}, H={p.H}, D={p.D}, k={p.k}, {p.dtype}) on {device}")
     t_prep = time.perf_counter()
     wl = Workload(p, device)
@@ -551,7 +553,7 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
     jobs, skipped = [], []
     for s in stages:
         for v in registry.variants(s, load=False):
-            if variant_names and v.name not in variant_names:
+            if wanted and v.name not in wanted:
                 continue
             if excluded(v.name):
                 skipped.append({"name": v.name, "stage": s, "reason": "excluded (--exclude)"})
@@ -563,6 +565,8 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
                 skipped.append({"name": v.name, "stage": s, "reason": "gpu_only: needs a real GPU (not the simulator)"})
                 continue
             for src in (v.sources if s in registry.SOURCE_STAGES else (None,)):
+                if wanted.get(v.name) and src not in wanted[v.name]:
+                    continue                     # --variant name[source]: that row only
                 if src == "table" and not wl.table_ok:
                     skipped.append({"name": v.name, "stage": s, "reason": "table source: [n, L] table too large"})
                     continue
@@ -570,10 +574,6 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
     # under a time budget the CUDA C++ family (the headline) goes first, then Numba, then the rest
     order = {"cupy": 0, "numba": 1}
     jobs.sort(key=lambda j: order.get(j[2].family, 2))
-    if variant_names:
-        unknown = set(variant_names) - {v.name for v in registry.variants(load=False)}
-        if unknown:
-            raise ValueError(f"argument 'variant': unknown variant(s) {sorted(unknown)}")
     pipes = [f for f in registry.FAMILY_MODULES if usable[f]] if not variant_names else []
     if set(stages) != set(registry.STAGES):
         pipes = []                       # a stage subset compares stages only
@@ -620,7 +620,7 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
             dense = [r for r in rows if r.stage == "dense" and r.correct and r.time_ms is not None]
             if not dense:
                 dense_all = [v for v in registry.variants("dense", load=False) if usable.get(v.family)
-                             and (not variant_names or v.name in variant_names)
+                             and (not wanted or v.name in wanted)
                              and not (v.gpu_only and device == "cpu")]
                 if dense_all:
                     dense = [runner.stage_row("dense", dense_all[0], None)]
@@ -681,6 +681,44 @@ def _matches(pattern: str, name: str) -> bool:
         return re.search(pattern, name) is not None
     except re.error:
         return False
+
+
+def wanted_variants(names, missing: dict) -> dict:
+    """--variant names as the table prints them, ``name`` or ``name[source]``, as {name: the
+    sources asked for, or None for every row of it}. A name that cannot run is an error that
+    says why: its family is not available here (with the reason), or it is a pipeline row, or
+    it is unknown (with the closest names)."""
+    wanted: dict = {}
+    for raw in names:
+        m = re.fullmatch(r"\s*([^\[\]\s]+)(?:\[([^\[\]]+)\])?\s*", raw)
+        if not m:
+            raise ValueError(f"argument 'variant': cannot read {raw!r}; write it as the table prints it, "
+                             "e.g. reference.filter or reference.filter[table]")
+        name, src = m.groups()
+        if src is None:
+            wanted[name] = None
+        elif wanted.get(name, set()) is not None:
+            wanted.setdefault(name, set()).add(src)
+    known = {v.name: v for v in registry.variants(load=False)}
+    for name, sources in wanted.items():
+        fam = name.split(".", 1)[0]
+        v = known.get(name)
+        if v is None and fam in registry.FAMILY_MODULES and registry.load_error(fam):
+            raise ValueError(f"argument 'variant': {name!r} is a {fam} variant, and the {fam} family is not "
+                             f"available here ({missing.get(fam) or registry.load_error(fam)})")
+        if v is None and re.fullmatch(r"\w+\.hytopk(_indexer)?", name):
+            raise ValueError(f"argument 'variant': {name!r} is a pipeline row, not a stage variant: the pipelines "
+                             "run when no --variant is given (--family picks whose)")
+        if v is None:
+            close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
+            raise ValueError(f"argument 'variant': unknown variant {name!r}; "
+                             + (f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(sorted(known))}"))
+        rows = set(v.sources) if v.stage in registry.SOURCE_STAGES else set()
+        if sources and not sources <= rows:
+            raise ValueError(f"argument 'variant': {name} has no row " + ", ".join(f"[{x}]" for x in sorted(sources - rows))
+                             + (f"; its rows: {', '.join(f'{name}[{x}]' for x in sorted(rows))}" if rows
+                                else f" (a {v.stage} variant has one row: {name})"))
+    return wanted
 
 
 def fastest_of_family(rows, family: str) -> dict:

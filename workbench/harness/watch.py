@@ -137,7 +137,7 @@ class WatchLoop:
         if self.stage:
             chosen = [v for v in chosen if v.stage == self.stage]
         if not chosen:
-            self.say(f"{path.name}: no variants of {'stage ' + self.stage if self.stage else 'any stage'} here")
+            self.say(escape(f"{path.name}: no variants of {'stage ' + self.stage if self.stage else 'any stage'} here"))
             return []
         return self.check_and_time(path, chosen, t0)
 
@@ -148,7 +148,7 @@ class WatchLoop:
         for v in chosen:
             ok, why = family_usable(v.family, runner.wl.device, runner.wl.p)
             if not ok or (v.gpu_only and runner.wl.device == "cpu"):
-                self.say(f"  {v.name}: skipped ({why or 'gpu_only: needs a real GPU'})")
+                self.say(escape(f"  {v.name}: skipped ({why or 'gpu_only: needs a real GPU'})"))
                 continue
             if v.stage in registry.SOURCE_STAGES:       # the real use (indexer) when the variant takes it
                 srcs = ["indexer"] if "indexer" in v.sources else list(v.sources[:1])
@@ -164,7 +164,7 @@ class WatchLoop:
                 self.say(f"  {escape(row.label)}: {mark}  {tm}  {escape(o.change)}"
                          + (f"\n    {escape(o.detail)}" if not o.correct else ""))
                 outs.append(o)
-        self.say(f"[dim]{path.name}: {len(outs)} variant(s) in {time.perf_counter() - t0:.1f} s[/]")
+        self.say(f"[dim]{escape(path.name)}: {len(outs)} variant(s) in {time.perf_counter() - t0:.1f} s[/]")
         return outs
 
     def _change(self, label, o: Outcome) -> str:
