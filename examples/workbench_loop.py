@@ -3,12 +3,15 @@
 #
 # Load a stage variant, edit its kernel, reload it without restarting, run the
 # property check against the reference, compare it with the other variants and
-# pick the winner. Every cell runs as-is in IPython / Jupyter (the `# %%`
-# markers are cells) and as a script: CI runs it on the CPU path with
+# pick the winner. It is an IPython-style session: the `# %%` markers are cells
+# (IPython's %run, Jupyter / VS Code "Run Cell"), and the whole file also runs as a
+# script:
 #
-#     NUMBA_ENABLE_CUDASIM=1 python examples/workbench_loop.py
+#     python examples/workbench_loop.py
 #
-# (the Numba variants then run in the CUDA simulator; on a GPU drop the variable).
+# On a machine without a CUDA driver the Numba variants run in the CUDA simulator:
+# the first cell sets NUMBA_ENABLE_CUDASIM=1 itself before numba is imported, and
+# says so (CI runs it that way).
 # The edit works on a *copy* of the kernel module in a temporary folder, so the
 # tree is never touched. The same reload is what `hytopk watch` does on every save.
 
@@ -23,6 +26,10 @@ ROOT = Path(__file__).resolve().parents[1] if "__file__" in globals() else Path.
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HYTOPK_WINNERS", str(Path(tempfile.mkdtemp()) / "winners.json"))  # keep ~/.cache clean
 
+from workbench.harness.doctor import numba_cuda_mode
+
+simulated = numba_cuda_mode() == "simulator"     # before numba is imported: no GPU -> the CUDA simulator
+
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
@@ -36,7 +43,6 @@ from workbench.harness.watch import WatchLoop
 from rich.console import Console
 
 console = Console(width=160)
-simulated = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 print("Numba variants run in the", "CUDA simulator" if simulated else "GPU (or are skipped without one)")
 
 # %% [markdown]

@@ -47,6 +47,24 @@ def _version(module: str) -> str | None:
             return None
 
 
+def numba_cuda_mode(say=print) -> str:
+    """'gpu' or 'simulator': how the Numba family runs in this process. On a machine without a
+    CUDA driver the simulator is turned on (NUMBA_ENABLE_CUDASIM=1, which numba reads when it is
+    imported) and that is said in one line; if numba is already imported without it, this stops
+    with one message saying what to do."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        return "simulator"
+    if driver_version() is not None:
+        return "gpu"
+    if "numba" in sys.modules:
+        raise SystemExit("no CUDA driver here, and numba is already imported without its simulator: start again "
+                         "with NUMBA_ENABLE_CUDASIM=1 set before Python starts (e.g. NUMBA_ENABLE_CUDASIM=1 ipython)")
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    say("no CUDA driver here: the Numba variants run in the CUDA simulator "
+        "(NUMBA_ENABLE_CUDASIM=1 set for this session; one Python thread per CUDA thread, so tiny shapes only)")
+    return "simulator"
+
+
 def driver_version() -> str | None:
     """CUDA driver version straight from libcuda (no toolkit needed); None without a driver."""
     for lib in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):

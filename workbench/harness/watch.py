@@ -132,7 +132,10 @@ class WatchLoop:
             chosen = [v for v in registry.variants(load=False) if v.fn.__module__ == module]
         else:
             stages = stage_of_source(path)
-            registry.load_family("cupy")          # its variants are listed only once it is imported
+            if not registry.load_family("cupy"):  # its variants are listed only once it is imported
+                self.say(escape(f"{path.name}: not checked: the CUDA C++ variants run through CuPy, which cannot "
+                                f"load here ({registry.load_error('cupy')}); `hytopk doctor` says what is missing"))
+                return []
             chosen = [v for v in registry.variants(load=False) if v.family == "cupy" and v.stage in stages]
         if self.stage:
             chosen = [v for v in chosen if v.stage == self.stage]
