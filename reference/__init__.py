@@ -1,4 +1,4 @@
-"""The HyTopK contract in pure NumPy: DESIGN.md made executable.
+"""The HyTopK contract in pure NumPy: docs/CONTRACT.md made executable.
 
 Brute force (`topk`) defines the answer; `hytopk` runs the kernels' stages one
 by one and must equal it bit for bit. Every backend copies this public API.

@@ -1,4 +1,4 @@
-"""Indexer input dtypes: the one rule every backend calls (DESIGN.md §2, issue 17).
+"""Indexer input dtypes: the one rule every backend calls (docs/CONTRACT.md §2, issue 17).
 
 q and keys come in one of three input kinds, w in one of two:
 

@@ -2,7 +2,7 @@
 
 Pure NumPy and deterministic given ``rng``. The Hypothesis strategies in
 tests/strategies.py and the GPU tests / `hytopk compare` presets draw from
-these, so every backend is checked on the same families (DESIGN.md §3).
+these, so every backend is checked on the same families (docs/CONTRACT.md §3).
 """
 from __future__ import annotations
 

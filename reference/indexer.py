@@ -1,4 +1,4 @@
-"""Lightning-indexer scores, selection replay and the indexer KL loss (DESIGN.md §2, §4).
+"""Lightning-indexer scores, selection replay and the indexer KL loss (docs/CONTRACT.md §2, §4).
 
 q and keys are float32, bf16 (uint16 bits) or fp8 e4m3 (uint8 bits, with ``kscale``, a float32
 scale per key row); w is float32 or bf16. reference.dtypes defines each combination's score."""

@@ -1,4 +1,4 @@
-"""The contract's order (DESIGN.md §2) and the brute-force top-k that defines the answer."""
+"""The contract's order (docs/CONTRACT.md §2) and the brute-force top-k that defines the answer."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""HyTopK end to end, stage by stage exactly as the kernels run it (DESIGN.md §3)."""
+"""HyTopK end to end, stage by stage exactly as the kernels run it (docs/CONTRACT.md §3)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

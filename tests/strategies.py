@@ -68,7 +68,7 @@ def pool_table(draw, n, L):
 
 @st.composite
 def selection_cases(draw, max_n=8, max_L=4096, max_k=64, families=None, layouts=None):
-    """A table-source selection problem from an adversarial family (DESIGN.md §3)."""
+    """A table-source selection problem from an adversarial family (docs/CONTRACT.md §3)."""
     families = families or G.SCORE_FAMILIES + ("pool",)
     layouts = layouts or G.LAYOUTS
     n = draw(st.integers(1, max_n))

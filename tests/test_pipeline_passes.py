@@ -46,7 +46,7 @@ def test_default_passes_change_no_bit(monkeypatch):
 
 
 def test_more_failures_than_max_failed_fall_back_for_every_query():
-    """DESIGN §3.7 over all queries, whatever the passes: every query of a ReLU plateau
+    """CONTRACT.md §3.7 over all queries, whatever the passes: every query of a ReLU plateau
     (T = 0 floods the buffer) fails; with max_failed = 1 the whole batch takes the exact path."""
     rng = np.random.default_rng(9)
     n, L, k = 6, 5000, 4

@@ -1,4 +1,4 @@
-"""Indexer source, replay and the KL loss of the reference (DESIGN.md §4)."""
+"""Indexer source, replay and the KL loss of the reference (docs/CONTRACT.md §4)."""
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st

@@ -19,7 +19,7 @@ def same_bits(a, b):
 
 def slow_topk_row(row, lo, hi, k):
     """An independent definition: Python's sort with a comparator written from
-    DESIGN.md §2 in float terms (NaN lowest, -0.0 == +0.0, ties by position)."""
+    docs/CONTRACT.md §2 in float terms (NaN lowest, -0.0 == +0.0, ties by position)."""
     def cmp(a, b):
         (sa, xa), (sb, xb) = a, b
         na, nb = math.isnan(xa), math.isnan(xb)

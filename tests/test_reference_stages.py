@@ -1,4 +1,4 @@
-"""Stage invariants of the reference pipeline (DESIGN.md §3)."""
+"""Stage invariants of the reference pipeline (docs/CONTRACT.md §3)."""
 import math
 
 import numpy as np

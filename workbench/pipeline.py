@@ -1,4 +1,4 @@
-"""One HyTopK driver for every family: the stages of DESIGN.md §3 wired together.
+"""One HyTopK driver for every family: the stages of docs/CONTRACT.md §3 wired together.
 
 Each family supplies stage variants (see `registry.STAGES`) and array moves
 (`families.Family`); this module runs them in order, exactly like
@@ -109,7 +109,7 @@ def run_hytopk(st: StageSet, source, lo, hi, lo_h, hi_h, k, capacity, oversample
     threshold, filter and select of every pass are queued back to back and each pass's rows
     placed into the full outputs; the check then runs once over all queries, and the failed
     queries are recovered together, at most max_failed rows per recovery call (more than
-    max_failed failed queries: the exact path for every query, as DESIGN §3.7 says).
+    max_failed failed queries: the exact path for every query, as CONTRACT.md §3.7 says).
     Returns a reference.HyTopKResult whose idx/val are family-native and whose
     statistics are host NumPy arrays."""
     fam = st.family
@@ -141,7 +141,7 @@ def _run_passes(st, source, lo, hi, M, r, M_d, r_d, n, passes, k, capacity, max_
     failed, rows = st.check(count, lo, hi, k, capacity)
     redo = np.asarray(fam.to_host(rows), np.int32)
     fell_back = redo.size > max_failed
-    if fell_back:                              # DESIGN §3.7: the exact path for every query
+    if fell_back:                              # CONTRACT.md §3.7: the exact path for every query
         redo = np.arange(n, dtype=np.int32)
     step = max(1, max_failed)
     for s in range(0, redo.size, step):

@@ -25,7 +25,7 @@ Per call, on every rank:
 
 The output and the statistics equal ``reference.hytopk_indexer`` on the
 whole problem bit for bit whenever each score does not depend on how the
-keys are blocked: always for exact-arithmetic inputs (DESIGN.md §6); for
+keys are blocked: always for exact-arithmetic inputs (docs/CONTRACT.md §6); for
 general float inputs as far as the family's scoring routine guarantees it.
 
 Memory per rank, besides the inputs: the scratch [L, D] sample-key array

@@ -1,4 +1,4 @@
-"""Named problem shapes for `hytopk compare` (DESIGN.md §7 and issue 5).
+"""Named problem shapes for `hytopk compare` (docs/CONTRACT.md §7 and issue 5).
 
 `tiny` is the CPU shape (reference + Numba simulator variants); the others are
 the real-model shapes, run on a GPU and checked against the torch oracle.

@@ -226,7 +226,7 @@ replay_op.register_autograd(_replay_grad, setup_context=_replay_setup)
 # --------------------------------------------------------------------------- loss (a composition)
 
 def selected_kl(scores: Tensor, idx: Tensor, target: Tensor, reduction: str = "sum") -> Tensor:
-    """sum_t KL(p_t || softmax(scores_t)) over the valid slots (idx >= 0), DESIGN.md §4.
+    """sum_t KL(p_t || softmax(scores_t)) over the valid slots (idx >= 0), docs/CONTRACT.md §4.
 
     Plain torch ops, so autograd gives d loss / d scores = softmax * sum(p) - p
     (softmax - p for a normalised target), zero on padding slots."""

@@ -1,4 +1,4 @@
-"""Selection replay under activation recomputation (DESIGN.md §4).
+"""Selection replay under activation recomputation (docs/CONTRACT.md §4).
 
 Non-reentrant torch.utils.checkpoint with a selective-checkpoint policy: the
 outputs of ``hytopk.select`` are saved in the forward pass (MUST_SAVE) and
