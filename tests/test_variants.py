@@ -25,6 +25,7 @@ import workbench
 from reference import generate as G
 from workbench import registry
 from workbench.families import get_family
+from workbench.harness.probes import shuffle_and_poison
 
 from strategies import indexer_cases, selection_cases
 
@@ -188,8 +189,6 @@ def test_check(name, case):
     np.testing.assert_array_equal(np.sort(fam.to_host(rows)), rows_ref)
 
 
-POISON_IDX = np.int32(0x3FFFFFFF)   # distinct sentinels in the unused candidate slots
-POISON_VAL = np.float32(np.inf)
 
 
 @pytest.mark.parametrize("name", _params("select"))
@@ -205,12 +204,7 @@ def test_select(name, case, seed):
     _, _, T = reference_threshold(src, case)
     ci, cv, count = R.stage_filter(src, lo, hi, T, cap)
     idx_ref, val_ref = R.stage_select(ci, cv, count, case.k)
-    rng = np.random.default_rng(seed)
-    for t in range(len(lo)):
-        m = min(int(count[t]), cap)
-        perm = rng.permutation(m)
-        ci[t, :m], cv[t, :m] = ci[t, perm], cv[t, perm]
-        ci[t, m:], cv[t, m:] = POISON_IDX, POISON_VAL
+    shuffle_and_poison(ci, cv, count, cap, np.random.default_rng(seed))
     idx, val = v(fam.to_device(ci), fam.to_device(cv), fam.to_device(count), case.k)
     np.testing.assert_array_equal(fam.to_host(idx), idx_ref)
     np.testing.assert_array_equal(bits(fam.to_host(val)), bits(val_ref))

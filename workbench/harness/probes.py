@@ -147,16 +147,21 @@ def _source_probes(stage, source):
                  lambda out: C.recover(out, **ctx, rows=_t(rows)))
 
 
+def shuffle_and_poison(ci, cv, count, capacity, rng):
+    """In place: each row's stored candidates (the first min(count, capacity) slots) in a random
+    order, as atomics may store them, and poison in the slots after them (never to be read)."""
+    for t in range(len(count)):
+        m = min(int(count[t]), capacity)
+        perm = rng.permutation(m)
+        ci[t, :m], cv[t, :m] = ci[t, perm], cv[t, perm]
+        ci[t, m:], cv[t, m:] = POISON_IDX, POISON_VAL
+
+
 def _select_probe():
     """The table problem's candidate buffers, shuffled, with poison in the slots past the count."""
     _, E, _ = _answers("table")
     ci, cv, count = E.cand_idx.numpy().copy(), E.cand_val.numpy().copy(), E.count.numpy().astype(np.int32)
-    rng = np.random.default_rng(SEED)
-    for t in range(len(count)):
-        m = min(int(count[t]), CAPACITY)
-        perm = rng.permutation(m)
-        ci[t, :m], cv[t, :m] = ci[t, perm], cv[t, perm]
-        ci[t, m:], cv[t, m:] = POISON_IDX, POISON_VAL
+    shuffle_and_poison(ci, cv, count, CAPACITY, np.random.default_rng(SEED))
     si, sv = R.stage_select(ci, cv, count, K)
     Es = replace(E, select_idx=_t(si), select_val=_t(sv))
     args = lambda f: (f.to_device(ci), f.to_device(cv), f.to_device(count), K)
