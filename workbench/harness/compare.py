@@ -703,7 +703,7 @@ def wanted_variants(names, missing: dict) -> dict:
     for name, sources in wanted.items():
         fam = name.split(".", 1)[0]
         v = known.get(name)
-        if v is None and fam in registry.FAMILY_MODULES and registry.load_error(fam):
+        if v is None and fam in registry.FAMILY_MODULES and (fam in missing or registry.load_error(fam)):
             raise ValueError(f"argument 'variant': {name!r} is a {fam} variant, and the {fam} family is not "
                              f"available here ({missing.get(fam) or registry.load_error(fam)})")
         if v is None and re.fullmatch(r"\w+\.hytopk(_indexer)?", name):
