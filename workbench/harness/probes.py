@@ -14,7 +14,7 @@ H x D = 2 x 3), so a probe asks nothing of a kernel that the property tests do n
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 from types import SimpleNamespace
 from typing import Callable
@@ -32,7 +32,7 @@ K, L, CAPACITY, OVERSAMPLE = 4, 24, 8, 1.5     # r = 6 of M = c samples: counts 
 SEED = 20
 POISON_IDX = np.int32(0x3FFFFFFF)              # unused candidate slots: reading one is visible
 POISON_VAL = np.float32(np.inf)
-RECOVER_ROWS = {"table": (3, 0, 5, 6, 4, 7), "indexer": (1, 0, 4, 5, 3)}   # boundaries, shuffled
+RECOVER_ROWS = {"table": (3, 0, 5, 6, 4), "indexer": (1, 0, 4, 5)}   # boundaries, in any order
 NAN, NEG_NAN = np.array([0x7FC00000, 0xFFC00001], np.uint32).view(np.float32)
 
 
@@ -157,15 +157,28 @@ def shuffle_and_poison(ci, cv, count, capacity, rng):
         ci[t, m:], cv[t, m:] = POISON_IDX, POISON_VAL
 
 
+def select_buffers():
+    """Candidate buffers (capacity slots per row) that put the selection's rules at the k-th slot:
+    a -0.0/+0.0 tie straddling it with a +NaN candidate (row 0, count = capacity), fewer
+    candidates than k with -inf and a -NaN (row 1), an overflowed row whose count exceeds
+    the buffer (row 2), no candidate at all (row 3). Returns (cand_idx, cand_val, count)."""
+    ci = np.full((4, CAPACITY), -1, np.int32)
+    cv = np.full((4, CAPACITY), -np.inf, np.float32)
+    ci[0], cv[0] = [3, 11, 7, 5, 9, 2, 13, 4], [-0.0, 0.0, -0.0, 0.0, 1.0, 2.0, NAN, 0.5]
+    ci[1, :3], cv[1, :3] = [6, 2, 9], [-np.inf, NEG_NAN, 7.0]
+    ci[2], cv[2] = [20, 21, 22, 23, 16, 17, 18, 19], [3.0, 1.0, 1.0, 3.0, 2.0, 1.0, 2.0, 2.0]  # 2 of 3 tied at K*
+    return ci, cv, np.array([CAPACITY, 3, CAPACITY + 4, 0], np.int32)
+
+
 def _select_probe():
-    """The table problem's candidate buffers, shuffled, with poison in the slots past the count."""
-    _, E, _ = _answers("table")
-    ci, cv, count = E.cand_idx.numpy().copy(), E.cand_val.numpy().copy(), E.count.numpy().astype(np.int32)
+    """select_buffers, shuffled as atomics may store them, with poison in the slots past the count."""
+    ci, cv, count = select_buffers()
     shuffle_and_poison(ci, cv, count, CAPACITY, np.random.default_rng(SEED))
     si, sv = R.stage_select(ci, cv, count, K)
-    Es = replace(E, select_idx=_t(si), select_val=_t(sv))
+    Es = SimpleNamespace(select_idx=_t(si), select_val=_t(sv))
     args = lambda f: (f.to_device(ci), f.to_device(cv), f.to_device(count), K)
-    return Probe("select", "shuffled buffers with poisoned tails", None, args, lambda out: C.select(out, Es))
+    return Probe("select", "ties and NaN at the k-th, short, overflowed and empty buffers", None, args,
+                 lambda out: C.select(out, Es))
 
 
 def _check_probe():
