@@ -73,3 +73,15 @@ def test_watch_rejects_every_mutant():
     assert {o.variant for o in outs} == set(IDS)
     assert not [o.variant for o in outs if o.correct is not False]
     assert sum("WRONG" in str(s) for s in said) == len(outs)
+
+
+def test_a_variant_writing_into_its_inputs_spoils_no_later_probe():
+    import reference as R
+    from workbench.registry import Variant
+
+    def scribbles(cand_idx, cand_val, count, k):
+        out = R.stage_select(cand_idx, cand_val, count, k)
+        cand_idx[:], cand_val[:], count[:] = 0, 0.0, 0
+        return out
+    assert probes.check_variant(Variant("select", "reference.select.scribbles", "reference", scribbles)) == (True, "")
+    assert probes.check_variant(registry.get("reference.select")) == (True, "")

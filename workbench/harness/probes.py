@@ -220,6 +220,17 @@ def _as_torch(out, fam):
     return C.as_torch(out, fam, "cpu")
 
 
+class _Fresh:
+    """A family whose to_device hands over a fresh copy: a variant that writes into its inputs
+    cannot spoil the probes' cached problems for the next variant."""
+
+    def __init__(self, fam):
+        self.fam = fam
+
+    def to_device(self, x):
+        return self.fam.to_device(np.array(x, copy=True))
+
+
 def check_variant(v, fam=None, source: str | None = None) -> tuple[bool, str]:
     """Run a stage variant on its stage's probes; (ok, what went wrong). ``source``: only that
     score source's probes (a source stage row checks the source it runs on)."""
@@ -230,7 +241,7 @@ def check_variant(v, fam=None, source: str | None = None) -> tuple[bool, str]:
         if p.source is not None and p.source not in v.sources:
             continue
         try:
-            ok, why = p.check(_as_torch(v.fn(*p.args(fam)), fam))
+            ok, why = p.check(_as_torch(v.fn(*p.args(_Fresh(fam))), fam))
         except Exception as e:               # a crash on a boundary is a wrong variant
             ok, why = False, f"{type(e).__name__}: {e}"[:300]
         if not ok:
