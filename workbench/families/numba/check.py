@@ -27,7 +27,7 @@ def query_failed(count, lo, hi, t, k, capacity):
 @lru_cache(maxsize=None)
 def check_kernel(flavour: str, failed_fn=None):
     """The check kernel of a flavour; ``failed_fn`` (default: query_failed) decides one query."""
-    append = C.FLAVOURS[flavour].append
+    reserve = C.FLAVOURS[flavour].reserve
     fails = failed_fn if failed_fn is not None else query_failed
 
     @cuda.jit
@@ -38,7 +38,7 @@ def check_kernel(flavour: str, failed_fn=None):
         if t < count.shape[0]:
             bad = fails(count, lo, hi, t, k, capacity)
             failed[t] = 1 if bad else 0
-        j = append(nrows, 0, bad, local)
+        j = reserve(nrows, 0, 1 if bad else 0, local)
         if bad and j < rows.shape[0]:
             rows[j] = t
     return kernel
@@ -65,5 +65,5 @@ def check_block(count, lo, hi, k, capacity):
 
 @register("check", "numba.check.warp", gpu_only=True)
 def check_warp(count, lo, hi, k, capacity):
-    """One thread per query; warp-aggregated append (ballot + popc)."""
+    """One thread per query; warp-aggregated append (shuffle scan, one atomic per warp)."""
     return run_check(check_kernel("warp"), count, lo, hi, k, capacity)

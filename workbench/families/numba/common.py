@@ -23,6 +23,11 @@ import numpy as np
 from numba import config, cuda
 
 SIM = bool(config.ENABLE_CUDASIM)
+if SIM:
+    # The simulator runs a block as one Python thread per CUDA thread, and every syncthreads waits
+    # for all of them to take the GIL in turn: at the default 5 ms switch interval a select kernel
+    # spends seconds per block in barriers. A 0.2 ms interval makes simulated kernels ~6x faster.
+    sys.setswitchinterval(min(sys.getswitchinterval(), 2e-4))
 RADIX = 256
 BLOCK = 32 if SIM else 256          # threads per block (simulator: one Python thread each)
 WARPS = BLOCK // 32
@@ -209,33 +214,39 @@ def warp_pick(hist, largest, state, shift, prefix):
 
 
 @cuda.jit(device=True)
-def block_append(counter, c, keep, local):
-    """Slot counter[c] gives this thread's entry if ``keep`` (meaningless otherwise): slots in
-    shared memory (``local``, 2 ints), then one atomic on counter per block."""
+def block_reserve(counter, c, n, local):
+    """Reserve ``n`` consecutive slots of counter[c] for this thread; returns the first (meaningless
+    when n = 0). Every thread of the block calls it: slots are handed out in shared memory
+    (``local``, 2 ints), then one atomic on counter per block."""
     if cuda.threadIdx.x == 0:
         local[0] = 0
     cuda.syncthreads()
     slot = 0
-    if keep:
-        slot = cuda.atomic.add(local, 0, 1)
+    if n > 0:
+        slot = cuda.atomic.add(local, 0, n)
     cuda.syncthreads()
     if cuda.threadIdx.x == 0 and local[0] > 0:
         local[1] = cuda.atomic.add(counter, c, local[0])
-    cuda.syncthreads()
-    first = np.int64(local[1])
-    cuda.syncthreads()              # local is reused by the next call
-    return first + slot
+    cuda.syncthreads()              # the next call writes local[0] only: local[1] is safe to read now
+    return np.int64(local[1]) + slot
 
 
 @cuda.jit(device=True)
-def warp_append(counter, c, keep, local):
-    """The same with one atomic on counter per warp (ballot + popc + shfl); ``local`` unused."""
-    ballot = cuda.ballot_sync(FULL_MASK, keep)
-    first = 0
-    if cuda.laneid == 0 and ballot != 0:
-        first = cuda.atomic.add(counter, c, cuda.popc(ballot))
-    first = cuda.shfl_sync(FULL_MASK, first, 0)
-    return np.int64(first) + cuda.popc(ballot & ((1 << cuda.laneid) - 1))
+def warp_reserve(counter, c, n, local):
+    """The same with one atomic on counter per warp: an inclusive shuffle scan of n over the
+    lanes (``local`` unused)."""
+    lane = cuda.laneid
+    incl = n
+    for o in (1, 2, 4, 8, 16):
+        v = cuda.shfl_up_sync(FULL_MASK, incl, o)
+        if lane >= o:
+            incl += v
+    total = cuda.shfl_sync(FULL_MASK, incl, 31)
+    base = 0
+    if lane == 0 and total > 0:
+        base = cuda.atomic.add(counter, c, total)
+    base = cuda.shfl_sync(FULL_MASK, base, 0)
+    return np.int64(base) + incl - n
 
 
 @cuda.jit(device=True)
@@ -296,14 +307,14 @@ def warp_tile_rank(d, valid, offs, scratch):
 class Flavour(NamedTuple):
     hist_add: object
     pick: object
-    append: object
+    reserve: object
     tile_rank: object
     scratch: int                    # shared int32 scratch that tile_rank needs
 
 
 FLAVOURS = {
-    "block": Flavour(block_hist_add, block_pick, block_append, block_tile_rank, BLOCK),
-    "warp": Flavour(warp_hist_add, warp_pick, warp_append, warp_tile_rank, WARP_BINS),
+    "block": Flavour(block_hist_add, block_pick, block_reserve, block_tile_rank, BLOCK),
+    "warp": Flavour(warp_hist_add, warp_pick, warp_reserve, warp_tile_rank, WARP_BINS),
 }
 
 

@@ -1,10 +1,10 @@
 """Stage 5: fused score-and-filter into the capacity-bounded candidate buffer.
 
-Grid (query, span of ITEMS * BLOCK keys of its context); each round a thread
-scores one position and keeps it if key >= key(T). Slots come from one atomic
+Grid (query, span of its context); each round a thread scores ITEMS positions
+and keeps those with key >= key(T), then reserves slots for them: one atomic
 add per block and round (`block` flavour: shared-memory counter) or per warp
-(`warp` flavour: ballot + popc). `count` is the true count (it keeps counting
-past capacity); a slot at or beyond capacity is never written.
+and round (`warp` flavour: shuffle scan). `count` is the true count (it keeps
+counting past capacity); a slot at or beyond capacity is never written.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ...registry import register
 from . import common as C
 from .common import BLOCK
 
-ITEMS = 4                      # rounds per block: a block covers ITEMS * BLOCK keys
+ITEMS = 4                      # positions per thread per round
 MAX_GRID_Y = 65535
 
 
@@ -25,12 +25,16 @@ MAX_GRID_Y = 65535
 def filter_kernel(kind: str, flavour: str):
     """The fused score-and-filter kernel for a score source and a flavour."""
     score_at = C.SCORE_FNS[kind]
-    append = C.FLAVOURS[flavour].append
+    reserve = C.FLAVOURS[flavour].reserve
 
     @cuda.jit
     def kernel(a, b, c, lo, hi, T, span, cand_idx, cand_val, count):
         t = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        nt = cuda.blockDim.x
         local = cuda.shared.array(2, np.int32)
+        hit = cuda.local.array(ITEMS, np.int32)
+        val = cuda.local.array(ITEMS, np.float32)
         if t >= count.shape[0]:
             return
         lo_t = np.int64(lo[t])
@@ -41,17 +45,24 @@ def filter_kernel(kind: str, flavour: str):
         stop = min(hi_t, start + span)
         tkey = C.order_key(T[t])
         cap = cand_idx.shape[1]
-        for base in range(start, stop, cuda.blockDim.x):
-            s = base + cuda.threadIdx.x
-            v = np.float32(0.0)
-            keep = False
-            if s < stop:
-                v = score_at(a, b, c, t, s)
-                keep = C.order_key(v) >= tkey
-            j = append(count, t, keep, local)       # count keeps counting past capacity
-            if keep and j < cap:
-                cand_idx[t, j] = s
-                cand_val[t, j] = v
+        for base in range(start, stop, nt * ITEMS):
+            mine = 0
+            for it in range(ITEMS):
+                s = base + it * nt + tid
+                hit[it] = 0
+                if s < stop:
+                    v = score_at(a, b, c, t, s)
+                    if C.order_key(v) >= tkey:
+                        hit[it] = 1
+                        val[it] = v
+                        mine += 1
+            j = reserve(count, t, mine, local)     # count keeps counting past capacity
+            for it in range(ITEMS):
+                if hit[it] != 0:
+                    if j < cap:
+                        cand_idx[t, j] = base + it * nt + tid
+                        cand_val[t, j] = val[it]
+                    j += 1
     return kernel
 
 
@@ -85,5 +96,5 @@ def filter_block(source, lo, hi, T, capacity):
 
 @register("filter", "numba.filter.warp", gpu_only=True)
 def filter_warp(source, lo, hi, T, capacity):
-    """Score and compare; warp-aggregated atomics (ballot + popc + shfl)."""
+    """Score and compare; warp-aggregated atomics (shuffle scan of each lane's hits)."""
     return run_filter("warp", source, lo, hi, T, capacity)

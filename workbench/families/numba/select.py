@@ -80,7 +80,7 @@ def sort_pass(flavour: str):
 def select_kernel(flavour: str):
     """The selection kernel of a flavour: (vals, pos, count, k, out_idx, out_val, scr_a, scr_b)."""
     F = C.FLAVOURS[flavour]
-    msb_select, sort, append, SCRATCH = C.msb_select(flavour), sort_pass(flavour), F.append, F.scratch
+    msb_select, sort, reserve, SCRATCH = C.msb_select(flavour), sort_pass(flavour), F.reserve, F.scratch
 
     @cuda.jit
     def kernel(vals, pos, count, k, out_idx, out_val, scr_a, scr_b):
@@ -107,7 +107,7 @@ def select_kernel(flavour: str):
         for base in range(0, m, nt):               # compaction of the kept entries
             i = base + tid
             keep = i < m and C.keep_entry(vals, pos, t, i, kstar, pstar)
-            j = append(flags, 0, keep, local)
+            j = reserve(flags, 0, 1 if keep else 0, local)
             if keep and j < scr_a.shape[1]:
                 scr_a[t, j] = i
         cuda.syncthreads()
