@@ -1,4 +1,4 @@
-// Order keys (DESIGN.md §2) and small integer helpers shared by every kernel.
+// Order keys (docs/CONTRACT.md §2) and small integer helpers shared by every kernel.
 // Every comparison of scores goes through the 32-bit key: integer compares are
 // immune to flush-to-zero, NaN and signed zero.
 #pragma once
