@@ -47,18 +47,7 @@ def test_ws_geometry_fits_and_has_staging(H, eb, consumers):
 
 
 # ------------------------------------------------------------------ GPU (Hopper)
-def _hopper_reason():
-    try:
-        import cupy as cp
-        if cp.cuda.runtime.getDeviceCount() == 0:
-            return "no CUDA device"
-        cc = cp.cuda.Device().compute_capability
-        return None if cc == "90" else f"wgmma needs sm_90 (Hopper); this GPU is sm_{cc}"
-    except Exception as e:
-        return f"no usable CUDA GPU ({type(e).__name__}: {e})"
-
-
-gpu = pytest.mark.skipif(_hopper_reason() is not None, reason=str(_hopper_reason()))
+from tests.test_wgmma import gpu             # noqa: E402  (Hopper-only: skips with the reason elsewhere)
 
 EXACT_KINDS = ("ints", "pow2_neg_w", "f32_w", "plateau")
 
