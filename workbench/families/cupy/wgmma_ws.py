@@ -62,11 +62,6 @@ def call_scope(lo_h=None, hi_h=None, M_h=None):
         _PREPARED, _SHARED = outer
 
 
-def prepared_keys():
-    """call_scope without ranges: the keys' layout reused, no threshold hint."""
-    return call_scope()
-
-
 def _f32_weights(w):
     """float32 weights: float32 as given, bf16 bits widened exactly."""
     if w.dtype == cp.float32:
