@@ -230,3 +230,21 @@ def check_torch_documented(device: str):
     loss.backward()
     assert float(loss.detach()) == 0.0
     assert keys0.grad.shape == (0, 4) and not q.grad.any() and not w.grad.any()
+
+
+def usable_backend(family, *, real_gpu=False):
+    """workbench.backend(family), or a skip naming why it cannot run here (``real_gpu``: the
+    Numba CUDA simulator does not count)."""
+    import pytest
+    import workbench
+    from workbench.families import get_family
+    try:
+        fam = get_family(family)
+    except Exception as e:
+        pytest.skip(str(e))
+    ok, why = fam.available()
+    if not ok:
+        pytest.skip(f"backend {family!r} unavailable here: {why}")
+    if real_gpu and getattr(fam, "simulated", False):
+        pytest.skip(f"{family} runs in the CUDA simulator here (NUMBA_ENABLE_CUDASIM=1)")
+    return workbench.backend(family)

@@ -15,7 +15,8 @@ from workbench import registry
 from workbench.families import get_family
 
 from _argument_probes import (ERROR_PROBES, HOST_ONLY_PROBES, SUCCESS_PROBES, IDX, KEYS, LO, HI, Q, S, TARGET, W,
-                              check_torch_documented, names_the_argument, no_big_allocation, torch_error_probes)
+                              check_torch_documented, names_the_argument, no_big_allocation, torch_error_probes,
+                              usable_backend)
 
 ALL_ERRORS = {**ERROR_PROBES, **HOST_ONLY_PROBES}
 
@@ -25,14 +26,7 @@ def _ident(x):
 
 
 def _usable_backend(family):
-    try:
-        fam = get_family(family)
-    except Exception as e:
-        pytest.skip(str(e))
-    ok, why = fam.available()
-    if not ok:
-        pytest.skip(f"backend {family!r} unavailable here: {why}")
-    return workbench.backend(family)
+    return usable_backend(family)
 
 
 # ------------------------------------------------------------------ the reference

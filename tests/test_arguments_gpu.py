@@ -12,7 +12,7 @@ import pytest
 import reference as R
 
 from _argument_probes import (ERROR_PROBES, HOST_ONLY_PROBES, SUCCESS_PROBES, check_torch_documented,
-                              names_the_argument, torch_error_probes)
+                              names_the_argument, torch_error_probes, usable_backend)
 
 torch = pytest.importorskip("torch")
 _REASON = None if torch.cuda.is_available() else "needs a CUDA GPU and driver (torch.cuda.is_available() is False)"
@@ -22,18 +22,7 @@ MiB = 1 << 20
 
 
 def _backend(family):
-    import workbench
-    from workbench.families import get_family
-    try:
-        fam = get_family(family)
-    except Exception as e:
-        pytest.skip(str(e))
-    ok, why = fam.available()
-    if not ok:
-        pytest.skip(f"backend {family!r} unavailable here: {why}")
-    if getattr(fam, "simulated", False):
-        pytest.skip(f"{family} runs in the CUDA simulator here (NUMBA_ENABLE_CUDASIM=1)")
-    return workbench.backend(family)
+    return usable_backend(family, real_gpu=True)
 
 
 def _kinds():
