@@ -36,6 +36,8 @@ KERNELS = {
     "wgmma_ws.cu": tuple((f"hytopk_{k}_{kind}", over) for kind, over in (("ws", "wgmma"), ("ws_fp8", "wgmma_fp8"))
                          for k in ("filter", "dense", "score_rows", "score_only", "replay"))
                    + (("hytopk_filter_ws2", "wgmma"), ("hytopk_score_only_ws2", "wgmma"), ("hytopk_ws_pretile", "plain")),
+    "attend.cu": (("hytopk_attend_fwd", "attend"), ("hytopk_attend_bwd", "attend"), ("hytopk_attend_delta", "attend"),
+                  ("hytopk_attend_dkv_reduce", "attend")),
 }
 # files that need an arch-specific target (wgmma exists on sm_90a only): NVRTC options, nvcc -gencode
 FILE_OPTIONS = {"wgmma.cu": ("-arch=sm_90a",), "wgmma_ws.cu": ("-arch=sm_90a",)}
@@ -50,6 +52,47 @@ def nvcc_target(file: str, arch: str) -> str:
             return f"-gencode=arch=compute_{sm},code=sm_{sm}"
     return f"-arch=sm_{arch}"
 TILED_HEADS = (16, 32, 64)                   # the tiled core's H (hytopk_mma_tile.cuh); fewer heads are zero-padded
+
+
+# ---- sparse attention (attend.cu): templates over (rows, key tile, head dims, queries per block, ...)
+# shipped: MLA (DeepSeek-V3.2 / GLM-5: d_qk 576 = 512 latent + 64 rope, V = the first 512 columns of
+# the shared kv row) and a GQA head dim of 128; other dims compile on demand (attend_* names)
+ATTEND_SHIPPED = ((576, 512, True), (128, 128, False))
+ATTEND_ROWS = (16, 32, 64)                      # MMA rows per block: 1, 2 or 4 m16 tiles
+
+
+def _b(x) -> str:
+    return "true" if x else "false"
+
+
+def attend_nk(mt: int) -> int:
+    """Keys per gathered tile: every warp takes whole n8 tiles of logits (NK / (8 / mt) >= 8);
+    64 rows of MLA (d_qk 576) leave room for two 32-key stages."""
+    return 64 if mt == 1 else 32
+
+
+def attend_fwd_name(mt, dqk, dv, qpt, shared, out_bf16) -> str:
+    return (f"hytopk_attend_fwd<{int(mt)}, {attend_nk(mt)}, {int(dqk)}, {int(dv)}, {int(qpt)}, "
+            f"{_b(shared)}, {_b(out_bf16)}>")
+
+
+def attend_bwd_name(mt, dqk, dv, shared, atomic) -> str:
+    return f"hytopk_attend_bwd<{int(mt)}, {attend_nk(mt)}, {int(dqk)}, {int(dv)}, {_b(shared)}, {_b(atomic)}>"
+
+
+def attend_names() -> tuple:
+    """The instantiations the compile check builds (the shipped shapes' hot ones)."""
+    out = []
+    for dqk, dv, shared in ATTEND_SHIPPED:
+        for mt in (1, 2, 4):
+            for qpt in (1, 2):
+                out.append(attend_fwd_name(mt, dqk, dv, qpt, shared, True))
+            out.append(attend_bwd_name(mt, dqk, dv, shared, False))
+        out.append(attend_fwd_name(4, dqk, dv, 1, shared, False))
+        out.append(attend_bwd_name(4, dqk, dv, shared, True))
+    out += ["hytopk_attend_delta<true>", "hytopk_attend_delta<false>",
+            "hytopk_attend_dkv_reduce<true>", "hytopk_attend_dkv_reduce<false>"]
+    return tuple(out)
 
 
 def indexer_source(H: int, D: int, dtype: str) -> str:
@@ -107,6 +150,8 @@ def name_expressions(file: str, shapes=SHAPES, dtypes=DTYPES) -> list[str]:
 @lru_cache(maxsize=256)          # on every launch's path: built once per (file, shapes, dtypes)
 def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
     out = []
+    if file == "attend.cu":
+        return attend_names()
     for kernel, over in KERNELS[file]:
         if over == "plain":
             out.append(name(kernel))

@@ -1,0 +1,473 @@
+// Sparse attention over the selected keys (docs/CONTRACT.md §8): forward, backward, and the
+// deterministic key reduction of the backward. Geometry and helpers: hytopk_attend.cuh.
+//
+// Forward (hytopk_attend_fwd): grid (query tiles, Hkv * head blocks). A tile is QPT adjacent
+// queries; its key list is the query's idx row (QPT = 1: each slot one occurrence, -1 masked) or
+// the pair's union row (QPT = 2: reference.attention.pair_union; mult[j][i] = how often query i
+// selected key j, 0 masks it). Online softmax in float32 (base 2: logits * scale*log2e), P in bf16
+// for the P.V MMA, out = O / l (correctly rounded division), lse = (m + log2 l) * ln 2.
+//
+// Backward (hytopk_attend_bwd, QPT = 1): P = exp2(s*scale_log2 - lse*log2e), dP = dO.V,
+// dS = P (dP - delta) scale; dQ = dS.K accumulated per block in key-tile order (no atomics); the
+// per-slot dK = dS^T.Q and dV = P^T.dO of the block go either to `part` (one row per
+// (query, kv head, head block, slot): hytopk_attend_dkv_reduce sums them per key in a fixed
+// order: bitwise reproducible) or, ATOMIC, straight into dk/dv with float atomics.
+#include "hytopk_attend.cuh"
+using namespace hytopk;
+using namespace hytopk::attend;
+
+// Row r of a block -> (query index within the tile, head within the kv head's group) and whether
+// it is real (not a padding row, a head past the group, or a query past n).
+struct RowMap {
+    int hb_heads, G, hb, t0, n, qpt;
+    __device__ __forceinline__ int query(int r) const { return min(r / hb_heads, qpt - 1); }
+    __device__ __forceinline__ int head(int r) const { return hb * hb_heads + r % hb_heads; }
+    __device__ __forceinline__ bool real(int r) const {
+        return r < qpt * hb_heads && head(r) < G && t0 + r / hb_heads < n;
+    }
+};
+
+template <class S>
+__device__ __forceinline__ void load_rows(u32 dst, int stride, int D, const bf16_t* __restrict__ src, const RowMap& rm,
+                                          int Hq, int g) {
+    const int C = D / 8;
+    for (int i = threadIdx.x; i < S::ROWS * C; i += S::THREADS) {
+        const int r = i / C, c = i - r * C;
+        const bool ok = rm.real(r);
+        const long long row = ok ? (long long)(rm.t0 + r / rm.hb_heads) * Hq + (long long)g * rm.G + rm.head(r) : 0;
+        cp_async16(dst + (u32)((r * stride + c * 8) * 2), src + row * D + c * 8, ok);
+    }
+}
+
+// --------------------------------------------------------------------------------- forward
+// q [n, Hq, DQK] bf16; k rows at k + (s*Hkv + g)*... : k_stride = elements between keys, the kv
+// head's row at + g*DQK (GQA [L, Hkv, DQK]) or MLA kv [L, DQK] (Hkv = 1); v likewise ([L, Hkv, DV]),
+// unused when SHARED. list [tiles, U] int32, len: per-tile lengths (null: U), mult [tiles, U, 2]
+// (null: QPT = 1). out [n, Hq, DV] (float or bf16 bits), lse [n, Hq] float.
+template <int MT, int NK, int DQK, int DV, int QPT, bool SHARED, bool OUT_BF16>
+__global__ void __launch_bounds__(256, 1)
+hytopk_attend_fwd(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long long k_stride,
+                  const bf16_t* __restrict__ v, long long v_stride, const int* __restrict__ list,
+                  const int* __restrict__ lens, const int* __restrict__ mult, int U, int n, long long L, int Hq,
+                  int Hkv, int hb_heads, float scale_log2, void* __restrict__ out, float* __restrict__ lse) {
+    using S = Shape<MT, NK, DQK, DV, QPT, SHARED>;
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int tile = blockIdx.x;
+    const int G = Hq / Hkv;
+    const int nhb = (G + hb_heads - 1) / hb_heads;
+    const int g = blockIdx.y / nhb, hb = blockIdx.y - g * nhb;
+    const RowMap rm{hb_heads, G, hb, tile * QPT, n, QPT};
+
+    const u32 sq = smem_addr(smem);
+    const u32 sk0 = sq + S::Q_BYTES;
+    const u32 sv0 = sk0 + 2 * S::K_BYTES;
+    const u32 sp = sv0 + 2 * S::V_BYTES;
+    float* red = reinterpret_cast<float*>(smem + S::Q_BYTES + 2 * S::K_BYTES + 2 * S::V_BYTES + S::P_BYTES);
+    float* lred = red + S::NSPLIT * S::ROWS;
+    float* mul0 = lred + S::NSPLIT * S::ROWS;
+
+    const int* lst = list + (long long)tile * U;
+    const int len = lens ? min(U, lens[tile]) : U;
+    const int* mlt = mult ? mult + (long long)tile * U * 2 : nullptr;
+    const bf16_t* kg = k + (long long)g * DQK;
+    const bf16_t* vg = SHARED ? kg : v + (long long)g * DV;
+    const long long vstr = SHARED ? k_stride : v_stride;
+    const int ntiles = (len + NK - 1) / NK;
+
+    load_rows<S>(sq, S::QS, DQK, q, rm, Hq, g);
+    if (ntiles > 0)
+        gather_tile<S>(sk0, sv0, mul0, lst, mlt, 0, len, L, kg, k_stride, vg, vstr);
+    cp_async_commit();
+
+    const int warp = (int)(threadIdx.x >> 5), lane = (int)lane_id();
+    const int mt = warp / S::NSPLIT, spl = warp - mt * S::NSPLIT;
+    const int gq = lane >> 2, tig = lane & 3;
+    const int r0 = mt * 16 + gq, r1 = r0 + 8;                 // this lane's two rows
+    const int j_r[2] = {rm.query(r0), rm.query(r1)};
+    const u32 a_q = sq + (u32)(mt * 16 * S::QS * 2) + a_lane_off(S::QS);
+    const u32 a_p = sp + (u32)(mt * 16 * S::PS * 2) + a_lane_off(S::PS);
+    const u32 b_k = bn_lane_off(S::QS) + (u32)(spl * S::SK * S::QS * 2);
+    const u32 b_v = bk_lane_off(S::VS);
+
+    float m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f};
+    float o[S::VNT][4];
+#pragma unroll
+    for (int i = 0; i < S::VNT; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[i][e] = 0.0f;
+
+    for (int it = 0; it < ntiles; ++it) {
+        const int st = it & 1;
+        cp_async_wait<0>();
+        __syncthreads();                                       // tile it landed; tile it-1 fully used
+        if (it + 1 < ntiles)
+            gather_tile<S>(sk0 + (u32)((st ^ 1) * S::K_BYTES), sv0 + (u32)((st ^ 1) * S::V_BYTES),
+                           mul0 + (st ^ 1) * S::NK * S::QPT, lst, mlt, (it + 1) * NK, len, L, kg, k_stride, vg, vstr);
+        cp_async_commit();
+        const u32 sk = sk0 + (u32)(st * S::K_BYTES);
+        const u32 sv = SHARED ? sk : sv0 + (u32)(st * S::V_BYTES);
+        const float* mul = mul0 + st * S::NK * S::QPT;
+
+        // logits of this warp's SK keys for its 16 rows
+        float c[S::SNT][4];
+#pragma unroll
+        for (int nt = 0; nt < S::SNT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) c[nt][e] = 0.0f;
+#pragma unroll 4
+        for (int ks = 0; ks < DQK / 16; ++ks) {
+            u32 a[4];
+            ldsm_x4(a, a_q + (u32)(ks * 32));
+#pragma unroll
+            for (int nt = 0; nt < S::SNT; ++nt) {
+                u32 b0, b1;
+                ldsm_x2(b0, b1, sk + b_k + (u32)(nt * 8 * S::QS * 2 + ks * 32));
+                mma16816(c[nt], a, b0, b1);
+            }
+        }
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < S::SNT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int col = spl * S::SK + nt * 8 + tig * 2 + (e & 1);
+                const float w = mul[col * S::QPT + j_r[e >> 1]];
+                c[nt][e] = w > 0.0f ? c[nt][e] * scale_log2 : -INFINITY;
+                mx[e >> 1] = fmaxf(mx[e >> 1], c[nt][e]);
+            }
+        mx[0] = quad_max(mx[0]);
+        mx[1] = quad_max(mx[1]);
+        if (tig == 0) {
+            red[spl * S::ROWS + r0] = mx[0];
+            red[spl * S::ROWS + r1] = mx[1];
+        }
+        __syncthreads();
+        float alpha[2], muse[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = h ? r1 : r0;
+            float mt_ = -INFINITY;
+#pragma unroll
+            for (int s2 = 0; s2 < S::NSPLIT; ++s2) mt_ = fmaxf(mt_, red[s2 * S::ROWS + r]);
+            const float mnew = fmaxf(m[h], mt_);
+            muse[h] = mnew == -INFINITY ? 0.0f : mnew;
+            alpha[h] = exp2f(m[h] - muse[h]);                  // m = -inf (nothing yet): 0
+            m[h] = mnew;
+        }
+        float ps[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int nt = 0; nt < S::SNT; ++nt) {
+            float p[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int col = spl * S::SK + nt * 8 + tig * 2 + (e & 1);
+                const float w = mul[col * S::QPT + j_r[e >> 1]];
+                p[e] = w > 0.0f ? w * exp2f(c[nt][e] - muse[e >> 1]) : 0.0f;
+                ps[e >> 1] += p[e];
+            }
+            const int col = spl * S::SK + nt * 8 + tig * 2;
+            *reinterpret_cast<u32*>(smem + S::Q_BYTES + 2 * S::K_BYTES + 2 * S::V_BYTES + (r0 * S::PS + col) * 2) =
+                pack_bf16(p[0], p[1]);
+            *reinterpret_cast<u32*>(smem + S::Q_BYTES + 2 * S::K_BYTES + 2 * S::V_BYTES + (r1 * S::PS + col) * 2) =
+                pack_bf16(p[2], p[3]);
+        }
+        lsum[0] = lsum[0] * alpha[0] + ps[0];
+        lsum[1] = lsum[1] * alpha[1] + ps[1];
+#pragma unroll
+        for (int i = 0; i < S::VNT; ++i) {
+            o[i][0] *= alpha[0]; o[i][1] *= alpha[0];
+            o[i][2] *= alpha[1]; o[i][3] *= alpha[1];
+        }
+        __syncthreads();                                       // P of every warp in shared memory
+#pragma unroll
+        for (int ks = 0; ks < NK / 16; ++ks) {
+            u32 a[4];
+            ldsm_x4(a, a_p + (u32)(ks * 32));
+#pragma unroll
+            for (int i = 0; i < S::VNT; ++i) {
+                const int vt = spl * S::VNT + i;
+                if (vt < S::DVT) {
+                    u32 b0, b1;
+                    ldsm_x2_t(b0, b1, sv + b_v + (u32)((ks * 16 * S::VS + vt * 8) * 2));
+                    mma16816(o[i], a, b0, b1);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+    // l = the sum over the warps of the m-tile, in split order
+    lsum[0] = quad_sum(lsum[0]);
+    lsum[1] = quad_sum(lsum[1]);
+    __syncthreads();
+    if (tig == 0) {
+        lred[spl * S::ROWS + r0] = lsum[0];
+        lred[spl * S::ROWS + r1] = lsum[1];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = h ? r1 : r0;
+        if (!rm.real(r)) continue;
+        float l = 0.0f;
+        for (int s2 = 0; s2 < S::NSPLIT; ++s2) l += lred[s2 * S::ROWS + r];
+        const long long row = (long long)(rm.t0 + r / hb_heads) * Hq + (long long)g * G + rm.head(r);
+#pragma unroll
+        for (int i = 0; i < S::VNT; ++i) {
+            const int vt = spl * S::VNT + i;
+            if (vt >= S::DVT) continue;
+            const float x0 = l > 0.0f ? __fdiv_rn(o[i][2 * h], l) : 0.0f;
+            const float x1 = l > 0.0f ? __fdiv_rn(o[i][2 * h + 1], l) : 0.0f;
+            const long long at = row * DV + vt * 8 + tig * 2;
+            if (OUT_BF16)
+                *reinterpret_cast<u32*>(reinterpret_cast<bf16_t*>(out) + at) = pack_bf16(x0, x1);
+            else
+                *reinterpret_cast<float2*>(reinterpret_cast<float*>(out) + at) = make_float2(x0, x1);
+        }
+        if (spl == 0 && tig == 0) {
+            const float mm = m[h] == -INFINITY ? 0.0f : m[h];
+            lse[row] = l > 0.0f ? (mm + log2f(l)) * 0.69314718055994531f : -INFINITY;
+        }
+    }
+}
+
+// --------------------------------------------------------------------------------- backward
+// delta[row] = sum over d of dout[row, d] * out[row, d] (float32, fixed order: one warp per row,
+// lane-strided partials, xor-butterfly); rows = n * Hq.
+template <bool OUT_BF16>
+__global__ void __launch_bounds__(256)
+hytopk_attend_delta(const bf16_t* __restrict__ dout, const void* __restrict__ out, long long rows, int DV,
+                    float* __restrict__ delta) {
+    const long long row = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    const int lane = (int)lane_id();
+    float acc = 0.0f;
+    for (int d = lane; d < DV; d += 32) {
+        const float o = OUT_BF16 ? bf16_to_float(reinterpret_cast<const bf16_t*>(out)[row * DV + d])
+                                 : reinterpret_cast<const float*>(out)[row * DV + d];
+        acc = fmaf(bf16_to_float(dout[row * DV + d]), o, acc);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (lane == 0) delta[row] = acc;
+}
+
+// grid (queries t0 .. t0 + gridDim.x - 1, Hkv * head blocks). dq [n, Hq, DQK] float (written).
+// ATOMIC: dk [L, Hkv, DQK] / dv [L, Hkv, DV] float += (SHARED: dk is MLA's dkv [L, DQK], dv unused);
+// else part[((tl * Hkv + g) * nhb + hb) * U + slot][W] (W = DQK + (SHARED ? 0 : DV)) = this block's
+// contribution of that slot (rows of masked slots are not written).
+template <int MT, int NK, int DQK, int DV, bool SHARED, bool ATOMIC>
+__global__ void __launch_bounds__(256, 1)
+hytopk_attend_bwd(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long long k_stride,
+                  const bf16_t* __restrict__ v, long long v_stride, const int* __restrict__ idx, int U, int n, int t0,
+                  long long L, int Hq, int Hkv, int hb_heads, float scale, float scale_log2,
+                  const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+                  float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dv, float* __restrict__ part) {
+    using S = Shape<MT, NK, DQK, DV, 1, SHARED>;
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int tl = blockIdx.x, t = t0 + tl;
+    const int G = Hq / Hkv;
+    const int nhb = (G + hb_heads - 1) / hb_heads;
+    const int g = blockIdx.y / nhb, hb = blockIdx.y - g * nhb;
+    const RowMap rm{hb_heads, G, hb, t, n, 1};
+    constexpr int W = DQK + (SHARED ? 0 : DV);
+
+    const u32 sq = smem_addr(smem);
+    const u32 sdo = sq + S::Q_BYTES;
+    const u32 sk0 = sdo + S::DO_BYTES;
+    const u32 sv0 = sk0 + 2 * S::K_BYTES;
+    const u32 sp = sv0 + 2 * S::V_BYTES;
+    const u32 sds = sp + S::P_BYTES;
+    unsigned char* gen = smem + S::Q_BYTES + S::DO_BYTES + 2 * S::K_BYTES + 2 * S::V_BYTES + 2 * S::P_BYTES;
+    float* slse = reinterpret_cast<float*>(gen);
+    float* sdelta = slse + S::ROWS;
+    float* mul0 = sdelta + S::ROWS;
+    unsigned char* pbase = smem + S::Q_BYTES + S::DO_BYTES + 2 * S::K_BYTES + 2 * S::V_BYTES;
+
+    const int* lst = idx + (long long)t * U;
+    const bf16_t* kg = k + (long long)g * DQK;
+    const bf16_t* vg = SHARED ? kg : v + (long long)g * DV;
+    const long long vstr = SHARED ? k_stride : v_stride;
+    const int ntiles = (U + NK - 1) / NK;
+
+    load_rows<S>(sq, S::QS, DQK, q, rm, Hq, g);
+    load_rows<S>(sdo, S::OS, DV, dout, rm, Hq, g);
+    if (ntiles > 0)
+        gather_tile<S>(sk0, sv0, mul0, lst, nullptr, 0, U, L, kg, k_stride, vg, vstr);
+    cp_async_commit();
+    for (int r = threadIdx.x; r < S::ROWS; r += S::THREADS) {
+        const bool ok = rm.real(r);
+        const long long row = (long long)t * Hq + (long long)g * G + rm.head(r);
+        const float l = ok ? lse[row] : -INFINITY;
+        slse[r] = l * 1.4426950408889634f;                    // -inf: a row with no key (P = 0)
+        sdelta[r] = ok ? delta[row] : 0.0f;
+    }
+
+    const int warp = (int)(threadIdx.x >> 5), lane = (int)lane_id();
+    const int mt = warp / S::NSPLIT, spl = warp - mt * S::NSPLIT;
+    const int gq = lane >> 2, tig = lane & 3;
+    const int r0 = mt * 16 + gq, r1 = r0 + 8;
+    const u32 a_q = sq + (u32)(mt * 16 * S::QS * 2) + a_lane_off(S::QS);
+    const u32 a_do = sdo + (u32)(mt * 16 * S::OS * 2) + a_lane_off(S::OS);
+    const u32 a_ds = sds + (u32)(mt * 16 * S::PS * 2) + a_lane_off(S::PS);
+    const u32 b_k = bn_lane_off(S::QS) + (u32)(spl * S::SK * S::QS * 2);
+    const u32 b_v = bn_lane_off(S::VS) + (u32)(spl * S::SK * S::VS * 2);
+    const u32 bt_k = bk_lane_off(S::QS);
+
+    float dqa[S::QNT][4];
+#pragma unroll
+    for (int i = 0; i < S::QNT; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dqa[i][e] = 0.0f;
+
+    for (int it = 0; it < ntiles; ++it) {
+        const int st = it & 1;
+        cp_async_wait<0>();
+        __syncthreads();
+        if (it + 1 < ntiles)
+            gather_tile<S>(sk0 + (u32)((st ^ 1) * S::K_BYTES), sv0 + (u32)((st ^ 1) * S::V_BYTES),
+                           mul0 + (st ^ 1) * S::NK, lst, nullptr, (it + 1) * NK, U, L, kg, k_stride, vg, vstr);
+        cp_async_commit();
+        const u32 sk = sk0 + (u32)(st * S::K_BYTES);
+        const u32 sv = SHARED ? sk : sv0 + (u32)(st * S::V_BYTES);
+        const float* mul = mul0 + st * S::NK;
+
+        float c[S::SNT][4], dpa[S::SNT][4];
+#pragma unroll
+        for (int nt = 0; nt < S::SNT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) c[nt][e] = dpa[nt][e] = 0.0f;
+#pragma unroll 4
+        for (int ks = 0; ks < DQK / 16; ++ks) {
+            u32 a[4];
+            ldsm_x4(a, a_q + (u32)(ks * 32));
+#pragma unroll
+            for (int nt = 0; nt < S::SNT; ++nt) {
+                u32 b0, b1;
+                ldsm_x2(b0, b1, sk + b_k + (u32)(nt * 8 * S::QS * 2 + ks * 32));
+                mma16816(c[nt], a, b0, b1);
+            }
+        }
+#pragma unroll 4
+        for (int ks = 0; ks < DV / 16; ++ks) {
+            u32 a[4];
+            ldsm_x4(a, a_do + (u32)(ks * 32));
+#pragma unroll
+            for (int nt = 0; nt < S::SNT; ++nt) {
+                u32 b0, b1;
+                ldsm_x2(b0, b1, sv + b_v + (u32)(nt * 8 * S::VS * 2 + ks * 32));
+                mma16816(dpa[nt], a, b0, b1);
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < S::SNT; ++nt) {
+            float p[4], ds[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int col = spl * S::SK + nt * 8 + tig * 2 + (e & 1);
+                const int r = (e >> 1) ? r1 : r0;
+                const float ls = slse[r];
+                p[e] = (mul[col] > 0.0f && ls != -INFINITY) ? exp2f(c[nt][e] * scale_log2 - ls) : 0.0f;
+                ds[e] = p[e] * (dpa[nt][e] - sdelta[r]) * scale;
+            }
+            const int col = spl * S::SK + nt * 8 + tig * 2;
+            *reinterpret_cast<u32*>(pbase + (r0 * S::PS + col) * 2) = pack_bf16(p[0], p[1]);
+            *reinterpret_cast<u32*>(pbase + (r1 * S::PS + col) * 2) = pack_bf16(p[2], p[3]);
+            *reinterpret_cast<u32*>(pbase + S::P_BYTES + (r0 * S::PS + col) * 2) = pack_bf16(ds[0], ds[1]);
+            *reinterpret_cast<u32*>(pbase + S::P_BYTES + (r1 * S::PS + col) * 2) = pack_bf16(ds[2], ds[3]);
+        }
+        __syncthreads();                                       // P and dS of every warp in shared memory
+
+        // dQ += dS . K (this warp's column tiles), key-tile order
+#pragma unroll
+        for (int ks = 0; ks < NK / 16; ++ks) {
+            u32 a[4];
+            ldsm_x4(a, a_ds + (u32)(ks * 32));
+#pragma unroll
+            for (int i = 0; i < S::QNT; ++i) {
+                const int qt = spl * S::QNT + i;
+                if (qt < S::DQT) {
+                    u32 b0, b1;
+                    ldsm_x2_t(b0, b1, sk + bt_k + (u32)((ks * 16 * S::QS + qt * 8) * 2));
+                    mma16816(dqa[i], a, b0, b1);
+                }
+            }
+        }
+        // per-slot dK = dS^T . Q and dV = P^T . dO: units (16 keys, 8 columns) spread over the warps
+        constexpr int KMT = NK / 16, NCOL = W / 8, UNITS = KMT * NCOL;
+        for (int u = warp; u < UNITS; u += S::WARPS) {
+            const int km = u / NCOL, nc = u - km * NCOL;
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            const bool kpart = nc < S::DQT;                     // a dK column tile
+            const bool vpart = SHARED ? nc < S::DVT : !kpart;   // a dV column tile
+            if (kpart) {
+#pragma unroll 4
+                for (int kr = 0; kr < MT; ++kr) {
+                    u32 a[4], b0, b1;
+                    ldsm_x4_t(a, sds + at_lane_off(S::PS) + (u32)((kr * 16 * S::PS + km * 16) * 2));
+                    ldsm_x2_t(b0, b1, sq + bk_lane_off(S::QS) + (u32)((kr * 16 * S::QS + nc * 8) * 2));
+                    mma16816(acc, a, b0, b1);
+                }
+            }
+            if (vpart) {
+                const int vc = SHARED ? nc : nc - S::DQT;
+#pragma unroll 4
+                for (int kr = 0; kr < MT; ++kr) {
+                    u32 a[4], b0, b1;
+                    ldsm_x4_t(a, sp + at_lane_off(S::PS) + (u32)((kr * 16 * S::PS + km * 16) * 2));
+                    ldsm_x2_t(b0, b1, sdo + bk_lane_off(S::OS) + (u32)((kr * 16 * S::OS + vc * 8) * 2));
+                    mma16816(acc, a, b0, b1);
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int jj = km * 16 + gq + 8 * h;
+                const int slot = it * NK + jj;
+                if (mul[jj] <= 0.0f) continue;                 // masked slot (or past U)
+                const long long s = __ldg(lst + slot);
+                const int col = nc * 8 + tig * 2;
+                if (ATOMIC) {
+                    float* dst = (SHARED || kpart) ? dk + (s * Hkv + g) * DQK + col
+                                                   : dv + (s * Hkv + g) * DV + (col - DQK);
+                    atomicAdd(dst, acc[2 * h]);
+                    atomicAdd(dst + 1, acc[2 * h + 1]);
+                } else {
+                    const long long row = (((long long)tl * Hkv + g) * nhb + hb) * U + slot;
+                    *reinterpret_cast<float2*>(part + row * W + col) = make_float2(acc[2 * h], acc[2 * h + 1]);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = h ? r1 : r0;
+        if (!rm.real(r)) continue;
+        const long long row = (long long)t * Hq + (long long)g * G + rm.head(r);
+#pragma unroll
+        for (int i = 0; i < S::QNT; ++i) {
+            const int qt = spl * S::QNT + i;
+            if (qt < S::DQT)
+                *reinterpret_cast<float2*>(dq + row * DQK + qt * 8 + tig * 2) = make_float2(dqa[i][2 * h], dqa[i][2 * h + 1]);
+        }
+    }
+}
+
+// Deterministic key reduction: segment i (entries order[starts[i] .. starts[i+1]) of one key row
+// dst_row[i], sorted by entry = fixed order) is added, in that order, onto the running sums.
+// dk [rows, DQK] (+ dv [rows, DV] unless SHARED: part columns DQK.. go there).
+template <bool SHARED>
+__global__ void __launch_bounds__(256)
+hytopk_attend_dkv_reduce(const float* __restrict__ part, int W, int DQK, int DV, const long long* __restrict__ order,
+                         const long long* __restrict__ starts, const long long* __restrict__ dst_row, int nseg,
+                         float* __restrict__ dk, float* __restrict__ dv) {
+    const int sgm = blockIdx.x;
+    if (sgm >= nseg) return;
+    const long long a = starts[sgm], b = starts[sgm + 1], r = dst_row[sgm];
+    for (int col = threadIdx.x + blockIdx.y * 256; col < W; col += 256 * gridDim.y) {
+        float* dst = col < DQK ? dk + r * DQK + col : dv + r * DV + (col - DQK);
+        float acc = *dst;
+        for (long long e = a; e < b; ++e) acc += part[order[e] * W + col];
+        *dst = acc;
+    }
+}
