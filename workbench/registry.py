@@ -21,6 +21,12 @@ STAGES = {
     "dense": "(q, w, keys, lo, hi[, kscale]) -> scores float32[n, L] (-inf outside the context)",
     "replay": "(q, w, keys, idx[, kscale]) -> scores float32[n, k] (-inf where idx = -1)",
 }
+# Sparse attention over the selected keys (docs/CONTRACT.md §8): stages of their own, outside the
+# HyTopK pipeline (pipeline.StageSet and the selection harness iterate over STAGES only).
+ATTENTION_STAGES = {
+    "attend": "(q [n,Hq,Dqk], k [L,Hkv,Dqk], v [L,Hkv,Dv], idx int32[n,kk], scale) -> (out [n,Hq,Dv], lse float32[n,Hq])",
+    "attend_backward": "(dout [n,Hq,Dv], q, k, v, idx, scale) -> (dq [n,Hq,Dqk], dk [L,Hkv,Dqk], dv [L,Hkv,Dv] | None)",
+}
 SOURCE_STAGES = ("threshold", "filter", "recover")     # take a TableSource / IndexerSource
 FAMILY_MODULES = {
     "reference": "workbench.families.reference",
@@ -49,8 +55,8 @@ _LOAD_ERRORS: dict[str, str] = {}
 
 def register(stage: str, name: str, *, sources=("table", "indexer"), gpu_only=False, notes=""):
     """Decorator: ``@register("select", "numba.select.block")``. The family is the name's prefix."""
-    if stage not in STAGES:
-        raise ValueError(f"unknown stage {stage!r}; stages are {sorted(STAGES)}")
+    if stage not in STAGES and stage not in ATTENTION_STAGES:
+        raise ValueError(f"unknown stage {stage!r}; stages are {sorted(STAGES) + sorted(ATTENTION_STAGES)}")
     family = name.split(".", 1)[0]
     if family not in FAMILY_MODULES:
         raise ValueError(f"variant name {name!r} must start with a family: {sorted(FAMILY_MODULES)}")

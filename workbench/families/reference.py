@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 import reference as R
+from reference import attention as RA
 
 from ..registry import register
 from . import Family
@@ -40,3 +41,15 @@ def dense(q, w, keys, lo, hi, kscale=None):
 def replay(q, w, keys, idx, kscale=None):
     """Rescore only the selected entries."""
     return R.replay_scores(q, w, keys, idx, kscale=kscale)
+
+
+@register("attend", "reference.attend")
+def attend(q, k, v, idx, scale=None):
+    """Sparse attention over the selected slots in float64 (reference.attention)."""
+    return RA.attend(q, k, v, idx, scale)
+
+
+@register("attend_backward", "reference.attend_backward")
+def attend_backward(dout, q, k, v, idx, scale=None):
+    """dq, dk, dv of the sparse attention in float64."""
+    return RA.attend_backward(dout, q, k, v, idx, scale)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from . import dispatch, fp8, ops, scoring
+from . import attention, dispatch, fp8, ops, scoring
+from .attention import sparse_attention
 from .fp8 import quantize as _quantize, replay_scores_ste as _replay_scores_ste
 from .ops import CALLS, indexer_kl_loss, selected_kl
 from .replay import checkpoint_with_replay, replay_policy
@@ -46,5 +47,5 @@ def replay_scores(q, w, keys, idx, *, kscale=None, fp8=False, deterministic=None
     return torch.ops.hytopk.replay_scores(q, w, keys, idx, deterministic, kscale)
 
 
-__all__ = ["select", "replay_scores", "indexer_kl_loss", "selected_kl", "checkpoint_with_replay",
+__all__ = ["sparse_attention", "attention", "select", "replay_scores", "indexer_kl_loss", "selected_kl", "checkpoint_with_replay",
            "replay_policy", "CALLS", "dispatch", "fp8", "ops", "scoring"]

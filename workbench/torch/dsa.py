@@ -19,7 +19,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from . import ops  # noqa: F401  (registers torch.ops.hytopk)
+from . import attention, ops  # noqa: F401  (register torch.ops.hytopk)
+from .attention import attention_probs
 from .fp8 import quantize
 from .ops import indexer_kl_loss
 from .replay import checkpoint_with_replay
@@ -39,8 +40,8 @@ def causal_ranges(L: int, device=None):
     return torch.zeros_like(hi), hi
 
 
-def sparse_attention(Q, K, V, idx):
-    """softmax(Q . K[idx] / sqrt(d)) V[idx] per head, over the selected keys only.
+def gather_einsum(Q, K, V, idx):
+    """The baseline: gather K[idx], V[idx] into [n, k, h, d] and einsum (memory grows with n k h d).
 
     Q [n, h, d], K/V [L, h, d], idx [n, k]. Returns (out [n, h, d], probs [n, h, k]);
     padding slots get probability 0, and a query with no key gets zeros."""
@@ -53,6 +54,16 @@ def sparse_attention(Q, K, V, idx):
     probs = torch.where(valid[:, None, :], probs, torch.zeros_like(probs))
     out = torch.einsum("nhk,nkhd->nhd", probs.to(V.dtype), V[safe])
     return out, probs
+
+
+def sparse_attention(Q, K, V, idx, deterministic=None):
+    """softmax(Q . K[idx] / sqrt(d)) V[idx] per head, over the selected keys only, through
+    torch.ops.hytopk.sparse_attention (the selection replayed as given; no [n, k, h, d] gather).
+
+    Q [n, h, d], K/V [L, h, d], idx [n, k]. Returns (out [n, h, d], probs [n, h, k]); probs are
+    detached (the indexer's KL target), 0 on padding slots; a query with no key gets zeros."""
+    out, lse = torch.ops.hytopk.sparse_attention(Q, K, V, idx, -1, None, deterministic)
+    return out, attention_probs(Q, K, idx, lse)
 
 
 def attention_target(probs, idx):
@@ -107,7 +118,7 @@ class DSAttention(nn.Module):
         else:
             idx, _ = torch.ops.hytopk.select(iq, iw, ik, lo, hi, self.k, None, self.oversample, self.max_failed)
         Q, K, V = self.qkv(x).view(L, 3, self.heads, self.head_dim).unbind(1)
-        out, probs = sparse_attention(Q, K, V, idx)
+        out, probs = sparse_attention(Q, K, V, idx, self.deterministic)
         loss = indexer_kl_loss(iq, iw, ik, idx, attention_target(probs, idx), reduction="mean",
                                deterministic=self.deterministic, fp8=self.fp8)
         return self.proj(out.reshape(L, -1)), loss, idx

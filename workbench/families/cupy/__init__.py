@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import Family
 from ._launch import as_device, gpu_status, launch_stream
-from . import check, dense, filter, recover, replay, select, threshold, tiled, wgmma, wgmma_ws  # noqa: F401  (register variants)
+from . import attend, check, dense, filter, recover, replay, select, threshold, tiled, wgmma, wgmma_ws  # noqa: F401  (register variants)
 from .score_only import score_only
 from .tiled import score_only_tiled
 

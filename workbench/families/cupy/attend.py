@@ -1,0 +1,254 @@
+"""Sparse attention over the selected keys on bf16 tensor cores (kernels_cuda/attend.cu).
+
+Variants of the `attend` stage (signature in registry.ATTENTION_STAGES):
+  cupy.attend.one   one query per block: its heads (of one kv head) are the MMA rows, padded to 16/32/64
+  cupy.attend.pair  two adjacent queries per block over the union of their selections
+                    (reference.attention.pair_union); each query masks the keys it did not select
+and of `attend_backward`:
+  cupy.attend_backward.deterministic  dK/dV per (query, slot) into a bounded scratch, summed per key
+                                      in a fixed order (bitwise reproducible), query chunk by chunk
+  cupy.attend_backward.atomic         dK/dV by float atomics (fast, not reproducible)
+
+Inputs: bf16 (uint16 bits, torch.bfloat16) or float32 (rounded to bf16 here). MLA's shared kv is
+passed as k = kv[:, None, :], v = kv[:, None, :d_v] (reference.attention.mla_kv): one gathered row
+then serves as K and V. dK/dV come back float32; for shared kv, dk is the whole kv gradient and dv
+is None.
+"""
+from __future__ import annotations
+
+import math
+
+import cupy as cp
+import numpy as np
+
+from reference import attention as RA
+from kernels_cuda import instantiations as INST
+
+from ... import loader
+from ...bf16 import float32_to_bf16_bits
+from ...registry import register
+from ._launch import as_device, launch_stream
+
+THREADS = 256
+SMEM_OPTIN = 227 * 1024
+NULL = np.uint64(0)              # a null pointer argument
+SCRATCH_BYTES = 1 << 30          # deterministic backward: the per-slot dK/dV scratch of one query chunk
+
+
+def _fn(name: str):
+    return loader.module("attend.cu", (name,), options=INST.FILE_OPTIONS.get("attend.cu", ())).function(name)
+
+
+def _launch(fn, grid, args, smem):
+    grid = tuple(int(g) for g in grid)
+    if any(g <= 0 for g in grid):
+        return
+    if grid[1] > 65535:
+        raise ValueError(f"grid {grid}: too many kv heads x head blocks for one launch")
+    smem = int(smem)
+    if smem > SMEM_OPTIN:
+        raise ValueError(f"attend: a block needs {smem} bytes of shared memory, more than {SMEM_OPTIN}")
+    if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    fn(grid, (THREADS,), args, shared_mem=smem)
+
+
+def _bf16(x, name):
+    a = as_device(x)
+    if a.dtype in (cp.uint16, cp.int16):
+        return a.view(cp.uint16)
+    if a.dtype in (cp.float32, cp.float64):
+        return float32_to_bf16_bits(cp.ascontiguousarray(a, cp.float32), cp)
+    raise TypeError(f"argument '{name}' must be bf16 (uint16 bits / torch.bfloat16) or float32, got {a.dtype}")
+
+
+def _shares_rows(k, v) -> bool:
+    """v is a prefix view of k's rows (MLA: v = kv[:, None, :d_v])."""
+    return (k.size > 0 and k.data.ptr == v.data.ptr and k.dtype == v.dtype and k.strides[:2] == v.strides[:2]
+            and k.strides[2] == v.strides[2] == k.itemsize and v.shape[2] <= k.shape[2]
+            and (k.shape[1] == 1 or k.strides[1] == k.shape[2] * k.itemsize)
+            and k.strides[0] % k.itemsize == 0 and k.strides[0] >= k.shape[1] * k.shape[2] * k.itemsize)
+
+
+def _pad_last(a, d):
+    if a.shape[-1] == d:
+        return cp.ascontiguousarray(a)
+    out = cp.zeros(a.shape[:-1] + (d,), a.dtype)
+    out[..., :a.shape[-1]] = a
+    return out
+
+
+class Bound:
+    """Device inputs of one attend call: bf16 q [n, Hq, DQK], k rows, v rows, int32 idx; dims padded
+    to multiples of 16 (zero columns add exactly 0 to every dot product)."""
+
+    def __init__(self, q, k, v, idx, scale):
+        q, k, v, idx = as_device(q), as_device(k), as_device(v), as_device(idx)
+        self.n, self.Hq, self.d_qk, self.L, self.Hkv, self.d_v, self.kk = RA.check_attention_args(
+            q, k, v, idx, idx_values=False, dtypes=("float32", "bfloat16", "uint16", "int16"))
+        self.scale = RA.check_scale(scale, self.d_qk)
+        self.G = self.Hq // self.Hkv
+        if self.L > 0:
+            lo, hi = (int(x) for x in (idx.min(), idx.max())) if idx.size else (0, 0)
+            if lo < -1 or hi >= self.L:
+                raise ValueError(f"argument 'idx': entries must lie in [-1, L = {self.L}), got [{lo}, {hi}]")
+        self.idx = cp.ascontiguousarray(idx)
+        DQK, DV = -(-self.d_qk // 16) * 16, -(-self.d_v // 16) * 16
+        shared = _shares_rows(k, v) and DQK == self.d_qk and DV <= DQK
+        q, k = _bf16(q, "q"), _bf16(k, "k")
+        self.q = _pad_last(q, DQK)
+        if shared:
+            self.k = k                                    # rows of stride k.strides[0]
+            self.v = k
+            self.k_stride = k.strides[0] // 2
+        else:
+            self.k = _pad_last(k, DQK)
+            self.v = _pad_last(_bf16(v, "v"), DV)
+            self.k_stride = self.Hkv * DQK
+        self.v_stride = self.Hkv * DV
+        self.shared, self.DQK, self.DV = shared, DQK, DV
+        self.scale_log2 = np.float32(self.scale / math.log(2.0))
+
+    def rows(self, qpt: int):
+        """(MT, heads per block): the MMA rows of a block hold qpt queries x heads of one kv head."""
+        hb = min(self.G, 64 // qpt)
+        need = qpt * hb
+        rows = next(r for r in INST.ATTEND_ROWS if r >= need)
+        return rows // 16, hb
+
+    def smem(self, mt, qpt, backward=False):
+        nk, rows = INST.attend_nk(mt), 16 * mt
+        qs, vs = self.DQK + 8, (self.DQK + 8 if self.shared else self.DV + 8)
+        nsplit = 8 // mt
+        kb, vb, pb = nk * qs * 2, (0 if self.shared else nk * vs * 2), rows * (nk + 8) * 2
+        if not backward:
+            return rows * qs * 2 + 2 * kb + 2 * vb + pb + 2 * nsplit * rows * 4 + 2 * nk * qpt * 4
+        return rows * qs * 2 + rows * (self.DV + 8) * 2 + 2 * kb + 2 * vb + 2 * pb + 2 * rows * 4 + 2 * nk * 4
+
+
+def attend_forward(q, k, v, idx, scale=None, *, qpt=1, out_dtype="bfloat16"):
+    """(out [n, Hq, d_v], lse float32 [n, Hq]) on the GPU; qpt 1 (`one`) or 2 (`pair`)."""
+    if out_dtype not in ("bfloat16", "float32"):
+        raise ValueError(f"argument 'out_dtype' must be 'bfloat16' or 'float32', got {out_dtype!r}")
+    with launch_stream():
+        b = Bound(q, k, v, idx, scale)
+        out_bf16 = out_dtype == "bfloat16"
+        out = cp.empty((b.n, b.Hq, b.DV), cp.uint16 if out_bf16 else cp.float32)
+        lse = cp.empty((b.n, b.Hq), cp.float32)
+        mt, hb = b.rows(qpt)
+        nhb = -(-b.G // hb)
+        if qpt == 1:
+            lst, lens, mult, U, tiles = b.idx, NULL, NULL, b.kk, b.n
+        else:
+            lst, mult, lens = RA.pair_union(b.idx, cp)
+            U, tiles = lst.shape[1], lst.shape[0]
+        fn = _fn(INST.attend_fwd_name(mt, b.DQK, b.DV, qpt, b.shared, out_bf16))
+        _launch(fn, (tiles, b.Hkv * nhb),
+                (b.q, b.k, np.int64(b.k_stride), b.v, np.int64(b.v_stride), lst, lens, mult, np.int32(U),
+                 np.int32(b.n), np.int64(b.L), np.int32(b.Hq), np.int32(b.Hkv), np.int32(hb), b.scale_log2,
+                 out, lse), b.smem(mt, qpt))
+        if b.DV != b.d_v:
+            out = cp.ascontiguousarray(out[:, :, :b.d_v])
+        return out, lse
+
+
+def attend_backward(dout, q, k, v, idx, out, lse, scale=None, *, deterministic=True, scratch_bytes=None):
+    """(dq float32 [n, Hq, d_qk], dk float32, dv float32 or None for shared kv) of attend_forward's
+    out (as returned: bf16 or float32) for the upstream gradient dout; lse from the forward."""
+    with launch_stream():
+        b = Bound(q, k, v, idx, scale)
+        out, lse = as_device(out), as_device(lse)
+        if tuple(lse.shape) != (b.n, b.Hq) or lse.dtype != cp.float32:
+            raise ValueError(f"argument 'lse' must be float32 [{b.n}, {b.Hq}], got {lse.dtype} {tuple(lse.shape)}")
+        if tuple(out.shape) != (b.n, b.Hq, b.d_v):
+            raise ValueError(f"argument 'out' must have shape {(b.n, b.Hq, b.d_v)}, got {tuple(out.shape)}")
+        dout = as_device(dout)
+        if tuple(dout.shape) != (b.n, b.Hq, b.d_v):
+            raise ValueError(f"argument 'dout' must have shape {(b.n, b.Hq, b.d_v)}, got {tuple(dout.shape)}")
+        do = _pad_last(_bf16(dout, "dout"), b.DV)
+        out_bf16 = out.dtype in (cp.uint16, cp.int16)
+        o = _pad_last(out.view(cp.uint16) if out_bf16 else cp.ascontiguousarray(out, cp.float32), b.DV)
+        lse = cp.ascontiguousarray(lse)
+        rows = b.n * b.Hq
+        delta = cp.empty(rows, cp.float32)
+        _launch(_fn(f"hytopk_attend_delta<{'true' if out_bf16 else 'false'}>"), (-(-rows // 8), 1),
+                (do, o, np.int64(rows), np.int32(b.DV), delta), 0)
+        dq = cp.zeros((b.n, b.Hq, b.DQK), cp.float32)
+        W = b.DQK if b.shared else b.DQK + b.DV
+        dk = cp.zeros((b.L, b.Hkv, b.DQK), cp.float32)
+        dv = None if b.shared else cp.zeros((b.L, b.Hkv, b.DV), cp.float32)
+        mt, hb = b.rows(1)
+        nhb = -(-b.G // hb)
+        fn = _fn(INST.attend_bwd_name(mt, b.DQK, b.DV, b.shared, not deterministic))
+        smem = b.smem(mt, 1, backward=True)
+        common = (b.q, b.k, np.int64(b.k_stride), b.v, np.int64(b.v_stride), b.idx, np.int32(b.kk), np.int32(b.n))
+        tail = (np.int64(b.L), np.int32(b.Hq), np.int32(b.Hkv), np.int32(hb), np.float32(b.scale), b.scale_log2,
+                do, lse, delta, dq, dk, dv if dv is not None else dk)
+        if not deterministic:
+            _launch(fn, (b.n, b.Hkv * nhb), common + (np.int32(0),) + tail + (dk,), smem)
+        else:
+            per_query = b.Hkv * nhb * b.kk * W * 4
+            chunk = max(1, min(b.n, (scratch_bytes or SCRATCH_BYTES) // max(1, per_query)))
+            part = cp.empty((chunk * b.Hkv * nhb * b.kk, W), cp.float32) if b.kk and b.n else None
+            red = _fn(f"hytopk_attend_dkv_reduce<{'true' if b.shared else 'false'}>")
+            for t0 in range(0, b.n, chunk):
+                c = min(chunk, b.n - t0)
+                _launch(fn, (c, b.Hkv * nhb), common + (np.int32(t0),) + tail + (part,), smem)
+                _reduce_chunk(red, part, b, t0, c, nhb, W, dk, dv)
+        if b.DQK != b.d_qk:
+            dq = cp.ascontiguousarray(dq[:, :, :b.d_qk])
+            dk = cp.ascontiguousarray(dk[:, :, :b.d_qk])
+        if dv is not None and b.DV != b.d_v:
+            dv = cp.ascontiguousarray(dv[:, :, :b.d_v])
+        return dq, dk, dv
+
+
+def _reduce_chunk(red, part, b, t0, c, nhb, W, dk, dv):
+    """Add the chunk's per-slot rows into dk/dv, per key row in entry order (a fixed order)."""
+    ids = b.idx[t0:t0 + c]                                             # [c, kk]
+    # entry e = ((tl * Hkv + g) * nhb + hb) * kk + slot, as the kernel writes them
+    e = cp.arange(c * b.Hkv * nhb * b.kk, dtype=cp.int64).reshape(c, b.Hkv, nhb, b.kk)
+    key = cp.broadcast_to(ids[:, None, None, :].astype(cp.int64), e.shape)
+    g = cp.broadcast_to(cp.arange(b.Hkv, dtype=cp.int64)[None, :, None, None], e.shape)
+    valid = (key >= 0).ravel()
+    E = np.int64(e.size)
+    comp = ((key * b.Hkv + g).ravel() * E + e.ravel())[valid]           # (key row, entry): unique
+    if comp.size == 0:
+        return
+    comp = cp.sort(comp)
+    row = comp // E
+    order = comp - row * E
+    first = cp.ones(comp.size, cp.bool_)
+    first[1:] = row[1:] != row[:-1]
+    starts = cp.flatnonzero(first).astype(cp.int64)
+    dst_row = row[starts]
+    starts = cp.concatenate([starts, cp.asarray([comp.size], cp.int64)])
+    nseg = int(dst_row.size)
+    _launch(red, (nseg, -(-W // THREADS)), (part, np.int32(W), np.int32(b.DQK), np.int32(b.DV), order, starts,
+                                             dst_row, np.int32(nseg), dk, dv if dv is not None else dk), 0)
+
+
+@register("attend", "cupy.attend.one", gpu_only=True)
+def attend_one(q, k, v, idx, scale=None):
+    """One query per block, its heads as MMA rows (padded to 16/32/64), keys gathered per tile."""
+    return attend_forward(q, k, v, idx, scale, qpt=1, out_dtype="float32")
+
+
+@register("attend", "cupy.attend.pair", gpu_only=True)
+def attend_pair(q, k, v, idx, scale=None):
+    """Two adjacent queries per block over the union of their selections (each masks the other's keys)."""
+    return attend_forward(q, k, v, idx, scale, qpt=2, out_dtype="float32")
+
+
+@register("attend_backward", "cupy.attend_backward.deterministic", gpu_only=True)
+def attend_backward_deterministic(dout, q, k, v, idx, scale=None):
+    """Fixed-order dK/dV (per-slot scratch summed per key in entry order): bitwise reproducible."""
+    out, lse = attend_forward(q, k, v, idx, scale, qpt=1, out_dtype="float32")
+    return attend_backward(dout, q, k, v, idx, out, lse, scale, deterministic=True)
+
+
+@register("attend_backward", "cupy.attend_backward.atomic", gpu_only=True)
+def attend_backward_atomic(dout, q, k, v, idx, scale=None):
+    """dK/dV by float atomics: fastest, not bitwise reproducible."""
+    out, lse = attend_forward(q, k, v, idx, scale, qpt=1, out_dtype="float32")
+    return attend_backward(dout, q, k, v, idx, out, lse, scale, deterministic=False)
