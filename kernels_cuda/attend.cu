@@ -89,7 +89,7 @@ hytopk_attend_fwd(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, lo
     const u32 b_k = bn_lane_off(S::QS) + (u32)(spl * S::SK * S::QS * 2);
     const u32 b_v = bk_lane_off(S::VS);
 
-    float m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f};
+    float m[2] = {neg_inf(), neg_inf()}, lsum[2] = {0.0f, 0.0f};
     float o[S::VNT][4];
 #pragma unroll
     for (int i = 0; i < S::VNT; ++i)
@@ -125,14 +125,14 @@ hytopk_attend_fwd(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, lo
                 mma16816(c[nt], a, b0, b1);
             }
         }
-        float mx[2] = {-INFINITY, -INFINITY};
+        float mx[2] = {neg_inf(), neg_inf()};
 #pragma unroll
         for (int nt = 0; nt < S::SNT; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int col = spl * S::SK + nt * 8 + tig * 2 + (e & 1);
                 const float w = mul[col * S::QPT + j_r[e >> 1]];
-                c[nt][e] = w > 0.0f ? c[nt][e] * scale_log2 : -INFINITY;
+                c[nt][e] = w > 0.0f ? c[nt][e] * scale_log2 : neg_inf();
                 mx[e >> 1] = fmaxf(mx[e >> 1], c[nt][e]);
             }
         mx[0] = quad_max(mx[0]);
@@ -146,11 +146,11 @@ hytopk_attend_fwd(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, lo
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int r = h ? r1 : r0;
-            float mt_ = -INFINITY;
+            float mt_ = neg_inf();
 #pragma unroll
             for (int s2 = 0; s2 < S::NSPLIT; ++s2) mt_ = fmaxf(mt_, red[s2 * S::ROWS + r]);
             const float mnew = fmaxf(m[h], mt_);
-            muse[h] = mnew == -INFINITY ? 0.0f : mnew;
+            muse[h] = mnew == neg_inf() ? 0.0f : mnew;
             alpha[h] = exp2f(m[h] - muse[h]);                  // m = -inf (nothing yet): 0
             m[h] = mnew;
         }
@@ -225,8 +225,8 @@ hytopk_attend_fwd(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, lo
                 *reinterpret_cast<float2*>(reinterpret_cast<float*>(out) + at) = make_float2(x0, x1);
         }
         if (spl == 0 && tig == 0) {
-            const float mm = m[h] == -INFINITY ? 0.0f : m[h];
-            lse[row] = l > 0.0f ? (mm + log2f(l)) * 0.69314718055994531f : -INFINITY;
+            const float mm = m[h] == neg_inf() ? 0.0f : m[h];
+            lse[row] = l > 0.0f ? (mm + log2f(l)) * 0.69314718055994531f : neg_inf();
         }
     }
 }
@@ -298,7 +298,7 @@ hytopk_attend_bwd(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, lo
     for (int r = threadIdx.x; r < S::ROWS; r += S::THREADS) {
         const bool ok = rm.real(r);
         const long long row = (long long)t * Hq + (long long)g * G + rm.head(r);
-        const float l = ok ? lse[row] : -INFINITY;
+        const float l = ok ? lse[row] : neg_inf();
         slse[r] = l * 1.4426950408889634f;                    // -inf: a row with no key (P = 0)
         sdelta[r] = ok ? delta[row] : 0.0f;
     }
@@ -367,7 +367,7 @@ hytopk_attend_bwd(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, lo
                 const int col = spl * S::SK + nt * 8 + tig * 2 + (e & 1);
                 const int r = (e >> 1) ? r1 : r0;
                 const float ls = slse[r];
-                p[e] = (mul[col] > 0.0f && ls != -INFINITY) ? exp2f(c[nt][e] * scale_log2 - ls) : 0.0f;
+                p[e] = (mul[col] > 0.0f && ls != neg_inf()) ? exp2f(c[nt][e] * scale_log2 - ls) : 0.0f;
                 ds[e] = p[e] * (dpa[nt][e] - sdelta[r]) * scale;
             }
             const int col = spl * S::SK + nt * 8 + tig * 2;

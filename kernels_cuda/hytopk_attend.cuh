@@ -78,6 +78,7 @@ __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }   // NVRTC has no INFINITY
 __device__ __forceinline__ float bf16_to_float(bf16_t b) { return __uint_as_float(((u32)b) << 16); }
 
 // Offsets (bytes) of this lane's ldmatrix row address inside a 16x16 A tile of a row-major

@@ -71,6 +71,37 @@ def attend_nk(mt: int) -> int:
     return 64 if mt == 1 else 32
 
 
+ATTEND_SMEM_LIMIT = 227 * 1024                  # opt-in shared memory per block on Hopper
+
+
+def attend_smem(mt, dqk, dv, qpt, shared, backward=False) -> int:
+    """Bytes of dynamic shared memory of an attend block: hytopk_attend.cuh Shape::FWD_SMEM / BWD_SMEM."""
+    nk, rows, nsplit = attend_nk(mt), 16 * mt, 8 // mt
+    qs = dqk + 8
+    kb = nk * qs * 2
+    vb = 0 if shared else nk * (dv + 8) * 2
+    pb = rows * (nk + 8) * 2
+    if not backward:
+        return rows * qs * 2 + 2 * kb + 2 * vb + pb + 2 * nsplit * rows * 4 + 2 * nk * qpt * 4
+    return rows * qs * 2 + rows * (dv + 8) * 2 + 2 * kb + 2 * vb + 2 * pb + 2 * rows * 4 + 2 * nk * 4
+
+
+def attend_static_asserts() -> list[str]:
+    """attend_smem (the wrapper's launch figure) against the header's Shape, for every shipped shape."""
+    out = []
+    for dqk, dv, shared in ATTEND_SHIPPED:
+        for mt in (1, 2, 4):
+            for qpt in (1, 2):
+                S = f"hytopk::attend::Shape<{mt}, {attend_nk(mt)}, {dqk}, {dv}, {qpt}, {_b(shared)}>"
+                for field, bwd in (("FWD_SMEM", False), ("BWD_SMEM", True)):
+                    if bwd and qpt == 2:
+                        continue
+                    want = attend_smem(mt, dqk, dv, qpt, shared, bwd)
+                    out.append(f'static_assert({S}::{field} == {want}, "instantiations.attend_smem drifted from '
+                               f'hytopk_attend.cuh {field}");')
+    return out
+
+
 def attend_fwd_name(mt, dqk, dv, qpt, shared, out_bf16) -> str:
     return (f"hytopk_attend_fwd<{int(mt)}, {attend_nk(mt)}, {int(dqk)}, {int(dv)}, {int(qpt)}, "
             f"{_b(shared)}, {_b(out_bf16)}>")
@@ -126,6 +157,8 @@ def fp8_shape(H: int, D: int) -> tuple[int, int]:
 def geometry_asserts(file: str, shapes=SHAPES) -> list[str]:
     """C++ static_asserts that check the Python geometry mirrors against `file`'s headers
     (compiled by the compile check next to the instantiations)."""
+    if file == "attend.cu":
+        return attend_static_asserts()
     if file != "wgmma_ws.cu":
         return []
     from workbench.geometry import ws_static_asserts

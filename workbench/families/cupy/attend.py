@@ -30,7 +30,7 @@ from ...registry import register
 from ._launch import as_device, launch_stream
 
 THREADS = 256
-SMEM_OPTIN = 227 * 1024
+SMEM_OPTIN = INST.ATTEND_SMEM_LIMIT
 NULL = np.uint64(0)              # a null pointer argument
 SCRATCH_BYTES = 1 << 30          # deterministic backward: the per-slot dK/dV scratch of one query chunk
 
@@ -117,13 +117,7 @@ class Bound:
         return rows // 16, hb
 
     def smem(self, mt, qpt, backward=False):
-        nk, rows = INST.attend_nk(mt), 16 * mt
-        qs, vs = self.DQK + 8, (self.DQK + 8 if self.shared else self.DV + 8)
-        nsplit = 8 // mt
-        kb, vb, pb = nk * qs * 2, (0 if self.shared else nk * vs * 2), rows * (nk + 8) * 2
-        if not backward:
-            return rows * qs * 2 + 2 * kb + 2 * vb + pb + 2 * nsplit * rows * 4 + 2 * nk * qpt * 4
-        return rows * qs * 2 + rows * (self.DV + 8) * 2 + 2 * kb + 2 * vb + 2 * pb + 2 * rows * 4 + 2 * nk * 4
+        return INST.attend_smem(mt, self.DQK, self.DV, qpt, self.shared, backward)
 
 
 def attend_forward(q, k, v, idx, scale=None, *, qpt=1, out_dtype="bfloat16"):
