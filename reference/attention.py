@@ -90,6 +90,8 @@ def attend(q, k, v, idx, scale=None):
     G = Hq // Hkv
     out = np.zeros((n, Hq, Dv))
     lse = np.full((n, Hq), -np.inf)
+    if L == 0:                                                  # only padding slots
+        return out, lse
     for a in range(0, n, CHUNK):
         b = min(n, a + CHUNK)
         ic = idx[a:b]
@@ -120,6 +122,8 @@ def attend_backward(dout, q, k, v, idx, scale=None):
     dq = np.zeros((n, Hq, Dqk))
     dk = np.zeros((L, Hkv, Dqk))
     dv = np.zeros((L, Hkv, Dv))
+    if L == 0:
+        return dq, dk, dv
     for a in range(0, n, CHUNK):
         b = min(n, a + CHUNK)
         c = b - a

@@ -81,7 +81,7 @@ def torch_forward(q, k, v, idx, scale):
     G = Hq // Hkv
     out = q.new_zeros((n, Hq, Dv), dtype=torch.float32)
     lse = q.new_full((n, Hq), float("-inf"), dtype=torch.float32)
-    for a in range(0, n, TORCH_CHUNK):
+    for a in range(0, n if L else 0, TORCH_CHUNK):
         b = min(n, a + TORCH_CHUNK)
         ic = idx[a:b].long()
         valid = ic >= 0
@@ -103,7 +103,7 @@ def torch_backward(dout, q, k, v, idx, out, lse, scale):
     dq = torch.zeros((n, Hq, Dqk), dtype=torch.float32, device=q.device)
     dk = torch.zeros((L, Hkv, Dqk), dtype=torch.float32, device=q.device)
     dv = torch.zeros((L, Hkv, Dv), dtype=torch.float32, device=q.device)
-    for a in range(0, n, TORCH_CHUNK):
+    for a in range(0, n if L else 0, TORCH_CHUNK):
         b = min(n, a + TORCH_CHUNK)
         c = b - a
         ic = idx[a:b].long()
@@ -192,6 +192,7 @@ def _sparse_attention_backward_fake(dout, q, kv, v, idx, out, lse, d_v, scale, d
 def _setup(ctx, inputs, output):
     q, kv, v, idx, d_v, scale, det = inputs
     out, lse = output
+    ctx.mark_non_differentiable(lse)          # lse is a by-product for the backward and the KL target
     ctx.save_for_backward(q, kv, v, idx, out, lse)
     ctx.d_v, ctx.scale = d_v, scale
     ctx.deterministic = torch.are_deterministic_algorithms_enabled() if det is None else bool(det)
@@ -223,7 +224,7 @@ def attention_probs(q, k, idx, lse, scale=None, chunk=TORCH_CHUNK):
     sc = RA.check_scale(scale, Dqk)
     out = torch.zeros((n, Hq, idx.shape[1]), dtype=torch.float32, device=q.device)
     with torch.no_grad():
-        for a in range(0, n, chunk):
+        for a in range(0, n if k.shape[0] else 0, chunk):
             b = min(n, a + chunk)
             ic = idx[a:b].long()
             valid = ic >= 0
