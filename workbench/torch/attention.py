@@ -68,8 +68,10 @@ def _use_kernels(q) -> bool:
 
 
 def _torch_tensor(x, like):
-    out = torch.as_tensor(x, device=like.device)
-    return out.view(torch.bfloat16) if out.dtype in (torch.int16, torch.uint16) else out
+    """A CuPy result as a torch tensor (DLPack, no copy; uint16 bf16 bits -> torch.bfloat16)."""
+    bf = str(x.dtype) in ("uint16", "int16")
+    out = torch.from_dlpack(x.view("int16") if bf else x)
+    return out.view(torch.bfloat16) if bf else out
 
 
 # --------------------------------------------------------------------------- pure torch (chunked)

@@ -1,0 +1,240 @@
+"""Sparse attention over the selected keys (kernels_cuda/attend.cu) on the GPU, one run, side by side:
+
+  forward   MLA 128 heads, d_qk 576 / d_v 512, k 2048, 8192 queries, bf16: effective TFLOP/s
+            2 n H k (d_qk + d_v) / t over the bf16 GEMM rate of the same run (`one` and `pair`)
+  heads     8 and 16 heads per query: `pair` (two adjacent queries per block over the union of
+            their selections; the union build timed apart too) vs `one`
+  backward  deterministic and atomic, effective TFLOP/s 2 n H k (3 d_qk + 2 d_v) / t (the logits
+            are recomputed), and its ratio to the forward rate
+  baseline  dsa.py's gather + einsum vs torch.ops.hytopk.sparse_attention, forward + backward, time
+            and peak memory (MHA layout of the DSA layer and the MLA layout, where the gather fits)
+  step      the DSA sparse stage at dsv32-128k-like sizes with selection replay: select once, then
+            attention forward + backward on the saved idx (breakdown per part)
+
+    python scripts/bench_attention.py --json results/bench_attention.json [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import workbench.torch  # noqa: E402,F401  (registers torch.ops.hytopk)
+from reference import attention as RA  # noqa: E402
+from workbench.families.cupy import attend as CA  # noqa: E402
+from workbench.torch.dsa import gather_einsum  # noqa: E402
+
+
+def timed(fn, reps=5, warmup=1):
+    """Median / min ms of fn() over reps (CUDA events on torch's stream), after warm-up (compiles)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return {"median_ms": float(np.median(times)), "min_ms": float(np.min(times)), "reps": reps}
+
+
+def gemm_tflops():
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    t = timed(lambda: torch.mm(x, y), reps=10, warmup=3)
+    return 2 * 8192 ** 3 / (t["median_ms"] * 1e-3) / 1e12
+
+
+def selection(n, L, k, share=0.9, seed=0):
+    """idx [n, k] int32: adjacent queries (2p, 2p+1) share about `share` of their keys, as
+    neighbouring queries' top-k do (keys drawn at random, a few duplicates)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    idx = torch.randint(0, L, (n, k), device="cuda", generator=g, dtype=torch.int32)
+    odd = idx[1::2]
+    odd.copy_(idx[0::2][: odd.shape[0]])
+    redo = torch.rand(odd.shape, device="cuda", generator=g) > share
+    odd[redo] = torch.randint(0, L, (int(redo.sum()),), device="cuda", generator=g, dtype=torch.int32)
+    return idx
+
+
+def mla_inputs(n, H, L, k, seed=0, dqk=576, dv=512):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(n, H, dqk, device="cuda", generator=g).bfloat16()
+    kv = torch.randn(L, dqk, device="cuda", generator=g).bfloat16()
+    return q, kv, selection(n, L, k, seed=seed)
+
+
+def fwd_flops(n, H, k, dqk=576, dv=512):
+    return 2 * n * H * k * (dqk + dv)
+
+
+def bwd_flops(n, H, k, dqk=576, dv=512):
+    return 2 * n * H * k * (3 * dqk + 2 * dv)
+
+
+def rate(flops, t):
+    return flops / (t["median_ms"] * 1e-3) / 1e12
+
+
+def forward_rows(n, H, L, k, gemm, variants=("one", "pair")):
+    q, kv, idx = mla_inputs(n, H, L, k)
+    kk, vv = kv[:, None, :], kv[:, None, :512]
+    rows = {}
+    for name in variants:
+        qpt = 1 if name == "one" else 2
+        t = timed(lambda: CA.attend_forward(q, kk, vv, idx, None, qpt=qpt))
+        rows[name] = dict(t, tflops=rate(fwd_flops(n, H, k), t), vs_gemm=rate(fwd_flops(n, H, k), t) / gemm)
+        print(f"  fwd H={H:<3} n={n} {name:<4} {t['median_ms']:8.3f} ms  {rows[name]['tflops']:6.1f} TFLOP/s "
+              f"({rows[name]['vs_gemm']:.2f} of GEMM)", flush=True)
+    if "pair" in variants:
+        import cupy as cp
+        ic = cp.from_dlpack(idx)
+        rows["pair_union_only"] = timed(lambda: RA.pair_union(ic, cp))
+        if "one" in variants:
+            rows["pair_vs_one"] = rows["one"]["median_ms"] / rows["pair"]["median_ms"]
+            print(f"  pair vs one: {rows['pair_vs_one']:.2f}x (union build {rows['pair_union_only']['median_ms']:.3f} ms"
+                  " inside pair)", flush=True)
+    return rows
+
+
+def backward_rows(n, H, L, k, fwd_rate):
+    q, kv, idx = mla_inputs(n, H, L, k, seed=1)
+    kk, vv = kv[:, None, :], kv[:, None, :512]
+    out, lse = CA.attend_forward(q, kk, vv, idx, None)
+    dout = torch.randn(n, H, 512, device="cuda").bfloat16()
+    rows = {}
+    for det in (True, False):
+        t = timed(lambda: CA.attend_backward(dout, q, kk, vv, idx, out, lse, None, deterministic=det), reps=3)
+        name = "deterministic" if det else "atomic"
+        r = rate(bwd_flops(n, H, k), t)
+        rows[name] = dict(t, tflops=r, vs_forward=r / fwd_rate if fwd_rate else None)
+        vs = rows[name]["vs_forward"]
+        print(f"  bwd H={H} n={n} {name:<13} {t['median_ms']:8.3f} ms  {r:6.1f} TFLOP/s "
+              + (f"({vs:.2f} of forward)" if vs else ""), flush=True)
+    return rows
+
+
+def _fwd_bwd(fn):
+    def run():
+        out = fn()
+        out.float().sum().backward()
+    return run
+
+
+def baseline_rows(n, H, d, L, k, mla):
+    """gather + einsum (dsa.py) vs the op, forward + backward; peak memory above the inputs."""
+    g = torch.Generator(device="cuda").manual_seed(2)
+    idx = selection(n, L, k, seed=2)
+    q = torch.randn(n, H, 576 if mla else d, device="cuda", generator=g).bfloat16().requires_grad_()
+    if mla:
+        kv = torch.randn(L, 576, device="cuda", generator=g).bfloat16().requires_grad_()
+        ours = lambda: torch.ops.hytopk.sparse_attention(q, kv, None, idx, 512, None, True)[0]
+        # the layer's gather needs per-head K/V: MLA's shared row expanded to every head
+        base = lambda: gather_einsum(q, kv[:, None, :].expand(L, H, 576), kv[:, None, :512].expand(L, H, 512), idx)[0]
+    else:
+        K = torch.randn(L, H, d, device="cuda", generator=g).bfloat16().requires_grad_()
+        V = torch.randn(L, H, d, device="cuda", generator=g).bfloat16().requires_grad_()
+        ours = lambda: torch.ops.hytopk.sparse_attention(q, K, V, idx, -1, None, True)[0]
+        base = lambda: gather_einsum(q, K, V, idx)[0]
+    rows = {}
+    for name, fn in (("hytopk", ours), ("gather_einsum", base)):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        try:
+            t = timed(_fwd_bwd(fn), reps=3)
+        except torch.OutOfMemoryError as e:
+            rows[name] = {"error": f"out of memory: {e}"}
+            continue
+        t["peak_mem_above_inputs_gb"] = (torch.cuda.max_memory_allocated() - before) / 1e9
+        rows[name] = t
+        print(f"  {'mla' if mla else 'mha'} n={n} H={H} {name:<13} fwd+bwd {t['median_ms']:9.3f} ms  "
+              f"peak +{t['peak_mem_above_inputs_gb']:.2f} GB", flush=True)
+    if "median_ms" in rows.get("gather_einsum", {}) and "median_ms" in rows.get("hytopk", {}):
+        rows["speedup"] = rows["gather_einsum"]["median_ms"] / rows["hytopk"]["median_ms"]
+        print(f"  speedup vs gather+einsum: {rows['speedup']:.1f}x", flush=True)
+    return rows
+
+
+def step_rows(n, L, k, H, index_heads=64, index_dim=128):
+    """DSA sparse stage with replay: HyTopK select once (no grad), attention fwd + bwd on the saved idx."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    iq = torch.randn(n, index_heads, index_dim, device="cuda", generator=g).bfloat16()
+    iw = torch.rand(n, index_heads, device="cuda", generator=g)
+    ik = torch.randn(L, index_dim, device="cuda", generator=g).bfloat16()
+    hi = torch.arange(L - n + 1, L + 1, device="cuda", dtype=torch.int32)
+    lo = torch.zeros_like(hi)
+    q = torch.randn(n, H, 576, device="cuda", generator=g).bfloat16().requires_grad_()
+    kv = torch.randn(L, 576, device="cuda", generator=g).bfloat16().requires_grad_()
+    sel = lambda: torch.ops.hytopk.select(iq, iw, ik, lo, hi, k, None, 3.0, 64)
+    idx, _ = sel()
+    rows = {"select": timed(sel, reps=3)}
+    fwd = lambda: torch.ops.hytopk.sparse_attention(q, kv, None, idx, 512, None, True)
+    rows["attention_forward"] = timed(fwd, reps=3)
+    rows["attention_forward_backward"] = timed(_fwd_bwd(lambda: fwd()[0]), reps=3)
+    rows["total_ms"] = rows["select"]["median_ms"] + rows["attention_forward_backward"]["median_ms"]
+    print(f"  step n={n} L={L}: select {rows['select']['median_ms']:.2f} ms, attention fwd "
+          f"{rows['attention_forward']['median_ms']:.2f} ms, fwd+bwd {rows['attention_forward_backward']['median_ms']:.2f}"
+          f" ms, total {rows['total_ms']:.2f} ms", flush=True)
+    return rows
+
+
+def _version(pkg):
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", type=Path, required=True, help="write the results here")
+    ap.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: forward,heads,backward,baseline,step")
+    args = ap.parse_args(argv)
+    skip = set(filter(None, args.skip.split(",")))
+    n = 1024 if args.quick else 8192
+    L, k = 65536, 2048
+    gemm = gemm_tflops()
+    props = torch.cuda.get_device_properties(0)
+    res = {"gpu": props.name, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "torch": torch.__version__,
+           "cupy": _version("cupy") or _version("cupy-cuda12x") or _version("cupy-cuda13x"),
+           "cuda": torch.version.cuda, "bf16_gemm_tflops": gemm, "n": n, "L": L, "k": k,
+           "flops": {"forward": "2 n H k (d_qk + d_v)", "backward": "2 n H k (3 d_qk + 2 d_v)"}}
+    print(f"GPU {props.name}  bf16 GEMM {gemm:.0f} TFLOP/s", flush=True)
+    sections = [
+        ("forward", lambda: forward_rows(n, 128, L, k, gemm)),
+        ("heads", lambda: {str(H): forward_rows(n, H, L, k, gemm) for H in (8, 16)}),
+        ("backward", lambda: backward_rows(n, 128, L, k, res.get("forward", {}).get("one", {}).get("tflops"))),
+        ("baseline", lambda: {"mha": baseline_rows(256 if args.quick else 1024, 16, 128, 16384, k, mla=False),
+                              "mla": baseline_rows(64 if args.quick else 256, 16, 576, 16384, k, mla=True)}),
+        ("step", lambda: step_rows(512 if args.quick else 2048, 131072, k, 128)),
+    ]
+    for name, fn in sections:
+        if name in skip:
+            continue
+        t0 = time.perf_counter()
+        try:
+            res[name] = fn()
+        except Exception as e:                     # one failing section must not lose the others
+            res[name] = {"error": f"{type(e).__name__}: {e}"}
+            print(f"  {name}: FAILED {type(e).__name__}: {e}", flush=True)
+        res.setdefault("section_s", {})[name] = time.perf_counter() - t0
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(res, indent=1))
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

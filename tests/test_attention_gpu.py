@@ -1,0 +1,279 @@
+"""Sparse attention kernels (kernels_cuda/attend.cu) on a real GPU (skipped elsewhere with the reason).
+
+Bit for bit on exact inputs: uniform logits (q = 0) and hot/cold logits (cold ones underflow
+exp2 to exactly 0) with small-integer values, so out is the float32 quotient of exact sums;
+against the float64 reference with a tolerance on random bf16 inputs (large logits too); `one`
+and `pair` on padding, duplicates, shared and disjoint neighbours, queries with no key, k not a
+multiple of the key tile, 8 / 16 / 64 / 128 heads, MLA (576 / 512) and GQA layouts; the backward
+against the reference, deterministic dK/dV 20/20 identical bits (and independent of the query
+chunking), the atomic mode within tolerance; the torch op and the DSA layer on CUDA.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+import pytest
+
+from reference import attention as RA
+from workbench.bf16 import bf16_bits_to_float32, float32_to_bf16_bits
+from tests.test_attention import make_idx
+
+cp = pytest.importorskip("cupy", reason="CuPy is not installed")
+
+
+def _gpu_reason():
+    try:
+        n = cp.cuda.runtime.getDeviceCount()
+        return None if n > 0 else "no CUDA device"
+    except Exception as e:
+        return f"no usable CUDA GPU ({type(e).__name__}: {e})"
+
+
+_REASON = _gpu_reason()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_REASON is not None, reason=str(_REASON))]
+
+
+@pytest.fixture(scope="module")
+def CA():
+    from workbench.families.cupy import attend
+    return attend
+
+
+def bf16(x):
+    """(bf16 bits on the device, the float64 values they hold)."""
+    b = float32_to_bf16_bits(np.ascontiguousarray(x, np.float32))
+    return cp.asarray(b), bf16_bits_to_float32(b).astype(np.float64)
+
+
+def seed(*parts):
+    """A seed fixed across processes (hash() of a str is salted per process)."""
+    return zlib.crc32(repr(parts).encode())
+
+
+def bits(x):
+    return np.ascontiguousarray(cp.asnumpy(x), np.float32).view(np.uint32)
+
+
+def layout(mla, L, Hkv, Dqk, Dv, rng, scale_k=1.0, values=None):
+    """Device (k, v) and their float64 values: MLA's shared kv rows or GQA's separate k, v."""
+    if mla:
+        kv = rng.standard_normal((L, Dqk)) * scale_k if values is None else values
+        kd, kh = bf16(kv)
+        return kd[:, None, :], kd[:, None, :Dv], kh[:, None, :], kh[:, None, :Dv]
+    k = rng.standard_normal((L, Hkv, Dqk)) * scale_k if values is None else values[0]
+    v = rng.standard_normal((L, Hkv, Dv)) if values is None else values[1]
+    (kd, kh), (vd, vh) = bf16(k), bf16(v)
+    return kd, vd, kh, vh
+
+
+SHAPES = [  # (mla, Hq, Hkv, Dqk, Dv)
+    (True, 128, 1, 576, 512), (True, 64, 1, 576, 512), (True, 16, 1, 576, 512), (True, 8, 1, 576, 512),
+    (False, 32, 4, 128, 128), (False, 16, 2, 64, 64), (False, 4, 2, 24, 8),     # 24/8: padded dims
+]
+IDS = ["mla128", "mla64", "mla16", "mla8", "gqa8x4", "gqa8x2_d64", "gqa_pad"]
+QPT = [1, 2]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+@pytest.mark.parametrize("qpt", QPT)
+@pytest.mark.parametrize("kind", ["random", "dups", "shared", "disjoint", "empty"])
+def test_exact_hot_cold_logits_bit_for_bit(CA, shape, qpt, kind):
+    """Keys are hot (logit 0) or cold (logit -256 * scale / ln 2 < -149: exp2 gives exactly 0) per
+    (query, head); out = the exact mean of the hot keys' small-integer values (all keys when none is hot)."""
+    mla, Hq, Hkv, Dqk, Dv = shape
+    rng = np.random.default_rng(seed(shape, qpt, kind))
+    n, L, kk = 6, 300, 100                                  # kk = 100: not a multiple of the key tile
+    G = Hq // Hkv
+    kval = np.zeros((L, Hkv, Dqk))
+    kval[:, :, 0] = np.where(rng.random((L, Hkv)) < 0.4, -128.0, 0.0)
+    vval = rng.integers(-4, 5, (L, Hkv, Dv)).astype(np.float64)
+    if mla:
+        kvv = np.zeros((L, Dqk))
+        kvv[:, 0] = kval[:, 0, 0]
+        kvv[:, 1:Dv] = rng.integers(-4, 5, (L, Dv - 1))    # v = kv[:, :Dv] holds the hot/cold column too
+        k, v, kh, vh = layout(True, L, 1, Dqk, Dv, rng, values=kvv)
+    else:
+        k, v, kh, vh = layout(False, L, Hkv, Dqk, Dv, rng, values=(kval, vval))
+    q = np.zeros((n, Hq, Dqk))
+    q[:, :, 0] = np.where(rng.random((n, Hq)) < 0.8, 2.0, 0.0)   # q = 0: every key ties (uniform)
+    qd, qh = bf16(q)
+    idx = make_idx(rng, n, L, kk, kind)
+    out, lse = CA.attend_forward(qd, k, v, cp.asarray(idx), 1.0, qpt=qpt, out_dtype="float32")
+    out = cp.asnumpy(out)
+    want = np.zeros((n, Hq, Dv), np.float32)
+    for t in range(n):
+        sl = idx[t][idx[t] >= 0]
+        for h in range(Hq):
+            g = h // G
+            if len(sl) == 0:
+                continue
+            logit = kh[sl, g] @ qh[t, h]
+            use = sl[logit == logit.max()]                  # hot keys (or every key on a tie)
+            s = vh[use, g].sum(0).astype(np.float32)        # exact: small integers
+            want[t, h] = s / np.float32(len(use))
+    np.testing.assert_array_equal(bits(out), bits(want))
+    lse = cp.asnumpy(lse)
+    assert np.all(np.isneginf(lse[(idx < 0).all(1)]))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+@pytest.mark.parametrize("qpt", QPT)
+@pytest.mark.parametrize("kind", ["random", "dups", "shared", "disjoint", "empty", "pad_only"])
+def test_random_inputs_match_reference(CA, shape, qpt, kind):
+    mla, Hq, Hkv, Dqk, Dv = shape
+    rng = np.random.default_rng(seed(shape, qpt, kind, 1))
+    n, L, kk = 7, 700, 300                                   # odd n: the last pair has one query
+    k, v, kh, vh = layout(mla, L, Hkv, Dqk, Dv, rng)
+    qd, qh = bf16(rng.standard_normal((n, Hq, Dqk)))
+    idx = make_idx(rng, n, L, kk, kind)
+    out, lse = CA.attend_forward(qd, k, v, cp.asarray(idx), None, qpt=qpt, out_dtype="float32")
+    ro, rl = RA.attend(qh, kh, vh, idx)
+    np.testing.assert_allclose(cp.asnumpy(out), ro, rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(cp.asnumpy(lse), rl, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("qpt", QPT)
+def test_large_logits_and_k_2048(CA, qpt):
+    rng = np.random.default_rng(5)
+    n, L, kk, Hq = 4, 5000, 2048, 16
+    k, v, kh, vh = layout(True, L, 1, 576, 512, rng)
+    qd, qh = bf16(rng.standard_normal((n, Hq, 576)) * 8.0)     # logits ~ +-200: one-hot-ish softmax
+    idx = make_idx(rng, n, L, kk, "shared")
+    out, lse = CA.attend_forward(qd, k, v, cp.asarray(idx), None, qpt=qpt, out_dtype="float32")
+    ro, rl = RA.attend(qh, kh, vh, idx)
+    assert np.all(np.isfinite(cp.asnumpy(out)))
+    np.testing.assert_allclose(cp.asnumpy(out), ro, rtol=3e-2, atol=3e-2)
+    np.testing.assert_allclose(cp.asnumpy(lse), rl, rtol=1e-4, atol=1e-2)
+
+
+def test_bf16_output_is_the_rounded_float32_one(CA):
+    rng = np.random.default_rng(6)
+    k, v, _, _ = layout(True, 300, 1, 576, 512, rng)
+    qd, _ = bf16(rng.standard_normal((5, 16, 576)))
+    idx = cp.asarray(make_idx(rng, 5, 300, 64, "random"))
+    o32, l32 = CA.attend_forward(qd, k, v, idx, None, out_dtype="float32")
+    o16, l16 = CA.attend_forward(qd, k, v, idx, None, out_dtype="bfloat16")
+    assert o16.dtype == cp.uint16
+    np.testing.assert_array_equal(cp.asnumpy(o16), float32_to_bf16_bits(cp.asnumpy(o32)))
+    np.testing.assert_array_equal(bits(l16), bits(l32))
+
+
+# ------------------------------------------------------------------ backward
+BWD_SHAPES = [(True, 64, 1, 576, 512), (True, 8, 1, 576, 512), (True, 128, 1, 576, 512), (False, 32, 4, 128, 128),
+              (False, 4, 2, 24, 8)]
+BWD_IDS = ["mla64", "mla8", "mla128", "gqa8x4", "gqa_pad"]
+
+
+def _rel_close(got, want, tol=3e-2):
+    scale = max(1e-3, float(np.abs(want).max()))
+    err = float(np.abs(got - want).max())
+    assert err <= tol * scale, f"max error {err:.3g} > {tol} x {scale:.3g}"
+
+
+@pytest.mark.parametrize("shape", BWD_SHAPES, ids=BWD_IDS)
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("kind", ["shared", "dups", "empty"])
+def test_backward_matches_reference(CA, shape, deterministic, kind):
+    mla, Hq, Hkv, Dqk, Dv = shape
+    rng = np.random.default_rng(seed(shape, deterministic, kind))
+    n, L, kk = 6, 400, 150
+    k, v, kh, vh = layout(mla, L, Hkv, Dqk, Dv, rng)
+    qd, qh = bf16(rng.standard_normal((n, Hq, Dqk)))
+    dod, doh = bf16(rng.standard_normal((n, Hq, Dv)))
+    idx = make_idx(rng, n, L, kk, kind)
+    out, lse = CA.attend_forward(qd, k, v, cp.asarray(idx), None, out_dtype="float32")
+    dq, dk, dv = CA.attend_backward(dod, qd, k, v, cp.asarray(idx), out, lse, None, deterministic=deterministic)
+    rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)
+    _rel_close(cp.asnumpy(dq), rq)
+    if mla:
+        assert dv is None
+        _rel_close(cp.asnumpy(dk)[:, 0], RA.mla_dkv(rk, rv))
+    else:
+        _rel_close(cp.asnumpy(dk), rk)
+        _rel_close(cp.asnumpy(dv), rv)
+    untouched = np.setdiff1d(np.arange(L), idx[idx >= 0])
+    assert np.all(cp.asnumpy(dk)[untouched] == 0)
+    assert np.all(cp.asnumpy(dq)[(idx < 0).all(1)] == 0)
+
+
+@pytest.mark.parametrize("shape", [(True, 16, 1, 576, 512), (False, 32, 4, 128, 128)], ids=["mla16", "gqa8x4"])
+def test_deterministic_backward_is_bitwise_reproducible(CA, shape):
+    """20 runs, identical bits; a small scratch (many query chunks) gives the same bits too."""
+    mla, Hq, Hkv, Dqk, Dv = shape
+    rng = np.random.default_rng(7)
+    n, L, kk = 64, 512, 256                                  # adjacent queries share most keys: many collisions
+    k, v, _, _ = layout(mla, L, Hkv, Dqk, Dv, rng)
+    qd, _ = bf16(rng.standard_normal((n, Hq, Dqk)))
+    dod, _ = bf16(rng.standard_normal((n, Hq, Dv)))
+    idx = cp.asarray(make_idx(rng, n, L, kk, "shared"))
+    out, lse = CA.attend_forward(qd, k, v, idx, None)
+    runs = [CA.attend_backward(dod, qd, k, v, idx, out, lse, None, deterministic=True) for _ in range(20)]
+    first = [bits(x) for x in runs[0] if x is not None]
+    for r in runs[1:]:
+        for a, b in zip(first, [bits(x) for x in r if x is not None]):
+            np.testing.assert_array_equal(a, b)
+    chunked = CA.attend_backward(dod, qd, k, v, idx, out, lse, None, deterministic=True, scratch_bytes=1)
+    for a, b in zip(first, [bits(x) for x in chunked if x is not None]):
+        np.testing.assert_array_equal(a, b)
+
+
+# ------------------------------------------------------------------ arguments, torch
+def test_bad_arguments(CA):
+    rng = np.random.default_rng(8)
+    k, v, _, _ = layout(True, 10, 1, 576, 512, rng)
+    qd, _ = bf16(rng.standard_normal((2, 8, 576)))
+    with pytest.raises(ValueError, match="'idx'"):
+        CA.attend_forward(qd, k, v, cp.asarray([[0, 10], [0, 1]], cp.int32))
+    with pytest.raises(ValueError, match="'idx'"):
+        CA.attend_forward(qd, k, v, cp.asarray([[0, -2], [0, 1]], cp.int32))
+    with pytest.raises(TypeError, match="'idx'"):
+        CA.attend_forward(qd, k, v, cp.asarray([[0, 1], [0, 1]], cp.int64))
+    with pytest.raises(ValueError, match="'k'"):
+        CA.attend_forward(qd, k[:, :, :512], v, cp.asarray([[0, 1], [0, 1]], cp.int32))
+    with pytest.raises(ValueError, match="'out_dtype'"):
+        CA.attend_forward(qd, k, v, cp.asarray([[0, 1], [0, 1]], cp.int32), out_dtype="float16")
+
+
+@pytest.mark.parametrize("mla", [True, False])
+def test_torch_op_on_cuda_matches_cpu(mla):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    import workbench.torch  # noqa: F401
+    g = torch.Generator().manual_seed(0)
+    n, L, kk, Hq = 9, 200, 64, 16
+    Dqk, Dv = (576, 512) if mla else (128, 128)
+    q = torch.randn(n, Hq, Dqk, generator=g).bfloat16()
+    kv = torch.randn(L, Dqk, generator=g).bfloat16() if mla else torch.randn(L, 2, Dqk, generator=g).bfloat16()
+    v = None if mla else torch.randn(L, 2, Dv, generator=g).bfloat16()
+    idx = torch.from_numpy(make_idx(np.random.default_rng(1), n, L, kk, "shared"))
+    d_v = Dv if mla else -1
+    res = {}
+    for dev in ("cpu", "cuda"):
+        leaves = [x.to(dev).requires_grad_() for x in (q, kv) + ((v,) if v is not None else ())]
+        out, lse = torch.ops.hytopk.sparse_attention(leaves[0], leaves[1], leaves[2] if v is not None else None,
+                                                     idx.to(dev), d_v, None, True)
+        dout = torch.ones_like(out)
+        out.backward(dout)
+        res[dev] = [out.float().cpu(), lse.cpu()] + [x.grad.float().cpu() for x in leaves]
+    for a, b in zip(res["cuda"], res["cpu"]):
+        fin = torch.isfinite(b)
+        assert torch.equal(torch.isfinite(a), fin)
+        scale = max(1e-3, float(b[fin].abs().max())) if fin.any() else 1.0
+        assert float((a[fin] - b[fin]).abs().max()) <= 3e-2 * scale
+
+
+def test_dsa_layer_trains_on_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    from workbench.torch.dsa import DSAttention
+    torch.manual_seed(0)
+    m = DSAttention(64, heads=4, head_dim=32, index_heads=4, index_dim=32, k=32, checkpoint="replay").cuda().bfloat16()
+    x = torch.randn(256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    o = m(x)
+    (o.out.float().square().mean() + o.indexer_loss).backward()
+    assert torch.isfinite(o.out.float()).all() and x.grad is not None and torch.isfinite(x.grad.float()).all()
+    assert math.isfinite(float(o.indexer_loss))
