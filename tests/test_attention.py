@@ -361,3 +361,16 @@ def test_shipped_attend_blocks_fit_shared_memory():
     assert "hytopk_attend_fwd<4, 32, 576, 512, 1, true, true>" in names
     assert "hytopk_attend_bwd<4, 32, 576, 512, true, false>" in names
     assert len(INST.attend_static_asserts()) >= 12
+
+
+def test_cupy_wrappers_against_emulated_kernels():
+    """The CuPy wrappers (argument order and types against attend.cu's signatures, the pair union,
+    MLA strides, padding, the chunked fixed-order dK/dV reduction) run on the CPU against Python
+    emulations of the kernels' semantics, in a subprocess with a NumPy stand-in for CuPy."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    run = Path(__file__).resolve().parent / "attend_emulation" / "run.py"
+    res = subprocess.run([sys.executable, str(run)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    assert res.stdout.count("ok ") == 5

@@ -180,7 +180,7 @@ def attend_backward(dout, q, k, v, idx, out, lse, scale=None, *, deterministic=T
                 do, lse, delta, dq, dk, dv if dv is not None else dk)
         if not deterministic:
             _launch(fn, (b.n, b.Hkv * nhb), common + (np.int32(0),) + tail + (dk,), smem)
-        else:
+        elif b.kk and b.n:
             per_query = b.Hkv * nhb * b.kk * W * 4
             chunk = max(1, min(b.n, (scratch_bytes or SCRATCH_BYTES) // max(1, per_query)))
             part = cp.empty((chunk * b.Hkv * nhb * b.kk, W), cp.float32) if b.kk and b.n else None

@@ -1,0 +1,168 @@
+"""Run workbench.families.cupy.attend on the CPU with Python emulations of the attend.cu kernels
+(their documented semantics): checks the wrappers' argument order and types against the kernel
+signatures, the union / strides / padding / chunked reduction plumbing, against the reference.
+
+Run in a subprocess (tests/test_attention.py): the stand-in `cupy` here must never reach the
+process of the other tests. Prints one "ok" line per case; any mismatch raises.
+"""
+import math
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))          # the stand-in cupy / cupyx first
+from reference import attention as RA
+from workbench.families.cupy import attend as CA
+from workbench.bf16 import float32_to_bf16_bits, bf16_bits_to_float32
+
+SRC = (ROOT / "kernels_cuda" / "attend.cu").read_text()
+def sig(kernel):
+    m = re.search(kernel + r"\((.*?)\)\s*\{", SRC, re.S)
+    params = [p.strip() for p in m.group(1).split(",")]
+    return params
+def kind(p):
+    if "*" in p: return "ptr"
+    if p.startswith("long long"): return "i64"
+    if p.startswith("int"): return "i32"
+    if p.startswith("float"): return "f32"
+    raise ValueError(p)
+def check(kernel, args):
+    ps = sig(kernel)
+    assert len(ps) == len(args), (kernel, len(ps), len(args))
+    for p, a in zip(ps, args):
+        k = kind(p)
+        if k == "ptr": assert isinstance(a, np.ndarray) or (isinstance(a, np.uint64) and a == 0), (p, type(a))
+        elif k == "i64": assert isinstance(a, np.int64), (p, type(a))
+        elif k == "i32": assert isinstance(a, np.int32), (p, type(a))
+        elif k == "f32": assert isinstance(a, np.float32), (p, type(a))
+def f(b): return bf16_bits_to_float32(np.asarray(b).view(np.uint16)).astype(np.float64)
+def rows_of(arr, stride, H, D, L):
+    base = arr.view(np.uint16)
+    return np.lib.stride_tricks.as_strided(base, shape=(L, H, D), strides=(stride * 2, D * 2, 2)) if L else np.zeros((0, H, D), np.uint16)
+
+class Fn:
+    def __init__(self, name): self.name = name; self.max_dynamic_shared_size_bytes = 0
+    def __call__(self, grid, block, args, shared_mem=0):
+        kern = self.name.split("<")[0]
+        check(kern, args)
+        tp = [x.strip() for x in self.name.split("<")[1].rstrip(">").split(",")]
+        getattr(self, kern)(tp, grid, args)
+    def hytopk_attend_fwd(self, tp, grid, a):
+        MT, NK, DQK, DV, QPT = map(int, tp[:5]); SH = tp[5] == "true"; OB = tp[6] == "true"
+        q, k, ks, v, vs, lst, lens, mult, U, n, L, Hq, Hkv, hb, sl2, out, lse = a
+        Kr = f(rows_of(k, int(ks), Hkv, DQK, int(L))); Vr = f(rows_of(k if SH else v, int(ks if SH else vs), Hkv, DV, int(L)))
+        qf = f(q); G = Hq // Hkv; nhb = -(-G // hb)
+        assert grid[1] == Hkv * nhb and 16 * MT >= QPT * hb
+        for x in range(grid[0]):
+            ln = min(int(U), int(lens[x])) if isinstance(lens, np.ndarray) else int(U)
+            for y in range(grid[1]):
+                g, hbi = divmod(y, nhb)
+                for r in range(QPT * hb):
+                    t = x * QPT + r // hb; hh = hbi * hb + r % hb
+                    if hh >= G or t >= n: continue
+                    h = g * G + hh; i = r // hb
+                    s_l, w_l = [], []
+                    for j in range(ln):
+                        s = lst[x, j] if lst.ndim == 2 else lst.reshape(-1, U)[x, j]
+                        if s < 0 or s >= L: continue
+                        w = mult[x, j, i] if isinstance(mult, np.ndarray) else 1
+                        if w > 0: s_l.append(s); w_l.append(w)
+                    o = out.reshape(-1, Hq, DV)
+                    if not s_l:
+                        o[t, h] = 0; lse[t, h] = -np.inf; continue
+                    s_a = np.array(s_l); w_a = np.array(w_l, float)
+                    lg = Kr[s_a, g] @ qf[t, h] * float(sl2)
+                    m = lg.max(); p = w_a * np.exp2(lg - m); l = p.sum()
+                    val = (p @ Vr[s_a, g]) / l
+                    o[t, h] = float32_to_bf16_bits(val.astype(np.float32)) if OB else val
+                    lse[t, h] = (m + math.log2(l)) * math.log(2)
+    def hytopk_attend_delta(self, tp, grid, a):
+        do, o, rows, DV, delta = a
+        ob = tp[0] == "true"
+        of = f(o) if ob else np.asarray(o, float)
+        delta[:] = (f(do).reshape(rows, DV) * of.reshape(rows, DV)).sum(1)
+    def hytopk_attend_bwd(self, tp, grid, a):
+        MT, NK, DQK, DV = map(int, tp[:4]); SH = tp[4] == "true"; AT = tp[5] == "true"
+        q, k, ks, v, vs, idx, U, n, t0, L, Hq, Hkv, hb, scale, sl2, do, lse, delta, dq, dk, dv, part = a
+        Kr = f(rows_of(k, int(ks), Hkv, DQK, int(L))); Vr = f(rows_of(k if SH else v, int(ks if SH else vs), Hkv, DV, int(L)))
+        qf, dof = f(q), f(do); G = Hq // Hkv; nhb = -(-G // hb); W = DQK + (0 if SH else DV)
+        for tl in range(grid[0]):
+            t = t0 + tl
+            for y in range(grid[1]):
+                g, hbi = divmod(y, nhb)
+                contrib = {}
+                for hh in range(hbi * hb, min(G, hbi * hb + hb)):
+                    h = g * G + hh
+                    for j in range(U):
+                        s = idx[t, j]
+                        if s < 0 or s >= L or lse[t, h] == -np.inf: continue
+                        p = np.exp2(Kr[s, g] @ qf[t, h] * float(sl2) - lse[t, h] * 1.4426950408889634)
+                        dp = dof[t, h] @ Vr[s, g]
+                        ds = p * (dp - delta[t * Hq + h]) * float(scale)
+                        dq[t, h] += ds * Kr[s, g]
+                        c = contrib.setdefault(j, np.zeros(W))
+                        c[:DQK] += ds * qf[t, h]
+                        if SH: c[:DV] += p * dof[t, h]
+                        else: c[DQK:] += p * dof[t, h]
+                for j, c in contrib.items():
+                    s = idx[t, j]
+                    if AT:
+                        dk.reshape(-1, DQK)[s * Hkv + g] += c[:DQK]
+                        if not SH: dv.reshape(-1, DV)[s * Hkv + g] += c[DQK:]
+                    else:
+                        part[((tl * Hkv + g) * nhb + hbi) * U + j] = c
+    def hytopk_attend_dkv_reduce(self, tp, grid, a):
+        part, W, DQK, DV, order, starts, dst_row, nseg, dk, dv = a
+        assert grid[0] == nseg
+        for i in range(nseg):
+            acc = np.zeros(W)
+            for e in range(starts[i], starts[i + 1]): acc += part[order[e]]
+            r = dst_row[i]
+            dk.reshape(-1, DQK)[r] += acc[:DQK]
+            if W > DQK: dv.reshape(-1, DV)[r] += acc[DQK:]
+
+CA._fn = lambda name: Fn(name)
+CA._shares_rows = lambda k, v: (k.__array_interface__["data"][0] == v.__array_interface__["data"][0] and k.size > 0
+                                and k.strides[:2] == v.strides[:2] and k.strides[2] == v.strides[2] == 2)
+from tests.test_attention import make_idx
+
+def bf(x):
+    b = float32_to_bf16_bits(np.ascontiguousarray(x, np.float32)); return b, f(b)
+def close(a, b, tol=1e-4):
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    fin = np.isfinite(b); assert np.array_equal(np.isfinite(a), fin)
+    err = np.abs(a[fin] - b[fin]).max() if fin.any() else 0
+    assert err <= tol * max(1.0, np.abs(b[fin]).max() if fin.any() else 1), err
+
+rng = np.random.default_rng(0)
+for (mla, Hq, Hkv, Dqk, Dv, n, L, kk, kind_) in [(True, 8, 1, 32, 16, 5, 40, 13, "shared"), (True, 80, 1, 48, 32, 3, 30, 9, "dups"),
+                                                 (False, 6, 2, 24, 8, 7, 25, 10, "empty"), (False, 4, 4, 16, 16, 4, 20, 6, "disjoint"),
+                                                 (True, 3, 1, 16, 16, 3, 0, 4, "pad_only")]:
+    qb, qh = bf(rng.standard_normal((n, Hq, Dqk)))
+    if mla:
+        kvb, kvh = bf(rng.standard_normal((L, Dqk)))
+        k, v = kvb[:, None, :], kvb[:, None, :Dv]; kh, vh = kvh[:, None, :], kvh[:, None, :Dv]
+    else:
+        (k, kh), (v, vh) = bf(rng.standard_normal((L, Hkv, Dqk))), bf(rng.standard_normal((L, Hkv, Dv)))
+    idx = make_idx(rng, n, L, kk, kind_)
+    ro, rl = RA.attend(qh, kh, vh, idx)
+    for qpt in (1, 2):
+        for od in ("float32", "bfloat16"):
+            out, lse = CA.attend_forward(qb, k, v, idx, None, qpt=qpt, out_dtype=od)
+            close(f(out) if od == "bfloat16" else out, ro, 1e-2 if od == "bfloat16" else 1e-5); close(lse, rl, 1e-5)
+    dob, doh = bf(rng.standard_normal((n, Hq, Dv)))
+    rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)
+    out, lse = CA.attend_forward(qb, k, v, idx, None, out_dtype="float32")
+    for det in (True, False):
+        for sb in (None, 1):
+            dq, dk, dv = CA.attend_backward(dob, qb, k, v, idx, out, lse, None, deterministic=det, scratch_bytes=sb)
+            close(dq, rq, 1e-4)
+            if mla and L: assert dv is None; close(dk[:, 0], RA.mla_dkv(rk, rv), 1e-4)
+            elif mla: assert dk.shape[0] == 0
+            else: close(dk, rk, 1e-4); close(dv, rv, 1e-4)
+    print("ok", mla, Hq, Hkv, Dqk, Dv, kind_)
