@@ -3,6 +3,7 @@
 # logs under $OUT (tarred at the end so they fit the device tool's file limits).
 #   bash scripts/h200_run.sh env tests:330 compare:150 bench-train ...
 # Phases: env probe sass ncu tests-wgmma tests-ws tests-dtypes tests-args prefill bench-core compile-check tests tests-gpu tests-cupy tests-variants tests-torch tests-app tests-new tests-tiled
+#         tests-attend bench-attend (BENCH_ATTEND_ARGS)
 #         sanitize (JOBS=...) compare (PRESET, BUDGET, COMPARE_ARGS) bench-train cp-selftest cp-bench (WS, CP_ARGS)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -45,6 +46,8 @@ for arg in "$@"; do      # NAME or NAME:SECONDS (time box for that phase)
     ncu) phase ncu ${CAP:-240} ncu --clock-control none -k regex:"wgmma|_ws" --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy python3 scripts/profile_wgmma.py ;;
     tests-tiled) phase tests-tiled ${CAP:-120} $PYT tests/test_cupy_gpu.py tests/test_variants.py tests/test_tiled_layout.py -k "tiled" ;;
     tests-gpu) phase tests-gpu ${CAP:-300} $PYT --durations=15 tests/test_cupy_gpu.py tests/test_variants.py tests/test_torch_gpu.py tests/test_cli_gpu.py tests/test_example.py tests/test_distributed.py tests/test_loader.py tests/test_cupy_bf16.py --junitxml="$OUT/logs/junit-gpu.xml" ;;
+    tests-attend) phase tests-attend ${CAP:-420} $PYT --durations=10 tests/test_attention.py tests/test_attention_gpu.py ;;
+    bench-attend) phase bench-attend ${CAP:-240} python3 scripts/bench_attention.py ${BENCH_ATTEND_ARGS:-} --json "$OUT/bench_attention.json" ;;
     tests-app) phase tests-app ${CAP:-240} $PYT --durations=10 tests/test_cli_gpu.py tests/test_example.py tests/test_distributed.py ;;
     cp-selftest) phase cp-selftest ${CAP:-120} python3 -m workbench.distributed selftest --backend nccl --world-size "${WS:-2}" ;;
     cp-bench) phase cp-bench ${CAP:-240} python3 -m workbench.distributed bench --world-size "${WS:-2}" --json "$OUT/cp_scaling.json" ${CP_ARGS:-} ;;

@@ -30,6 +30,11 @@ WGMMA=("$W[8-bf16]" "$W[64-fp8]")
 WS=tests/test_wgmma_ws.py
 WSJOB=("$WS::test_ws_stages_agree_bitwise_on_random_inputs[8-bf16]" "$WS::test_ws_stages_agree_bitwise_on_random_inputs[64-fp8]"
        "$WS::test_ws_filter_flushes_full_staging_buffers")
+# sparse attention (attend.cu): forward one/pair at MLA 16 heads and padded GQA, the deterministic backward
+A=tests/test_attention_gpu.py
+ATTEND=("$A::test_random_inputs_match_reference[empty-1-mla16]" "$A::test_random_inputs_match_reference[shared-2-mla16]"
+        "$A::test_random_inputs_match_reference[dups-2-gqa_pad]" "$A::test_backward_matches_reference[dups-True-mla8]"
+        "$A::test_backward_matches_reference[empty-False-gqa_pad]")
 
 status=0
 job() {   # job TOOL NAME PYTEST-ARGS...
@@ -51,7 +56,8 @@ for j in ${JOBS:-memcheck:big memcheck:variants racecheck:variants racecheck:til
     *:tiled64) job "${j%%:*}" tiled64 "${TILED64[@]}" ;;
     *:wgmma) job "${j%%:*}" wgmma "${WGMMA[@]}" ;;
     *:ws) job "${j%%:*}" ws "${WSJOB[@]}" ;;
-    *) echo "unknown job $j (TOOL:big|variants|tiled64|wgmma|ws)"; status=1 ;;
+    *:attend) job "${j%%:*}" attend "${ATTEND[@]}" ;;
+    *) echo "unknown job $j (TOOL:big|variants|tiled64|wgmma|ws|attend)"; status=1 ;;
   esac
 done
 echo "logs: $OUT/"
