@@ -374,3 +374,13 @@ def test_cupy_wrappers_against_emulated_kernels():
     res = subprocess.run([sys.executable, str(run)], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
     assert res.stdout.count("ok ") == 5
+
+
+def test_wrapper_and_lse_is_not_differentiable():
+    import workbench.torch as wt
+    q, kv, _, idx, d_v = torch_case(mla=True)
+    q.requires_grad_()
+    out, lse = wt.sparse_attention(q, kv, idx, d_v=d_v)
+    assert out.requires_grad and not lse.requires_grad
+    o2, _ = TA.sparse_attention(q, kv[:, None, :], idx, v=kv[:, None, :d_v])     # the same as GQA with one kv head
+    assert torch.allclose(out, o2)

@@ -277,3 +277,37 @@ def test_dsa_layer_trains_on_cuda():
     (o.out.float().square().mean() + o.indexer_loss).backward()
     assert torch.isfinite(o.out.float()).all() and x.grad is not None and torch.isfinite(x.grad.float()).all()
     assert math.isfinite(float(o.indexer_loss))
+
+
+def _registered(stage):
+    from workbench import registry
+    return [v.name for v in registry.variants(stage, "cupy")]
+
+
+@pytest.mark.parametrize("name", ["cupy.attend.one", "cupy.attend.pair"])
+def test_registered_forward_variants(name):
+    from workbench import registry
+    assert name in _registered("attend")
+    rng = np.random.default_rng(9)
+    k, v, kh, vh = layout(True, 500, 1, 576, 512, rng)
+    qd, qh = bf16(rng.standard_normal((5, 16, 576)))
+    idx = make_idx(rng, 5, 500, 200, "shared")
+    out, lse = registry.get(name)(qd, k, v, cp.asarray(idx), None)
+    ro, rl = registry.get("reference.attend")(qh, kh, vh, idx, None)
+    np.testing.assert_allclose(cp.asnumpy(out), ro, rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(cp.asnumpy(lse), rl, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", ["cupy.attend_backward.deterministic", "cupy.attend_backward.atomic"])
+def test_registered_backward_variants(name):
+    from workbench import registry
+    assert name in _registered("attend_backward")
+    rng = np.random.default_rng(10)
+    k, v, kh, vh = layout(False, 300, 2, 128, 128, rng)
+    qd, qh = bf16(rng.standard_normal((4, 8, 128)))
+    dod, doh = bf16(rng.standard_normal((4, 8, 128)))
+    idx = make_idx(rng, 4, 300, 100, "dups")
+    got = registry.get(name)(dod, qd, k, v, cp.asarray(idx), None)
+    want = registry.get("reference.attend_backward")(doh, qh, kh, vh, idx, None)
+    for a, b in zip(got, want):
+        _rel_close(cp.asnumpy(a), b)

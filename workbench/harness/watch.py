@@ -129,7 +129,8 @@ class WatchLoop:
                 out = Outcome(str(path), None, None, False, None, f"import/compile error: {detail}")
                 self.say(f"[bold red]✗ {path.name}: {escape(detail)}[/] (fix it and save again)")
                 return [out]
-            chosen = [v for v in registry.variants(load=False) if v.fn.__module__ == module]
+            # the HyTopK stages only: attention stages (registry.ATTENTION_STAGES) have their own tests and bench
+            chosen = [v for v in registry.variants(load=False) if v.fn.__module__ == module and v.stage in registry.STAGES]
         else:
             stages = stage_of_source(path)
             if not registry.load_family("cupy"):  # its variants are listed only once it is imported
