@@ -471,3 +471,81 @@ hytopk_attend_dkv_reduce(const float* __restrict__ part, int W, int DQK, int DV,
         *dst = acc;
     }
 }
+
+// The key list two adjacent queries share (reference.attention.pair_union, the `pair` variants'
+// input): block p sorts the 2 kk entries (position << 1 | query) of queries 2p, 2p+1 (bitonic, in
+// shared memory: N = a power of two >= max(256, 2 kk) keys), then writes the distinct positions in
+// ascending order with how many slots of each query hold them; -1 / 0 past count[p].
+// Positions must be < 2^30 (the host checks L); -1 or out-of-range slots are dropped.
+__global__ void __launch_bounds__(256)
+hytopk_attend_pair_union(const int* __restrict__ idx, int n, int kk, long long L, int N, int* __restrict__ uidx,
+                         int* __restrict__ mult, int* __restrict__ count) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    u32* key = reinterpret_cast<u32*>(smem);
+    __shared__ int wsum[8];
+    constexpr u32 NONE = 0xffffffffu;
+    const int p = blockIdx.x, U = 2 * kk;
+    for (int i = threadIdx.x; i < N; i += 256) {
+        u32 kv = NONE;
+        if (i < U) {
+            const int tag = i >= kk ? 1 : 0;
+            const int t = 2 * p + tag;
+            if (t < n) {
+                const long long s = idx[(long long)t * kk + (i - tag * kk)];
+                if (s >= 0 && s < L) kv = ((u32)s << 1) | (u32)tag;
+            }
+        }
+        key[i] = kv;
+    }
+    __syncthreads();
+    for (int size = 2; size <= N; size <<= 1) {
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int i = threadIdx.x; i < N / 2; i += 256) {
+                const int lo = 2 * i - (i & (stride - 1)), hi = lo + stride;
+                const bool up = (lo & size) == 0;
+                const u32 a = key[lo], b = key[hi];
+                if ((a > b) == up) {
+                    key[lo] = b;
+                    key[hi] = a;
+                }
+            }
+            __syncthreads();
+        }
+    }
+    // one run of equal positions per union slot: heads counted per thread chunk, block-scanned
+    const int per = N / 256, i0 = (int)threadIdx.x * per;
+    auto head = [&](int i) { return key[i] != NONE && (i == 0 || (key[i] >> 1) != (key[i - 1] >> 1)); };
+    int c = 0;
+    for (int i = i0; i < i0 + per; ++i) c += head(i) ? 1 : 0;
+    const int lane = (int)lane_id(), w = (int)(threadIdx.x >> 5);
+    int incl = c;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
+    }
+    if (lane == 31) wsum[w] = incl;
+    __syncthreads();
+    int slot = incl - c, total = 0;
+    for (int j = 0; j < 8; ++j) {
+        slot += j < w ? wsum[j] : 0;
+        total += wsum[j];
+    }
+    const long long row = (long long)p * U;
+    for (int i = i0; i < i0 + per; ++i) {
+        if (!head(i)) continue;
+        const u32 pos = key[i] >> 1;
+        int c0 = 0, c1 = 0;
+        for (int j = i; j < N && key[j] != NONE && (key[j] >> 1) == pos; ++j) (key[j] & 1u) ? ++c1 : ++c0;
+        uidx[row + slot] = (int)pos;
+        mult[2 * (row + slot)] = c0;
+        mult[2 * (row + slot) + 1] = c1;
+        ++slot;
+    }
+    for (int j = total + (int)threadIdx.x; j < U; j += 256) {
+        uidx[row + j] = -1;
+        mult[2 * (row + j)] = 0;
+        mult[2 * (row + j) + 1] = 0;
+    }
+    if (threadIdx.x == 0) count[p] = total;
+}

@@ -36,7 +36,7 @@ KERNELS = {
     "wgmma_ws.cu": tuple((f"hytopk_{k}_{kind}", over) for kind, over in (("ws", "wgmma"), ("ws_fp8", "wgmma_fp8"))
                          for k in ("filter", "dense", "score_rows", "score_only", "replay"))
                    + (("hytopk_filter_ws2", "wgmma"), ("hytopk_score_only_ws2", "wgmma"), ("hytopk_ws_pretile", "plain")),
-    "attend.cu": (("hytopk_attend_fwd", "attend"), ("hytopk_attend_bwd", "attend"), ("hytopk_attend_delta", "attend"),
+    "attend.cu": (("hytopk_attend_fwd", "attend"), ("hytopk_attend_bwd", "attend"), ("hytopk_attend_delta", "attend"), ("hytopk_attend_pair_union", "attend"),
                   ("hytopk_attend_dkv_reduce", "attend")),
 }
 # files that need an arch-specific target (wgmma exists on sm_90a only): NVRTC options, nvcc -gencode
@@ -121,7 +121,7 @@ def attend_names() -> tuple:
             out.append(attend_bwd_name(mt, dqk, dv, shared, False))
         out.append(attend_fwd_name(4, dqk, dv, 1, shared, False))
         out.append(attend_bwd_name(4, dqk, dv, shared, True))
-    out += ["hytopk_attend_delta<true>", "hytopk_attend_delta<false>",
+    out += ["hytopk_attend_pair_union", "hytopk_attend_delta<true>", "hytopk_attend_delta<false>",
             "hytopk_attend_dkv_reduce<true>", "hytopk_attend_dkv_reduce<false>"]
     return tuple(out)
 

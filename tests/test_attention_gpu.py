@@ -311,3 +311,14 @@ def test_registered_backward_variants(name):
     want = registry.get("reference.attend_backward")(doh, qh, kh, vh, idx, None)
     for a, b in zip(got, want):
         _rel_close(cp.asnumpy(a), b)
+
+
+@pytest.mark.parametrize("kind", ["random", "dups", "shared", "disjoint", "empty", "pad_only"])
+@pytest.mark.parametrize("n,kk", [(7, 100), (6, 2048), (1, 1), (4, 129)])
+def test_pair_union_kernel_equals_reference(CA, kind, n, kk):
+    rng = np.random.default_rng(seed(kind, n, kk))
+    L = 5000
+    idx = make_idx(rng, n, L, kk, kind)
+    got = CA.pair_union(cp.asarray(idx), L)
+    for a, b in zip(got, RA.pair_union(idx)):
+        np.testing.assert_array_equal(cp.asnumpy(a), b)

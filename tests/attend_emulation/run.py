@@ -50,7 +50,7 @@ class Fn:
     def __call__(self, grid, block, args, shared_mem=0):
         kern = self.name.split("<")[0]
         check(kern, args)
-        tp = [x.strip() for x in self.name.split("<")[1].rstrip(">").split(",")]
+        tp = [x.strip() for x in self.name.split("<")[1].rstrip(">").split(",")] if "<" in self.name else []
         getattr(self, kern)(tp, grid, args)
     def hytopk_attend_fwd(self, tp, grid, a):
         MT, NK, DQK, DV, QPT = map(int, tp[:5]); SH = tp[5] == "true"; OB = tp[6] == "true"
@@ -81,6 +81,11 @@ class Fn:
                     val = (p @ Vr[s_a, g]) / l
                     o[t, h] = float32_to_bf16_bits(val.astype(np.float32)) if OB else val
                     lse[t, h] = (m + math.log2(l)) * math.log(2)
+    def hytopk_attend_pair_union(self, tp, grid, a):
+        idx, n, kk, L, N, uidx, mult, count = a
+        assert N >= 2 * kk and N >= 256 and N & (N - 1) == 0 and grid[0] == (n + 1) // 2
+        u, m, c = RA.pair_union(np.where((idx >= 0) & (idx < L), idx, -1).astype(np.int32))
+        uidx[:], mult[:], count[:] = u, m, c
     def hytopk_attend_delta(self, tp, grid, a):
         do, o, rows, DV, delta = a
         ob = tp[0] == "true"

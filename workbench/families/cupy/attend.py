@@ -120,6 +120,25 @@ class Bound:
         return INST.attend_smem(mt, self.DQK, self.DV, qpt, self.shared, backward)
 
 
+UNION_MAX_L = 1 << 30            # the union kernel packs (position << 1 | query) into 32 bits
+
+
+def pair_union(idx, L):
+    """reference.attention.pair_union on the GPU: one block per pair sorts its 2 kk entries in shared
+    memory (hytopk_attend_pair_union); CuPy's sort where that does not fit (huge kk or L)."""
+    n, kk = idx.shape
+    P = (n + 1) // 2
+    N = max(256, 1 << max(0, 2 * kk - 1).bit_length())
+    if L > UNION_MAX_L or 4 * N > SMEM_OPTIN:
+        return RA.pair_union(idx, cp)
+    uidx = cp.empty((P, 2 * kk), cp.int32)
+    mult = cp.empty((P, 2 * kk, 2), cp.int32)
+    count = cp.empty(P, cp.int32)
+    _launch(_fn("hytopk_attend_pair_union"), (P, 1),
+            (cp.ascontiguousarray(idx), np.int32(n), np.int32(kk), np.int64(L), np.int32(N), uidx, mult, count), 4 * N)
+    return uidx, mult, count
+
+
 def attend_forward(q, k, v, idx, scale=None, *, qpt=1, out_dtype="bfloat16"):
     """(out [n, Hq, d_v], lse float32 [n, Hq]) on the GPU; qpt 1 (`one`) or 2 (`pair`)."""
     if out_dtype not in ("bfloat16", "float32"):
@@ -134,7 +153,7 @@ def attend_forward(q, k, v, idx, scale=None, *, qpt=1, out_dtype="bfloat16"):
         if qpt == 1:
             lst, lens, mult, U, tiles = b.idx, NULL, NULL, b.kk, b.n
         else:
-            lst, mult, lens = RA.pair_union(b.idx, cp)
+            lst, mult, lens = pair_union(b.idx, b.L)
             U, tiles = lst.shape[1], lst.shape[0]
         fn = _fn(INST.attend_fwd_name(mt, b.DQK, b.DV, qpt, b.shared, out_bf16))
         _launch(fn, (tiles, b.Hkv * nhb),
