@@ -23,6 +23,7 @@ KERNELS = {
     "threshold.cu": (("hytopk_threshold", "table+indexer"), ("hytopk_sample_positions", "plain")),
     "filter.cu": (("hytopk_filter", "table+indexer"),),
     "check.cu": (("hytopk_check", "plain"),),
+    "device_recovery.cu": (("hytopk_recovery_slots", "plain"), ("hytopk_scatter_slots", "plain")),
     "select.cu": (("hytopk_select", "plain"), ("hytopk_select_bitonic", "plain")),
     "recover.cu": (("hytopk_score_rows", "indexer"), ("hytopk_select_rows", "plain")),
     "dense.cu": (("hytopk_dense", "indexer"),),
