@@ -21,7 +21,7 @@ import reference as R
 from reference.fp8 import Fp8IndexerSource
 from kernels_cuda import instantiations as INST
 
-from ...geometry import WsGeometry, WsReplayGeometry
+from ...geometry import WsGeometry, WsReplayGeometry, WsThresholdGeometry
 from ...registry import register
 from . import _scope
 from ._launch import as_device, check_k_fits, chunks, i32, input_dtype, kernel, launch, launch_stream, pad_inputs
@@ -115,7 +115,7 @@ class WsInputs:
 
     def fn(self, stage: str):
         """hytopk_<stage>_<kind>: kind ws (bf16, 4 consumers), ws2 (bf16, 2 consumers) or ws_fp8."""
-        kind = "ws" if stage in ("dense", "score_rows", "replay") and self.kind == "ws2" else self.kind
+        kind = "ws" if stage in ("dense", "score_rows", "replay", "threshold") and self.kind == "ws2" else self.kind
         return kernel(FILE, f"hytopk_{stage}_{kind}<{self.H}, {self.D}>", self.shapes)
 
     def _pretile(self, a, rows_out):
@@ -183,6 +183,17 @@ class WsInputs:
                    (self.qt, self.w, self.keys, self.kscale, np.int64(self.L), np.int32(self.n), idx,
                     np.int32(k), out), self.rgeo.smem, threads=self.rgeo.threads)
         return out
+
+
+    def threshold(self, lo, hi, M, r):
+        """T [n]: the r-th best of each query's M samples, scored and selected in one kernel."""
+        T = cp.empty(self.n, cp.float32)
+        if self.n:
+            g = WsThresholdGeometry(self.H, self.D, 1 if self.kind == "ws_fp8" else 2)
+            launch(self.fn("threshold"), (self.n,),
+                   (self.qt, self.w, self.keys, self.kscale, np.int64(self.L), np.int32(self.n), lo, hi, M, r, T),
+                   g.smem, threads=g.threads)
+        return T
 
 
 def _indexer(source, name, consumers=4):
@@ -274,6 +285,20 @@ def threshold_ws(source, lo, hi, M, r):
         if s.shape[1] == 0:
             return cp.full(lo.shape[0], cp.nan, cp.float32)
         return threshold_unchecked(R.TableSource(s), cp.zeros_like(M), M, M, r)
+
+
+@register("threshold", "cupy.threshold.wgmma_ws_fused", sources=("indexer",), gpu_only=True,
+          notes=f"one warpgroup per query gathers its samples (3 cp.async stages) through the wgmma_ws score "
+                f"function and radix-selects the r-th best in shared memory: one kernel, no [n, M] scores; a "
+                f"context shared by every query takes the dense fast path of cupy.threshold.wgmma_ws {INPUTS}")
+def threshold_ws_fused(source, lo, hi, M, r):
+    if not isinstance(source, (R.IndexerSource, Fp8IndexerSource)):
+        raise TypeError("argument 'source': cupy.threshold.wgmma_ws_fused takes the indexer source only")
+    with launch_stream():
+        lo, hi, M, r = i32(lo, "lo"), i32(hi, "hi"), i32(M, "M"), i32(r, "r")
+        if _shared_plan(source, lo, hi, M) is not None:
+            return threshold_ws(source, lo, hi, M, r)
+        return _indexer(source, "cupy.threshold.wgmma_ws_fused").threshold(lo, hi, M, r)
 
 
 def _shared_plan(source, lo, hi, M):
