@@ -111,9 +111,9 @@ def bench(name, args):
     ci, cv, cnt = st.filter(src, lo_d, hi_d, T, plan1.capacity)
     row("threshold", lambda: st.threshold(src, lo_d, hi_d, M_d, r_d))
     from workbench import registry
-    for name in ("cupy.threshold.wgmma_ws", "cupy.threshold.wgmma_ws_fused"):
-        v = registry.get(name)
-        row(f"threshold {name.rsplit('.', 1)[1]}", lambda v=v: v(src, lo_d, hi_d, M_d, r_d))
+    for variant in ("cupy.threshold.wgmma_ws", "cupy.threshold.wgmma_ws_fused"):
+        v = registry.get(variant)
+        row(f"threshold {variant.rsplit('.', 1)[1]}", lambda v=v: v(src, lo_d, hi_d, M_d, r_d))
     f = row("filter", lambda: st.filter(src, lo_d, hi_d, T, plan1.capacity))
     row("select", lambda: st.select(ci, cv, cnt, k))
     row("check", lambda: st.check(cnt, lo_d, hi_d, k, plan1.capacity))

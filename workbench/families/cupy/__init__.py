@@ -13,6 +13,7 @@ import cupy as cp
 import numpy as np
 
 from .. import Family
+from . import _scope
 from ._launch import BLOCK, as_device, chunks, gpu_status, kernel, launch, launch_stream
 from .recover import ROWS_PER_PASS
 from . import check, dense, filter, recover, replay, select, threshold, tiled, wgmma, wgmma_ws  # noqa: F401  (register variants)
@@ -126,14 +127,23 @@ class CupyFamily(Family):
             fell_back = cp.zeros(1, cp.uint8)
             launch(kernel("check.cu", "hytopk_check"), (min(chunks(n, BLOCK), 1024),),
                    (np.int32(n), count, lo, hi, np.int32(k), np.int32(capacity), failed, rows, nfailed))
-            S = ROWS_PER_PASS
+            S = _recovery_chunk(n, _scope.longest_context())
             slots = cp.empty(S, cp.int32)
-            for c in range(chunks(n, S)):
-                launch(kernel("device_recovery.cu", "hytopk_recovery_slots"), (1,),
-                       (np.int32(n), nfailed, rows, np.int32(max_failed), np.int32(c), np.int32(S), slots, fell_back))
-                ridx, rval = recover(source, lo, hi, slots, k)
-                launch(kernel("device_recovery.cu", "hytopk_scatter_slots"), (S, chunks(k, BLOCK)),
-                       (slots, np.int32(S), np.int32(k), ridx, rval, idx, val))
+            facts = _scope.current()
+            saved = facts.recovery_rows if facts is not None else None
+            if facts is not None:
+                facts.recovery_rows = S                  # one materialisation per chunk: fewer launches
+            try:
+                for c in range(chunks(n, S)):
+                    launch(kernel("device_recovery.cu", "hytopk_recovery_slots"), (1,),
+                           (np.int32(n), nfailed, rows, np.int32(max_failed), np.int32(c), np.int32(S), slots,
+                            fell_back))
+                    ridx, rval = recover(source, lo, hi, slots, k)
+                    launch(kernel("device_recovery.cu", "hytopk_scatter_slots"), (S, chunks(k, BLOCK)),
+                           (slots, np.int32(S), np.int32(k), ridx, rval, idx, val))
+            finally:
+                if facts is not None:
+                    facts.recovery_rows = saved
             return failed.astype(cp.bool_), fell_back.astype(cp.bool_), nfailed
 
     def scatter_rows(self, dst_idx, dst_val, rows, src_idx, src_val):
@@ -141,6 +151,17 @@ class CupyFamily(Family):
             rows = as_device(rows)
             dst_idx[rows] = src_idx
             dst_val[rows] = src_val
+
+
+RECOVERY_SCRATCH_BYTES = 128 << 20
+
+
+def _recovery_chunk(n: int, longest: int | None) -> int:
+    """Slots per chunk of the device-side recovery: as many rows as a materialisation of
+    RECOVERY_SCRATCH_BYTES holds (at least ROWS_PER_PASS, at most n): every chunk is a few
+    launches whether it holds a query or not, so fewer chunks mean a smaller CUDA graph."""
+    fit = RECOVERY_SCRATCH_BYTES // (4 * max(1, longest or 1))
+    return int(max(1, min(max(n, 1), max(ROWS_PER_PASS, fit))))
 
 
 _LANES: dict = {}

@@ -18,6 +18,7 @@ class CallFacts:
     shared: tuple | None = None                    # (lo, c, M) when every query has that context and M
     max_len: int | None = None                     # the longest context hi - lo of the call
     uploads: dict = field(default_factory=dict)    # a plan's device constants (sample positions, ...)
+    recovery_rows: int | None = None               # rows a recovery materialises at a time (None: its own)
 
 
 CURRENT: CallFacts | None = None
@@ -52,3 +53,8 @@ def call_scope(lo_h=None, hi_h=None, M_h=None, uploads: dict | None = None):
 def longest_context() -> int | None:
     """The call's longest context (a recovery row's buffer width), or None outside a call."""
     return CURRENT.max_len if CURRENT is not None else None
+
+
+def recovery_rows(default: int) -> int:
+    """Rows a recovery call materialises at a time: the call's setting, else ``default``."""
+    return CURRENT.recovery_rows if CURRENT is not None and CURRENT.recovery_rows else default

@@ -143,14 +143,15 @@ def recover_rows(x, lo, hi, rows, k):
     select = kernel("recover.cu", "hytopk_select_rows")
     longest = _scope.longest_context()            # in a pipeline call: from its host ranges, no sync
     lengths = (hi - lo)[rows] if longest is None else None
-    for s in range(0, nr, ROWS_PER_PASS):
-        part = cp.ascontiguousarray(rows[s:s + ROWS_PER_PASS])
-        stride = max(1, longest if longest is not None else int(lengths[s:s + ROWS_PER_PASS].max()))
+    step = _scope.recovery_rows(ROWS_PER_PASS)
+    for s in range(0, nr, step):
+        part = cp.ascontiguousarray(rows[s:s + step])
+        stride = max(1, longest if longest is not None else int(lengths[s:s + step].max()))
         buf = cp.empty((part.shape[0], stride), cp.float32)
         x.score_rows(part, lo, hi, buf, stride)
         launch(select, (part.shape[0],),
                (buf, np.int64(stride), np.int32(0), part, np.int32(part.shape[0]), lo, hi, np.int32(k),
-                idx[s:s + ROWS_PER_PASS], val[s:s + ROWS_PER_PASS]), exact_topk_smem_bytes(k))
+                idx[s:s + step], val[s:s + step]), exact_topk_smem_bytes(k))
         del buf
     return idx, val
 
