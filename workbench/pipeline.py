@@ -196,11 +196,13 @@ class SelectionPlan:
         T, count = fam.empty((n,), np.float32), fam.empty((n,), np.int32)
 
         def one(a, b):
-            out = _select_pass(st, _rows(source, a, b), self.lo_d[a:b], self.hi_d[a:b], self.M_d[a:b],
+            part_src = _rows(source, a, b)
+            out = _select_pass(st, part_src, self.lo_d[a:b], self.hi_d[a:b], self.M_d[a:b],
                                self.r_d[a:b], self.k, self.capacity)
             for dst, part in zip((T, count, idx, val), out):
                 fam.place(dst, a, part)
-            del out                                # this pass's scratch goes back to the pool
+            del out                                # this pass's scratch goes back to the pool,
+            fam.release(getattr(part_src, "q", None))    # and what the family prepared from its rows
         # the first pass on the launch stream: what it prepares for the whole call (keys in a core's
         # layout, uploads) is then ready before the lanes fork from that stream
         one(*self.passes[0])

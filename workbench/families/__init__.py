@@ -56,6 +56,9 @@ class Family:
         where a family may keep device constants derived from those ranges."""
         return contextlib.nullcontext()
 
+    def release(self, x):
+        """Forget what this call prepared from the input array ``x`` (a pass's rows, done with)."""
+
     @contextlib.contextmanager
     def lanes(self, count):
         """``count`` contexts to run independent passes in (streams for a GPU family, forked

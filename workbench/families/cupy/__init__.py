@@ -91,6 +91,14 @@ class CupyFamily(Family):
         context (recovery buffers without a sync); a plan's uploads (_scope.CallFacts)."""
         return wgmma_ws.call_scope(lo_h, hi_h, M_h, uploads)
 
+    def release(self, x):
+        """Drop the call's layout copy of ``x`` (a pass's q rows: 1/passes of q each, which would
+        otherwise all live until the call ends). Its memory returns to the pool of the stream
+        that made it, so later work on other streams cannot reuse it early."""
+        facts = _scope.current()
+        if facts is not None:
+            facts.prepared.pop(id(x), None)
+
     @contextlib.contextmanager
     def lanes(self, count):
         """``count`` streams forked from the launch stream and joined back at exit (events only:
