@@ -23,6 +23,7 @@ KERNELS = {
     "threshold.cu": (("hytopk_threshold", "table+indexer"), ("hytopk_sample_positions", "plain")),
     "filter.cu": (("hytopk_filter", "table+indexer"),),
     "check.cu": (("hytopk_check", "plain"),),
+    "device_recovery.cu": (("hytopk_recovery_slots", "plain"), ("hytopk_scatter_slots", "plain")),
     "select.cu": (("hytopk_select", "plain"), ("hytopk_select_bitonic", "plain")),
     "recover.cu": (("hytopk_score_rows", "indexer"), ("hytopk_select_rows", "plain")),
     "dense.cu": (("hytopk_dense", "indexer"),),
@@ -34,7 +35,7 @@ KERNELS = {
     "wgmma.cu": tuple((f"hytopk_{k}_{kind}", kind) for kind in ("wgmma", "wgmma_fp8")
                       for k in ("filter", "dense", "score_rows", "score_only")),
     "wgmma_ws.cu": tuple((f"hytopk_{k}_{kind}", over) for kind, over in (("ws", "wgmma"), ("ws_fp8", "wgmma_fp8"))
-                         for k in ("filter", "dense", "score_rows", "score_only", "replay"))
+                         for k in ("filter", "dense", "score_rows", "score_only", "replay", "threshold"))
                    + (("hytopk_filter_ws2", "wgmma"), ("hytopk_score_only_ws2", "wgmma"), ("hytopk_ws_pretile", "plain")),
     "attend.cu": (("hytopk_attend_fwd", "attend"), ("hytopk_attend_bwd", "attend"), ("hytopk_attend_delta", "attend"), ("hytopk_attend_pair_union", "attend"),
                   ("hytopk_attend_dkv_reduce", "attend")),

@@ -25,6 +25,7 @@ hytopk_score_rows(const void* p0, const void* p1, const void* p2, long long L,
     const int j = blockIdx.x;
     if (j >= nrows) return;
     const int t = rows[j];
+    if (t < 0) return;                                        // an empty recovery slot
     const long long a = lo[t];
     const long long c = min((long long)hi[t] - a, stride);   // never past the row's buffer
     const long long i0 = (long long)blockIdx.y * chunk;
@@ -49,6 +50,7 @@ hytopk_select_rows(const u32* __restrict__ base, long long stride, int by_query,
     const int j = blockIdx.x;
     if (j >= nrows) return;
     const int t = rows[j];
+    if (t < 0) return;                          // an empty recovery slot: nothing to write
     const long long a = lo[t];
     long long c = (long long)hi[t] - a;
     const u32* row = by_query ? base + (long long)t * stride + a : base + (long long)j * stride;

@@ -7,6 +7,7 @@
 // float32, kscale [L] float32 (fp8 only; ignored for bf16); all 16-byte aligned.
 // Scan grids are 1-D: block = query group * runs + run (Core::init).
 #include "hytopk_wgmma_ws.cuh"
+#include "hytopk_radix.cuh"
 using namespace hytopk;
 using namespace hytopk::ws;
 
@@ -297,65 +298,72 @@ __device__ __forceinline__ void score_only_body(HYTOPK_WS_ARGS, int n, const int
     core.run_roles(tile0, ntiles, epi);
 }
 
-// ------------------------------------------------------------------ replay (gathered keys)
-// One warpgroup per block: query t = blockIdx.x, selected slots [64 RT y, 64 RT (y + 1)) of
-// its k. Key rows keys[idx[t, j]] (row-major [L, D], idx = -1: zeros) are gathered with
-// cp.async into the core-matrix layout, double buffered; the MMA has N = H (the query's
-// rows) and the same partial_sums / quad_sums / finish_score as the scan epilogues.
-template <class In, int H, int D>
-struct ReplayShape {
+// ------------------------------------------------------------------ gathered keys: replay, threshold
+// One warpgroup per block scores query t at the key positions of its slots [jb, jb + nslots):
+// key rows keys[pos_of(j)] (row-major [L, D]; pos -1: zeros) are gathered with cp.async into
+// the core-matrix layout, STAGES buffers deep; the MMA has N = H (the query's rows) and the
+// same partial_sums / quad_sums / finish_score as the scan epilogues, so every score has the
+// filter's bits. emit(j, bits) takes slot j's score (-inf where pos = -1).
+template <class In, int H, int D, int STAGES = 2>
+struct GatherShape {
     static constexpr int ROW_BYTES = D * In::BYTES;
     static constexpr int CH = ROW_BYTES / 16;
     static constexpr int KSTEPS = ROW_BYTES / 32;
     static constexpr int GROUP_BYTES = CH * 128;
     static constexpr int Q_BYTES = H * ROW_BYTES;
     static constexpr int TILE_BYTES = 64 * ROW_BYTES;
-    static constexpr int RT = 8;                             // 64-key tiles per block
-    static constexpr int SMEM_BYTES = Q_BYTES + 2 * TILE_BYTES + 4 * H + 2 * 64 * 4;
+    static constexpr int SMEM_BYTES = Q_BYTES + STAGES * TILE_BYTES + 4 * H + STAGES * 64 * 8;
 };
 
 template <class In, int H, int D>
-__device__ __forceinline__ void replay_body(HYTOPK_WS_ARGS, int n, const int* idx, int k, u32* out) {
-    typedef ReplayShape<In, H, D> R;
-    extern __shared__ __align__(1024) unsigned char smem[];
-    const int t = (int)blockIdx.x, tid = (int)threadIdx.x;
-    const long long jb = (long long)blockIdx.y * R::RT * 64;
-    if (t >= n || jb >= k) return;
-    const int nt = (int)min((long long)R::RT, (k - jb + 63) / 64);
-    float* s_w = reinterpret_cast<float*>(smem + R::Q_BYTES + 2 * R::TILE_BYTES);
-    float* s_sc = s_w + H;                                   // [2][64] half scales of the gathered keys
+struct ReplayShape : GatherShape<In, H, D, 2> {
+    static constexpr int RT = 8;                             // 64-key tiles per block
+};
+
+template <class In, int H, int D, int STAGES, class PosOf, class Emit>
+__device__ __forceinline__ void gather_scores(HYTOPK_WS_ARGS, int t, long long jb, long long nslots,
+                                              const PosOf& pos_of, const Emit& emit, unsigned char* smem) {
+    typedef GatherShape<In, H, D, STAGES> R;
+    const int tid = (int)threadIdx.x;
+    const int nt = (int)((nslots + 63) / 64);
+    float* s_w = reinterpret_cast<float*>(smem + R::Q_BYTES + STAGES * R::TILE_BYTES);
+    float* s_sc = s_w + H;                                   // [STAGES][64] half scales of the gathered keys
+    int* s_pos = reinterpret_cast<int*>(s_sc + STAGES * 64); // [STAGES][64] their positions (-1: none)
     const u32 sq = smem_addr(smem), sk = sq + R::Q_BYTES;
     const unsigned char* qsrc = reinterpret_cast<const unsigned char*>(qt) + (size_t)t * R::Q_BYTES;
     for (int i = tid; i < R::Q_BYTES / 16; i += 128) cp_async16(sq + 16u * i, qsrc + 16 * i, true);
     for (int i = tid; i < H; i += 128) s_w[i] = w[(long long)t * H + i];
-    const int* irow = idx + (long long)t * k;
     const unsigned char* keys = reinterpret_cast<const unsigned char*>(kt);     // row-major here
-    const auto load = [&](int jt) {
-        const int buf = jt & 1;
-        const long long j_first = jb + jt * 64;
-        for (int i = tid; i < 64 * R::CH; i += 128) {
-            const int r = (i / (8 * R::CH)) * 8 + (i & 7), c = (i >> 3) % R::CH;
-            const long long j = j_first + r;
-            const int s = j < k ? irow[j] : -1;
-            cp_async16(sk + buf * R::TILE_BYTES + 16u * i, keys + (s >= 0 ? (size_t)s * R::ROW_BYTES + c * 16 : 0), s >= 0);
-        }
-        if (tid < 64) {
-            const long long j = j_first + tid;
-            const int s = j < k ? irow[j] : -1;
+    const auto load = [&](int jt) {                          // every thread calls it (a barrier inside)
+        const int buf = jt % STAGES;
+        if (tid < 64) {                                      // each slot's position once, not once per chunk
+            const long long j = jb + (long long)jt * 64 + tid;
+            const int s = j < jb + nslots ? pos_of(j) : -1;
+            s_pos[buf * 64 + tid] = s;
             s_sc[buf * 64 + tid] = s >= 0 ? half_scale_of<In>(kscale, s, L) : 0.0f;
         }
+        __syncthreads();
+        for (int i = tid; i < 64 * R::CH; i += 128) {
+            const int r = (i / (8 * R::CH)) * 8 + (i & 7), c = (i >> 3) % R::CH;
+            const int s = s_pos[buf * 64 + r];
+            cp_async16(sk + buf * R::TILE_BYTES + 16u * i, keys + (s >= 0 ? (size_t)s * R::ROW_BYTES + c * 16 : 0), s >= 0);
+        }
     };
-    load(0);
-    cp_async_commit();
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) {                  // q and the first STAGES - 1 tiles
+        if (i < nt) load(i);
+        cp_async_commit();
+    }
     const int wi = tid >> 5, g = (int)(lane_id() >> 2), tig = (int)(lane_id() & 3);
     for (int jt = 0; jt < nt; ++jt) {
-        if (jt + 1 < nt) load(jt + 1);
+        // into buffer (jt - 1) % STAGES: every thread left it at the barrier ending tile jt - 1
+        if (jt + STAGES - 1 < nt) load(jt + STAGES - 1);
         cp_async_commit();
-        cp_async_wait<1>();
+        cp_async_wait<STAGES - 1>();
         fence_proxy_async();
         __syncthreads();                                     // tile jt (and q, w) landed
         float d[H / 2];
-        mma_chain<In, R::KSTEPS, R::GROUP_BYTES>(d, sk + (jt & 1) * R::TILE_BYTES, sq);
+        mma_chain<In, R::KSTEPS, R::GROUP_BYTES>(d, sk + (jt % STAGES) * R::TILE_BYTES, sq);
         wgmma_wait_all();
         float x[1][2], p[1][2];
         partial_sums<H, 1>(d, reinterpret_cast<const float2*>(s_w), x);
@@ -363,15 +371,81 @@ __device__ __forceinline__ void replay_body(HYTOPK_WS_ARGS, int n, const int* id
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             const int r = 16 * wi + g + 8 * e;
-            const long long j = jb + jt * 64 + r;
-            if (tig == 0 && j < k) {
-                const float v = finish_score(p[0][e], s_sc[(jt & 1) * 64 + r]);
-                out[(long long)t * k + j] = irow[j] >= 0 ? __float_as_uint(v) : NEG_INF_BITS;
+            const long long j = jb + (long long)jt * 64 + r;
+            if (tig == 0 && j < jb + nslots) {
+                const float v = finish_score(p[0][e], s_sc[(jt % STAGES) * 64 + r]);
+                emit(j, s_pos[(jt % STAGES) * 64 + r] >= 0 ? __float_as_uint(v) : NEG_INF_BITS);
             }
         }
-        __syncthreads();                                     // every thread is past buffer jt & 1 before it is refilled
+        __syncthreads();                                     // every thread is past buffer jt % STAGES before it is refilled
     }
     cp_async_wait<0>();
+}
+
+// Replay: query t = blockIdx.x, selected slots [64 RT y, 64 RT (y + 1)) of its k; idx = -1: -inf.
+template <class In, int H, int D>
+__device__ __forceinline__ void replay_body(HYTOPK_WS_ARGS, int n, const int* idx, int k, u32* out) {
+    typedef ReplayShape<In, H, D> R;
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const int t = (int)blockIdx.x;
+    const long long jb = (long long)blockIdx.y * R::RT * 64;
+    if (t >= n || jb >= k) return;
+    const int* irow = idx + (long long)t * k;
+    gather_scores<In, H, D, 2>(qt, w, kt, kscale, L, t, jb, min((long long)R::RT * 64, (long long)k - jb),
+                               [&](long long j) { return irow[j]; },
+                               [&](long long j, u32 v) { out[(long long)t * k + j] = v; }, smem);
+}
+
+// Threshold (stages 1-4 fused): query t = blockIdx.x scores its M evenly spaced samples
+// p_j = lo + (j * c) // M (64-bit, as the contract says) into shared memory and takes the
+// r-th best, as hytopk_threshold does (the first such sample in position order gives T's bits).
+constexpr int WS_MAX_SAMPLES = 8192;
+
+template <class In, int H, int D>
+struct ThresholdShape : GatherShape<In, H, D, 3> {
+    static constexpr int GATHER_BYTES = GatherShape<In, H, D, 3>::SMEM_BYTES;
+    static constexpr int SMEM_BYTES_ALL = (GATHER_BYTES + 15) / 16 * 16 + 4 * WS_MAX_SAMPLES + 4 * RADIX
+                                          + (int)sizeof(SelectScalars);
+};
+
+template <class In, int H, int D>
+__device__ __forceinline__ void threshold_body(HYTOPK_WS_ARGS, int n, const int* lo, const int* hi, const int* M,
+                                               const int* r, u32* T) {
+    typedef ThresholdShape<In, H, D> TS;
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const int t = (int)blockIdx.x;
+    if (t >= n) return;
+    const int Mt = M[t];
+    const long long a = lo[t], c = (long long)hi[t] - a;
+    if (Mt <= 0 || c <= 0) {                                 // no sampling: NaN lets every key through
+        if (threadIdx.x == 0) T[t] = 0x7fc00000u;
+        return;
+    }
+    u32* bits = reinterpret_cast<u32*>(smem + (TS::GATHER_BYTES + 15) / 16 * 16);
+    u32* hist = bits + WS_MAX_SAMPLES;
+    SelectScalars* sc = reinterpret_cast<SelectScalars*>(hist + RADIX);
+    const int m = min(Mt, WS_MAX_SAMPLES);
+    gather_scores<In, H, D, 3>(qt, w, kt, kscale, L, t, 0, m,
+                               [&](long long j) { return (int)(a + (j * c) / Mt); },
+                               [&](long long j, u32 v) { bits[j] = v; }, smem);
+    __syncthreads();
+    const u32 rank = (u32)min(max(r[t], 1), m);
+    auto sample_key = [&](long long j, u32* out) { *out = order_key_bits(bits[j]); return true; };
+    const u32 kstar = block_radix_select<true>(sample_key, m, rank, hist, sc);
+    const u32 need = sc->remaining;
+    if (threadIdx.x < 32) {                                  // the need-th sample (position order) with key K*
+        u32 seen = 0u;
+        for (int base = 0; base < m; base += 32) {
+            const int j = base + (int)lane_id();
+            const bool match = j < m && order_key_bits(bits[j]) == kstar;
+            const u32 mask = __ballot_sync(FULL, match);
+            if (seen + __popc(mask) >= need) {
+                if (match && seen + __popc(mask & lanes_below_mask()) + 1u == need) T[t] = bits[j];
+                break;
+            }
+            seen += __popc(mask);
+        }
+    }
 }
 
 }  // namespace
@@ -429,6 +503,14 @@ __global__ void hytopk_ws_pretile(const uint4* __restrict__ src, long long rows,
         const float* __restrict__ kscale, long long L, int n, const int* __restrict__ idx, int k,              \
         u32* __restrict__ out) {                                                                               \
         replay_body<IN, H, D>(qt, w, keys, kscale, L, n, idx, k, out);                                        \
+    }                                                                                                          \
+    template <int H, int D>                                                                                    \
+    __global__ void __launch_bounds__(128) hytopk_threshold_##SUFFIX(                                           \
+        const IN::elem* __restrict__ qt, const float* __restrict__ w, const IN::elem* __restrict__ keys,       \
+        const float* __restrict__ kscale, long long L, int n, const int* __restrict__ lo,                      \
+        const int* __restrict__ hi, const int* __restrict__ M, const int* __restrict__ r,                      \
+        u32* __restrict__ T) {                                                                                 \
+        threshold_body<IN, H, D>(qt, w, keys, kscale, L, n, lo, hi, M, r, T);                                 \
     }
 
 HYTOPK_WS_KERNELS(ws, Bf16, 4)

@@ -2,7 +2,7 @@
 # One H200 session (device tool): environment, then the named phases, each time-boxed,
 # logs under $OUT (tarred at the end so they fit the device tool's file limits).
 #   bash scripts/h200_run.sh env tests:330 compare:150 bench-train ...
-# Phases: env probe sass ncu tests-wgmma tests-ws tests-dtypes tests-args prefill bench-core compile-check tests tests-gpu tests-cupy tests-variants tests-torch tests-app tests-new tests-tiled
+# Phases: env tests-plan bench-pipeline (BENCH_PIPELINE_ARGS) probe sass ncu tests-wgmma tests-ws tests-dtypes tests-args prefill bench-core compile-check tests tests-gpu tests-cupy tests-variants tests-torch tests-app tests-new tests-tiled
 #         tests-attend bench-attend (BENCH_ATTEND_ARGS)
 #         sanitize (JOBS=...) compare (PRESET, BUDGET, COMPARE_ARGS) bench-train cp-selftest cp-bench (WS, CP_ARGS)
 set -uo pipefail
@@ -39,6 +39,8 @@ for arg in "$@"; do      # NAME or NAME:SECONDS (time box for that phase)
     sass) phase sass ${CAP:-240} bash scripts/sass.sh wgmma.cu "$OUT/sass" ;;
     tests-wgmma) phase tests-wgmma ${CAP:-240} $PYT --durations=10 tests/test_wgmma.py tests/test_variants.py -k "wgmma" ;;
     tests-ws) phase tests-ws ${CAP:-300} $PYT --durations=10 tests/test_wgmma_ws.py ;;
+    tests-plan) phase tests-plan ${CAP:-240} $PYT --durations=10 tests/test_plan_gpu.py tests/test_plan.py tests/test_torch_gpu.py ;;
+    bench-pipeline) phase bench-pipeline ${CAP:-300} python3 scripts/bench_pipeline.py ${BENCH_PIPELINE_ARGS:---preset dsv32-128k --preset glm5-128k} --json "$OUT/bench_pipeline.json" ;;
     tests-dtypes) phase tests-dtypes ${CAP:-200} $PYT -rs --durations=10 tests/test_dtypes_gpu.py ;;
     tests-args) phase tests-args ${CAP:-120} $PYT --durations=5 tests/test_arguments_gpu.py ;;
     prefill) phase prefill ${CAP:-300} python3 -m workbench.torch.integrations.bench_prefill --json "$OUT/prefill.json" ${PREFILL_ARGS:-} ;;

@@ -232,18 +232,48 @@ def test_ws_filter_flushes_full_staging_buffers():
 
 
 @gpu
-def test_ws_threshold_is_the_rth_best_sample_of_its_own_scores():
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("dtype, H, layout", [("bf16", 64, "causal_tail"), ("bf16", 32, "random"),
+                                              ("fp8", 64, "random"), ("bf16", 8, "varlen")])
+def test_ws_threshold_is_the_rth_best_sample_of_its_own_scores(fused, dtype, H, layout):
+    """T (its bits: the first sample in position order among the r-th best key's ties) equals the
+    reference's r-th best sample of the core's own dense table; the fused kernel (samples scored
+    and selected in one block per query) and the gather + block select give the same T."""
     import cupy as cp
     from workbench.families.cupy import wgmma_ws as WS
-    n, L, H, D, k = 16, 40000, 64, 128, 512
-    src, rng = _random_source("bf16", n, L, H, D, 11)
-    lo, hi = G.layout("causal_tail", n, L, k, rng)
+    n, L, D, k = 24, 40000, 128, 512
+    src, rng = _random_source(dtype, n, L, H, D, 11)
+    lo, hi = G.layout(layout, n, L, k, rng)
+    lo, hi = lo.astype(np.int32), hi.astype(np.int32)
+    lo[0], hi[0] = 9, 9                                                   # empty: T = NaN
+    table = WS.dense_source(src, cp.asarray(lo), cp.asarray(hi)).get()
+    M, r = R.sample_plan(lo, hi, k, 3.0)
+    fn = WS.threshold_ws_fused if fused else WS.threshold_ws
+    T = fn(src, cp.asarray(lo), cp.asarray(hi), cp.asarray(M), cp.asarray(r)).get()
+    want = R.stage_threshold(R.TableSource(table), lo, hi, M, r)
+    np.testing.assert_array_equal(R.order_keys(T), R.order_keys(want))
+    sampled = M > 0
+    assert T[sampled].view(np.uint32).tobytes() == want[sampled].view(np.uint32).tobytes()
+
+
+@gpu
+def test_ws_fused_threshold_ties_take_the_first_sample():
+    """Plateaus of equal scores (and -0.0 beside +0.0 after the ReLU): T's bits come from the
+    first sample in position order among the ties, as the reference's rank order gives."""
+    import cupy as cp
+    from workbench.families.cupy import wgmma_ws as WS
+    n, L, H, D, k = 12, 20000, 64, 128, 256
+    rng = np.random.default_rng(4)
+    q, w, keys = _exact_inputs("plateau", n, L, H, D, rng)
+    src, _ = _source("plateau", q, w, keys, rng, "bf16")
+    lo, hi = G.layout("random", n, L, k, rng)
     lo, hi = lo.astype(np.int32), hi.astype(np.int32)
     table = WS.dense_source(src, cp.asarray(lo), cp.asarray(hi)).get()
     M, r = R.sample_plan(lo, hi, k, 3.0)
-    T = WS.threshold_ws(src, cp.asarray(lo), cp.asarray(hi), cp.asarray(M), cp.asarray(r)).get()
+    T = WS.threshold_ws_fused(src, cp.asarray(lo), cp.asarray(hi), cp.asarray(M), cp.asarray(r)).get()
     want = R.stage_threshold(R.TableSource(table), lo, hi, M, r)
-    np.testing.assert_array_equal(R.order_keys(T), R.order_keys(want))
+    sampled = M > 0
+    assert T[sampled].view(np.uint32).tobytes() == want[sampled].view(np.uint32).tobytes()
 
 
 @gpu

@@ -40,6 +40,12 @@ class WsGeometry:
         return f"hytopk::ws::Shape<{self.H}, {self.D}, {kind}, {self.consumers}>"
 
 
+def _gather_smem(H: int, D: int, elem_bytes: int, stages: int) -> int:
+    """GatherShape<In, H, D, STAGES>::SMEM_BYTES: q rows, key tiles, weights, per-slot scale + position."""
+    row = D * elem_bytes
+    return H * row + stages * 64 * row + 4 * H + stages * 64 * 8
+
+
 class WsReplayGeometry:
     """ReplayShape<In, H, D> of kernels_cuda/wgmma_ws.cu: one warpgroup per block."""
 
@@ -47,14 +53,31 @@ class WsReplayGeometry:
 
     def __init__(self, H: int, D: int, elem_bytes: int):
         self.H, self.D, self.elem_bytes = H, D, elem_bytes
-        row = D * elem_bytes
         self.threads = 128
-        self.smem = H * row + 2 * 64 * row + 4 * H + 2 * 64 * 4
+        self.smem = _gather_smem(H, D, elem_bytes, 2)
         self.block_slots = 64 * self.TILES
 
     def cxx(self) -> str:
         kind = "hytopk::ws::Bf16" if self.elem_bytes == 2 else "hytopk::ws::E4m3"
         return f"ReplayShape<{kind}, {self.H}, {self.D}>"
+
+
+class WsThresholdGeometry:
+    """ThresholdShape<In, H, D> of kernels_cuda/wgmma_ws.cu: one warpgroup per query, three
+    gather stages, the samples' score bits and the radix select's scratch in shared memory."""
+
+    MAX_SAMPLES = 8192
+    STAGES = 3
+
+    def __init__(self, H: int, D: int, elem_bytes: int):
+        self.H, self.D, self.elem_bytes = H, D, elem_bytes
+        self.threads = 128
+        gather = _gather_smem(H, D, elem_bytes, self.STAGES)
+        self.smem = (gather + 15) // 16 * 16 + 4 * self.MAX_SAMPLES + 4 * 256 + 16
+
+    def cxx(self) -> str:
+        kind = "hytopk::ws::Bf16" if self.elem_bytes == 2 else "hytopk::ws::E4m3"
+        return f"ThresholdShape<{kind}, {self.H}, {self.D}>"
 
 
 def ws_static_asserts(shapes_bf16, shapes_fp8) -> list[str]:
@@ -72,4 +95,7 @@ def ws_static_asserts(shapes_bf16, shapes_fp8) -> list[str]:
             r = WsReplayGeometry(H, D, eb)
             out.append(f'static_assert({r.cxx()}::SMEM_BYTES == {r.smem} && {r.cxx()}::RT == {r.TILES}, '
                        f'"workbench/geometry.py WsReplayGeometry({H}, {D}, {eb}) != {r.cxx()}");')
+            th = WsThresholdGeometry(H, D, eb)
+            out.append(f'static_assert({th.cxx()}::SMEM_BYTES_ALL == {th.smem}, '
+                       f'"workbench/geometry.py WsThresholdGeometry({H}, {D}, {eb}) != {th.cxx()}");')
     return out

@@ -100,56 +100,163 @@ def _rows(source, a, b):
     return R.IndexerSource(source.q[a:b], source.w[a:b], source.keys)
 
 
-def run_hytopk(st: StageSet, source, lo, hi, lo_h, hi_h, k, capacity, oversample, max_failed, query_chunk=None):
-    """Run the pipeline on family-native device arrays, in passes of at most
-    ``query_chunk`` queries (default: query_chunk_for) so that the scratch memory stays
-    bounded whatever n is. Queries are independent, so passes change no bit of the result.
+class SelectionPlan:
+    """The host work of one selection layout, done once; each call only launches kernels.
 
-    The driver adds no wait for the GPU between passes (a stage variant may have its own):
-    threshold, filter and select of every pass are queued back to back and each pass's rows
-    placed into the full outputs; the check then runs once over all queries, and the failed
-    queries are recovered together, at most max_failed rows per recovery call (more than
-    max_failed failed queries: the exact path for every query, as CONTRACT.md §3.7 says).
-    Returns a reference.HyTopKResult whose idx/val are family-native and whose
-    statistics are host NumPy arrays."""
-    fam = st.family
-    # one capacity for every pass: the default, or the given one clamped to the longest context
-    capacity = R.resolve_capacity(capacity, k, lo_h, hi_h, oversample)
-    M, r = R.sample_plan(lo_h, hi_h, k, oversample)
-    n = len(lo_h)
-    # the sample count of the longest possible context bounds every threshold variant's buffer
-    chunk = query_chunk_for(n, capacity, int(R.num_samples(source.shape[1])), query_chunk, k)
-    passes = [(a, min(n, a + chunk)) for a in range(0, n, chunk)] or [(0, 0)]
-    # host arrays go to the device once: a copy from pageable memory waits for the stream
-    M_d, r_d = fam.to_device(M), fam.to_device(r)
-    with fam.call_scope(lo_h, hi_h, M):
-        return _run_passes(st, source, lo, hi, M, r, M_d, r_d, n, passes, k, capacity, max_failed)
+    ``backend.plan(lo, hi, k, ...)`` validates the ranges and arguments, computes the sample
+    plan (M, r), the capacity and the passes, and puts lo/hi/M/r on the device. Calling the
+    plan with ``(q, w, keys[, kscale])`` (or ``plan.table(scores)``) runs threshold, filter and
+    select of every pass with no wait for the GPU, then the check and the recovery:
 
+    - eager (``capture_safe=False``): the check's failed count comes to the host (the one
+      sync) and only the failed queries are recovered;
+    - ``capture_safe=True`` (default while torch captures a CUDA graph): nothing waits for or
+      reads from the host; the family checks, recovers up to ``max_failed`` queries and runs
+      the fallback in fixed-size launches on the device (Family.recover_on_device).
 
-def _run_passes(st, source, lo, hi, M, r, M_d, r_d, n, passes, k, capacity, max_failed):
-    fam = st.family
-    if len(passes) == 1:
-        T, count, idx, val = _select_pass(st, source, lo, hi, M_d, r_d, k, capacity)
-    else:
-        idx, val = fam.empty_selection(n, k)
+    Both give the same bits. A plan is tied to the values of lo and hi it was made with and
+    to n; it takes any key count L >= max(hi) and any input dtype (the stage set follows it).
+    """
+
+    def __init__(self, backend: "Backend", lo, hi, k, *, L=None, capacity=None, oversample=3.0, max_failed=64,
+                 query_chunk=None, lanes=2):
+        lo_h, hi_h = V.check_ranges(lo, hi, None, L)
+        self.n = int(lo_h.shape[0])
+        self.max_hi = int(hi_h.max()) if self.n else 0
+        self.L = self.max_hi if L is None else int(L)
+        V.check_selection_args((self.n, self.L), lo_h, hi_h, k, capacity, oversample, max_failed)
+        if query_chunk is not None:
+            check_query_chunk(query_chunk)
+        self.backend, self.family = backend, backend.family
+        self.k, self.oversample, self.max_failed = int(k), float(oversample), int(max_failed)
+        self.lo_h, self.hi_h = lo_h, hi_h
+        self.capacity = R.resolve_capacity(capacity, self.k, lo_h, hi_h, self.oversample)
+        self.M, self.r = R.sample_plan(lo_h, hi_h, self.k, self.oversample)
+        c_max = int((hi_h - lo_h).max()) if self.n else 0
+        chunk = query_chunk_for(self.n, self.capacity, int(R.num_samples(c_max)), query_chunk, self.k)
+        self.passes = [(a, min(self.n, a + chunk)) for a in range(0, self.n, chunk)] or [(0, 0)]
+        self.lanes = max(1, int(lanes)) if len(self.passes) > 1 else 1
+        fam = self.family
+        # host arrays go to the device once (a copy from pageable memory waits for the stream)
+        self.lo_d, self.hi_d = fam.to_device(lo_h.astype(np.int32)), fam.to_device(hi_h.astype(np.int32))
+        self.M_d, self.r_d = fam.to_device(self.M), fam.to_device(self.r)
+        self.uploads: dict = {}                 # the family's device constants of this layout (call_scope)
+
+    def __repr__(self):
+        return (f"SelectionPlan({self.backend.name!r}, n={self.n}, k={self.k}, capacity={self.capacity}, "
+                f"passes={len(self.passes)}, max_failed={self.max_failed})")
+
+    # ---- calls -------------------------------------------------------------
+    def __call__(self, q, w, keys, *, kscale=None, capture_safe=None) -> "PlanResult":
+        b = self.backend
+        n, H, D, L, dts = DT.check_indexer_args(q, w, keys, kscale)
+        self._check_inputs(("q", n), ("keys", L))
+        src = b._source(*b._indexer_args(q, w, keys, kscale, dts))
+        return self.run(b.stages_for_kind(dts.kind), src, capture_safe)
+
+    def table(self, scores, *, capture_safe=None) -> "PlanResult":
+        n, L = V.check_scores(scores)
+        self._check_inputs(("scores", n), ("scores", L))
+        (s,) = self.backend._dev(("scores", scores))
+        return self.run(self.backend.stages, R.TableSource(s), capture_safe)
+
+    def _check_inputs(self, rows, keys):
+        (rname, n), (kname, L) = rows, keys
+        if n != self.n:
+            raise ValueError(f"argument '{rname}' has {n} query rows; this plan was made for n = {self.n} "
+                             f"(make a plan for the new layout: backend.plan(lo, hi, k, ...))")
+        if L < self.max_hi:
+            raise ValueError(f"argument '{kname}' has L = {L} keys; this plan's contexts reach hi = {self.max_hi}")
+
+    def run(self, st: StageSet, source, capture_safe=None) -> "PlanResult":
+        """The stages on a family-native source (no argument checks: __call__ and table do them)."""
+        fam = st.family
+        if capture_safe is None:
+            capture_safe = _torch_capturing()
+        if capture_safe and not fam.capture_safe:
+            raise RuntimeError(f"family {fam.name!r} cannot run a selection without host syncs "
+                               f"(CUDA-graph capture); use the 'cupy' backend")
+        with fam.call_scope(self.lo_h, self.hi_h, self.M, uploads=self.uploads):
+            T, count, idx, val = self._passes(st, source)
+            if capture_safe:
+                failed, fell_back, nfailed = fam.recover_on_device(
+                    st.recover, source, self.lo_d, self.hi_d, count, self.k, self.capacity, self.max_failed, idx, val)
+                return PlanResult(self, idx, val, T, count, failed, fell_back, nfailed)
+            failed, fell_back, nfailed = self._recover(st, source, count, idx, val)
+            return PlanResult(self, idx, val, T, count, failed, fell_back, nfailed)
+
+    def _passes(self, st, source):
+        """Threshold, filter and select of every pass, round-robin over the family's lanes
+        (streams), no wait for the GPU; each pass's rows placed into the full outputs."""
+        fam = st.family
+        if len(self.passes) == 1:
+            return _select_pass(st, source, self.lo_d, self.hi_d, self.M_d, self.r_d, self.k, self.capacity)
+        n = self.n
+        idx, val = fam.empty_selection(n, self.k)
         T, count = fam.empty((n,), np.float32), fam.empty((n,), np.int32)
-        for a, b in passes:
-            out = _select_pass(st, _rows(source, a, b), lo[a:b], hi[a:b], M_d[a:b], r_d[a:b], k, capacity)
+
+        def one(a, b):
+            part_src = _rows(source, a, b)
+            out = _select_pass(st, part_src, self.lo_d[a:b], self.hi_d[a:b], self.M_d[a:b],
+                               self.r_d[a:b], self.k, self.capacity)
             for dst, part in zip((T, count, idx, val), out):
                 fam.place(dst, a, part)
-            del out                            # this pass's scratch goes back to the pool
-    failed, rows = st.check(count, lo, hi, k, capacity)
-    redo = np.asarray(fam.to_host(rows), np.int32)
-    fell_back = redo.size > max_failed
-    if fell_back:                              # CONTRACT.md §3.7: the exact path for every query
-        redo = np.arange(n, dtype=np.int32)
-    step = max(1, max_failed)
-    for s in range(0, redo.size, step):
-        part = fam.to_device(redo[s:s + step])
-        ridx, rval = st.recover(source, lo, hi, part, k)
-        fam.scatter_rows(idx, val, part, ridx, rval)
-    return R.HyTopKResult(idx, val, fam.to_host(T).astype(np.float32), fam.to_host(count).astype(np.int32),
-                          fam.to_host(failed).astype(bool), fell_back, M, r, int(capacity))
+            del out                                # this pass's scratch goes back to the pool,
+            fam.release(getattr(part_src, "q", None))    # and what the family prepared from its rows
+        # the first pass on the launch stream: what it prepares for the whole call (keys in a core's
+        # layout, uploads) is then ready before the lanes fork from that stream
+        one(*self.passes[0])
+        with fam.lanes(self.lanes) as lanes:
+            for p, (a, b) in enumerate(self.passes[1:]):
+                with lanes[p % len(lanes)]:
+                    one(a, b)
+        return T, count, idx, val
+
+    def _recover(self, st, source, count, idx, val):
+        """The eager check (the one host sync) and the recovery of the failed queries, at most
+        max_failed rows per recovery call (more than max_failed: every query, CONTRACT.md §3.7)."""
+        fam = st.family
+        failed, rows = st.check(count, self.lo_d, self.hi_d, self.k, self.capacity)
+        redo = np.asarray(fam.to_host(rows), np.int32)
+        nfailed = int(redo.size)
+        fell_back = redo.size > self.max_failed
+        if fell_back:
+            redo = np.arange(self.n, dtype=np.int32)
+        step = max(1, self.max_failed)
+        for s in range(0, redo.size, step):
+            part = fam.to_device(redo[s:s + step])
+            ridx, rval = st.recover(source, self.lo_d, self.hi_d, part, self.k)
+            fam.scatter_rows(idx, val, part, ridx, rval)
+        return failed, fell_back, nfailed
+
+
+@dataclass
+class PlanResult:
+    """A plan call's result: idx/val and the statistics as family-native device arrays (nothing
+    copied to the host); ``host()`` gives the reference.HyTopKResult. ``fell_back`` and
+    ``nfailed`` are host values after an eager call, device arrays after a capture-safe one."""
+    plan: SelectionPlan
+    idx: object
+    val: object
+    threshold: object
+    count: object
+    failed: object
+    fell_back: object
+    nfailed: object
+
+    def host(self) -> R.HyTopKResult:
+        fam, p = self.plan.family, self.plan
+        fell_back = self.fell_back if isinstance(self.fell_back, bool) else bool(fam.to_host(self.fell_back)[0])
+        return R.HyTopKResult(self.idx, self.val, fam.to_host(self.threshold).astype(np.float32),
+                              fam.to_host(self.count).astype(np.int32), fam.to_host(self.failed).astype(bool),
+                              fell_back, p.M, p.r, int(p.capacity))
+
+
+def _torch_capturing() -> bool:
+    import sys
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
+                and torch.cuda.is_current_stream_capturing())
 
 
 def _select_pass(st, source, lo, hi, M, r, k, capacity):
@@ -181,6 +288,7 @@ class Backend:
         if not ok:                              # say what to do now, not at the first launch
             raise RuntimeError(f"backend {family!r} is unavailable here: {why}")
         self._kind_stages = {"float32": self.stages}
+        self._plans: dict = {}
 
     def stages_for(self, x) -> StageSet:
         """The stage set for inputs like ``x``: DEFAULTS_BF16 for bf16 (torch.bfloat16 / uint16 bits),
@@ -250,10 +358,32 @@ class Backend:
             check_query_chunk(query_chunk)
         return lo_h, hi_h
 
-    def _select(self, source, lo_h, hi_h, k, capacity, oversample, max_failed, query_chunk, kind, stages=None):
-        lo_d, hi_d = self._dev(("lo", lo_h.astype(np.int32)), ("hi", hi_h.astype(np.int32)))
-        res = run_hytopk(stages or self.stages, source, lo_d, hi_d, lo_h, hi_h, k, capacity, oversample, max_failed,
-                         query_chunk)
+    def plan(self, lo, hi, k, *, L=None, capacity=None, oversample=3.0, max_failed=64, query_chunk=None,
+             lanes=2) -> SelectionPlan:
+        """The host work of a selection layout, once (SelectionPlan): call the plan with
+        (q, w, keys[, kscale]) or plan.table(scores) per step. ``L``: the key count the ranges
+        are checked against (default max(hi); a call takes any L >= max(hi))."""
+        return SelectionPlan(self, lo, hi, k, L=L, capacity=capacity, oversample=oversample,
+                             max_failed=max_failed, query_chunk=query_chunk, lanes=lanes)
+
+    def _plan_for(self, lo_h, hi_h, L, k, capacity, oversample, max_failed, query_chunk) -> SelectionPlan:
+        """A cached plan for host ranges (the last few layouts, keyed by their bytes)."""
+        key = (lo_h.tobytes(), hi_h.tobytes(), int(L), int(k), capacity, float(oversample), int(max_failed),
+               query_chunk)
+        plan = self._plans.pop(key, None)
+        if plan is None:
+            plan = self.plan(lo_h, hi_h, k, L=L, capacity=capacity, oversample=oversample, max_failed=max_failed,
+                             query_chunk=query_chunk)
+        self._plans[key] = plan
+        while len(self._plans) > self.PLANS_KEPT:
+            self._plans.pop(next(iter(self._plans)))
+        return plan
+
+    PLANS_KEPT = 4
+
+    def _select(self, source, lo_h, hi_h, L, k, capacity, oversample, max_failed, query_chunk, kind, stages=None):
+        plan = self._plan_for(lo_h, hi_h, L, k, capacity, oversample, max_failed, query_chunk)
+        res = plan.run(stages or self.stages, source, capture_safe=False).host()
         res.idx, res.val = self._out(res.idx, kind), self._out(res.val, kind)
         return res
 
@@ -264,7 +394,8 @@ class Backend:
         lo_h, hi_h = self._check_select(shape, lo, hi, k, capacity, oversample, max_failed, query_chunk)
         kind = common_kind(scores, lo, hi)
         (s,) = self._dev(("scores", scores))
-        return self._select(R.TableSource(s), lo_h, hi_h, k, capacity, oversample, max_failed, query_chunk, kind)
+        return self._select(R.TableSource(s), lo_h, hi_h, shape[1], k, capacity, oversample, max_failed, query_chunk,
+                            kind)
 
     def hytopk_indexer(self, q, w, keys, lo, hi, k, *, kscale=None, capacity=None, oversample=3.0, max_failed=64,
                        query_chunk=None):
@@ -272,7 +403,7 @@ class Backend:
         lo_h, hi_h = self._check_select((n, L), lo, hi, k, capacity, oversample, max_failed, query_chunk)
         kind = common_kind(q, w, keys, lo, hi, kscale)
         src = self._source(*self._indexer_args(q, w, keys, kscale, dts))
-        return self._select(src, lo_h, hi_h, k, capacity, oversample, max_failed, query_chunk, kind,
+        return self._select(src, lo_h, hi_h, L, k, capacity, oversample, max_failed, query_chunk, kind,
                             self.stages_for_kind(dts.kind))
 
     def topk(self, scores, lo, hi, k):

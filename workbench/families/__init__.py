@@ -48,13 +48,28 @@ class Family:
         """dst[rows[j]] = src[j] for the recovery results (in place)."""
         raise NotImplementedError
 
-    def call_scope(self, lo_h=None, hi_h=None, M_h=None):
+    def call_scope(self, lo_h=None, hi_h=None, M_h=None, uploads=None):
         """A context for the stages of one pipeline call (every pass and the recovery): inside it
         the inputs do not change, so a family may reuse per-input preparation across passes;
         lo_h, hi_h, M_h: the call's context ranges and sample counts on the host (facts about
-        them need no device sync)."""
+        them need no device sync); ``uploads``: a dict a selection plan keeps across its calls,
+        where a family may keep device constants derived from those ranges."""
         return contextlib.nullcontext()
 
+    def release(self, x):
+        """Forget what this call prepared from the input array ``x`` (a pass's rows, done with)."""
+
+    @contextlib.contextmanager
+    def lanes(self, count):
+        """``count`` contexts to run independent passes in (streams for a GPU family, forked
+        from the launch stream and joined at exit); by default one order, no concurrency."""
+        yield [contextlib.nullcontext() for _ in range(count)]
+
+    # True: recover_on_device exists (check, recovery and fallback with no host sync)
+    capture_safe = False
+
+    def recover_on_device(self, recover, source, lo, hi, count, k, capacity, max_failed, idx, val):
+        raise NotImplementedError(f"family {self.name!r} has no device-side recovery (capture_safe is False)")
 
 
 def get_family(name: str) -> Family:

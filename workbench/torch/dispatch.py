@@ -100,6 +100,20 @@ def reset():
     _reasons.clear()
 
 
+def _torch_allocator(device: torch.device):
+    """A CuPy allocator drawing from torch's caching allocator on torch's current stream: the
+    kernels' scratch is then stream-ordered with torch's work, counted in torch's memory stats,
+    and, during a CUDA-graph capture, taken from the graph's private pool (CuPy's own pool would
+    cudaMalloc in the capture, or hand the graph's memory to someone else after it)."""
+    import cupy
+    dev = device.index if device.index is not None else torch.cuda.current_device()
+
+    def alloc(size):
+        t = torch.empty(max(int(size), 1), dtype=torch.uint8, device=dev)
+        return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(t.data_ptr(), t.numel(), t, dev), 0)
+    return alloc
+
+
 def kernel_inputs(q, w, keys, kscale=None):
     """The op's tensors as the Backend takes them: detached (kernels take raw memory; CAI/DLPack
     refuse tensors that require grad) and contiguous, dtypes unchanged. float32 w beside bf16 /
@@ -117,7 +131,8 @@ def on_torch_stream(b, device: torch.device):
         ptr = torch.cuda.current_stream(device).cuda_stream
         if b.name == "cupy":
             import cupy
-            with cupy.cuda.Device(device.index or 0), cupy.cuda.ExternalStream(ptr):
+            with cupy.cuda.Device(device.index or 0), cupy.cuda.ExternalStream(ptr), \
+                    cupy.cuda.using_allocator(_torch_allocator(device)):
                 yield
         elif b.name == "numba":
             hook = getattr(b.family, "use_stream", None)      # families may expose a stream hook

@@ -13,8 +13,12 @@ estimator of workbench/torch/fp8.py.
 
 CPU runs the NumPy reference (forward) and the pure-torch sparse backward.
 CUDA launches the chosen kernel family (dispatch.py) zero-copy on PyTorch's
-current stream, or the pure-torch path; while a CUDA graph is being captured
-it always takes the pure-torch path, which never syncs with the host.
+current stream, or the pure-torch path. ``select`` runs a selection plan made
+once per layout (plans.py), so a call only launches kernels; while a CUDA graph
+is captured (torch.cuda.graph, torch.compile's CUDA graphs) the plan runs
+capture-safe (no host syncs, device-side recovery: the same bits as eager) and
+the kernels' scratch comes from torch's allocator (the graph's pool). A family
+that cannot run without host syncs takes the pure-torch path under capture.
 
 ``deterministic`` (replay only; None = torch.are_deterministic_algorithms_enabled())
 picks the keys-gradient reduction: see scoring._add_keys_grad.
@@ -31,7 +35,9 @@ import reference as R
 from reference import dtypes as DT
 from reference import validate as V
 
-from . import dispatch, scoring
+from workbench.arrays import to_kind
+
+from . import dispatch, plans, scoring
 
 # Implementation calls per op (tests count selection runs under recomputation).
 CALLS: collections.Counter = collections.Counter()
@@ -120,19 +126,20 @@ def select_op(q: Tensor, w: Tensor, keys: Tensor, lo: Tensor, hi: Tensor, k: int
 def _select_cuda(q, w, keys, lo, hi, k, capacity=None, oversample=3.0, max_failed=64, kscale=None):
     CALLS["select"] += 1
     capturing = torch.cuda.is_current_stream_capturing()
-    n, L = _check_select(q, w, keys, lo, hi, k, capacity, oversample, max_failed, host=not capturing,
-                         kscale=kscale)
+    n, L = _check_select(q, w, keys, lo, hi, k, capacity, oversample, max_failed, host=False, kscale=kscale)
     shape = {"L": L, "H": q.shape[1], "D": q.shape[2], "k": k, "dtype": V.dtype_name(q)}
-    b = None if capturing else dispatch.cuda_backend("select", shape)
-    if b is None:
+    b = dispatch.cuda_backend("select", shape)
+    if b is None or (capturing and not b.family.capture_safe):
         return scoring.exact_select(q, w, keys, lo, hi, k, kscale)
-    # detached, contiguous, dtypes unchanged: the Backend hands each family what it takes
+    # one plan per layout (plans.py): the host work of the ranges is done on the first call only
+    plan = plans.get(b, lo, hi, L, k, capacity, oversample, max_failed, capturing=capturing)
+    # detached, contiguous, dtypes unchanged: the plan hands each family what it takes
     qq, ww, kk, ss = dispatch.kernel_inputs(q, w, keys, kscale)
     with dispatch.on_torch_stream(b, q.device):
-        res = b.hytopk_indexer(qq, ww, kk, lo.contiguous(), hi.contiguous(), k, kscale=ss, capacity=capacity,
-                               oversample=oversample, max_failed=max_failed)
-    return (torch.as_tensor(res.idx, device=q.device).to(torch.int32).contiguous(),
-            torch.as_tensor(res.val, device=q.device).to(torch.float32).contiguous())
+        res = plan(qq, ww, kk, kscale=ss, capture_safe=capturing)
+        idx, val = (to_kind(x, "torch") for x in (res.idx, res.val))
+    return (torch.as_tensor(idx, device=q.device).to(torch.int32).contiguous(),
+            torch.as_tensor(val, device=q.device).to(torch.float32).contiguous())
 
 
 @select_op.register_fake
@@ -165,10 +172,9 @@ def _replay_cuda(q, w, keys, idx, deterministic=None, kscale=None):
     capturing = torch.cuda.is_current_stream_capturing()
     n, L = _check_replay(q, w, keys, idx, host=False, kscale=kscale)
     shape = {"L": L, "H": q.shape[1], "D": q.shape[2], "k": idx.shape[1], "dtype": V.dtype_name(q)}
-    b = None if capturing or L == 0 else dispatch.cuda_backend("replay", shape)
-    if b is None:                   # (L = 0: only padding, nothing for a kernel to gather)
+    b = None if L == 0 else dispatch.cuda_backend("replay", shape)
+    if b is None or (capturing and not b.family.capture_safe):   # (L = 0: only padding, nothing to gather)
         return scoring.replay(q, w, keys, idx, kscale)
-    from workbench.arrays import to_kind
     qq, ww, kk, ss = dispatch.kernel_inputs(q, w, keys, kscale)
     with dispatch.on_torch_stream(b, q.device):
         dts = DT.check_indexer_dtypes(qq, ww, kk, ss)

@@ -6,11 +6,16 @@ family reports itself unavailable and refuses to move arrays to the device.
 """
 from __future__ import annotations
 
+import contextlib
+import sys
+
 import cupy as cp
 import numpy as np
 
 from .. import Family
-from ._launch import as_device, gpu_status, launch_stream
+from . import _scope
+from ._launch import BLOCK, as_device, chunks, gpu_status, kernel, launch, launch_stream
+from .recover import ROWS_PER_PASS
 from . import attend, check, dense, filter, recover, replay, select, threshold, tiled, wgmma, wgmma_ws  # noqa: F401  (register variants)
 from .score_only import score_only
 from .tiled import score_only_tiled
@@ -80,16 +85,126 @@ class CupyFamily(Family):
         with launch_stream():
             super().place(dst, start, as_device(src))
 
-    def call_scope(self, lo_h=None, hi_h=None, M_h=None):
+    def call_scope(self, lo_h=None, hi_h=None, M_h=None, uploads=None):
         """Keys put into the wgmma_ws core's layout once per pipeline call, not once per pass;
-        whether every query shares one context (the wgmma_ws threshold's fast path)."""
-        return wgmma_ws.call_scope(lo_h, hi_h, M_h)
+        whether every query shares one context (the wgmma_ws threshold's fast path); the longest
+        context (recovery buffers without a sync); a plan's uploads (_scope.CallFacts)."""
+        return wgmma_ws.call_scope(lo_h, hi_h, M_h, uploads)
+
+    def release(self, x):
+        """Drop the call's layout copy of ``x`` (a pass's q rows: 1/passes of q each, which would
+        otherwise all live until the call ends). Its memory returns to the pool of the stream
+        that made it, so later work on other streams cannot reuse it early."""
+        facts = _scope.current()
+        if facts is not None:
+            facts.prepared.pop(id(x), None)
+
+    @contextlib.contextmanager
+    def lanes(self, count):
+        """``count`` streams forked from the launch stream and joined back at exit (events only:
+        no host wait, capturable): the driver runs its passes round-robin on them, so one pass's
+        tail overlaps the next pass's start."""
+        with launch_stream() as main:
+            streams = _lane_streams(count)
+            forked = cp.cuda.Event(disable_timing=True)
+            forked.record(main)
+            for s in streams:
+                s.wait_event(forked)
+            try:
+                yield [_on_lane(s) for s in streams]
+            finally:
+                for s in streams:
+                    done = cp.cuda.Event(disable_timing=True)
+                    done.record(s)
+                    main.wait_event(done)
+
+    capture_safe = True
+
+    def recover_on_device(self, recover, source, lo, hi, count, k, capacity, max_failed, idx, val):
+        """Check, recovery and fallback with no host sync (CUDA-graph capture): the check kernel
+        counts the failed queries on the device; recovery runs over fixed chunks of
+        ROWS_PER_PASS slots covering every query, each slot holding a failed query (at most
+        max_failed) or, when more failed, every query in turn (CONTRACT.md §3.7), or -1 (a slot
+        whose kernels return at once); results are scattered into idx/val in place.
+        Returns device (failed bool[n], fell_back bool[1], nfailed int32[1])."""
+        with launch_stream():
+            n = int(count.shape[0])
+            failed = cp.zeros(n, cp.uint8)
+            rows = cp.empty(max(n, 1), cp.int32)
+            nfailed = cp.zeros(1, cp.int32)
+            fell_back = cp.zeros(1, cp.uint8)
+            launch(kernel("check.cu", "hytopk_check"), (min(chunks(n, BLOCK), 1024),),
+                   (np.int32(n), count, lo, hi, np.int32(k), np.int32(capacity), failed, rows, nfailed))
+            S = _recovery_chunk(n, _scope.longest_context())
+            slots = cp.empty(S, cp.int32)
+            facts = _scope.current()
+            saved = facts.recovery_rows if facts is not None else None
+            if facts is not None:
+                facts.recovery_rows = S                  # one materialisation per chunk: fewer launches
+            try:
+                for c in range(chunks(n, S)):
+                    launch(kernel("device_recovery.cu", "hytopk_recovery_slots"), (1,),
+                           (np.int32(n), nfailed, rows, np.int32(max_failed), np.int32(c), np.int32(S), slots,
+                            fell_back))
+                    ridx, rval = recover(source, lo, hi, slots, k)
+                    launch(kernel("device_recovery.cu", "hytopk_scatter_slots"), (S, chunks(k, BLOCK)),
+                           (slots, np.int32(S), np.int32(k), ridx, rval, idx, val))
+            finally:
+                if facts is not None:
+                    facts.recovery_rows = saved
+            return failed.astype(cp.bool_), fell_back.astype(cp.bool_), nfailed
 
     def scatter_rows(self, dst_idx, dst_val, rows, src_idx, src_val):
         with launch_stream():
             rows = as_device(rows)
             dst_idx[rows] = src_idx
             dst_val[rows] = src_val
+
+
+RECOVERY_SCRATCH_BYTES = 128 << 20
+
+
+def _recovery_chunk(n: int, longest: int | None) -> int:
+    """Slots per chunk of the device-side recovery: as many rows as a materialisation of
+    RECOVERY_SCRATCH_BYTES holds (at least ROWS_PER_PASS, at most n): every chunk is a few
+    launches whether it holds a query or not, so fewer chunks mean a smaller CUDA graph."""
+    fit = RECOVERY_SCRATCH_BYTES // (4 * max(1, longest or 1))
+    return int(max(1, min(max(n, 1), max(ROWS_PER_PASS, fit))))
+
+
+_LANES: dict = {}
+
+
+def _lane_streams(count):
+    """Non-blocking streams of the current device, made once (creating streams per call
+    would cost host time, and a stream made during a capture is not wanted)."""
+    dev = cp.cuda.Device().id
+    have = _LANES.setdefault(dev, [])
+    while len(have) < count:
+        have.append(cp.cuda.Stream(non_blocking=True))
+    return have[:count]
+
+
+class _on_lane:
+    """Launch on ``stream`` (re-enterable: one per lane, entered once per pass): CuPy's current
+    stream, and torch's too while torch is in use (so torch-allocated scratch is tied to the
+    stream that uses it)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self._stack = []
+
+    def __enter__(self):
+        es = contextlib.ExitStack()
+        es.enter_context(self.stream)
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            es.enter_context(torch.cuda.stream(torch.cuda.ExternalStream(self.stream.ptr)))
+        self._stack.append(es)
+        return self
+
+    def __exit__(self, *exc):
+        return self._stack.pop().__exit__(*exc)
 
 
 FAMILY = CupyFamily()

@@ -8,6 +8,7 @@ import cupy as cp
 import numpy as np
 
 from ...registry import register
+from . import _scope
 from ._launch import (CHUNK, bind, check_k_fits, chunks, exact_topk_smem_bytes, i32, kernel, launch,
                       launch_stream)
 
@@ -36,14 +37,16 @@ def recover(source, lo, hi, rows, k):
             _select_rows(src.args[0], src.L, 1, rows, lo, hi, k, idx, val)
             return idx, val
         fn = kernel("recover.cu", f"hytopk_score_rows<{src.cxx}>", src.shapes)
-        lengths = (hi - lo)[rows]
-        for s in range(0, nr, ROWS_PER_PASS):
-            part = rows[s:s + ROWS_PER_PASS]
-            stride = max(1, int(lengths[s:s + ROWS_PER_PASS].max()))
+        longest = _scope.longest_context()        # in a pipeline call: from its host ranges, no sync
+        lengths = (hi - lo)[rows] if longest is None else None
+        step = _scope.recovery_rows(ROWS_PER_PASS)
+        for s in range(0, nr, step):
+            part = rows[s:s + step]
+            stride = max(1, longest if longest is not None else int(lengths[s:s + step].max()))
             buf = cp.empty((part.shape[0], stride), cp.float32)
             launch(fn, (part.shape[0], chunks(stride, CHUNK)),
                    (*src.args, part, np.int32(part.shape[0]), lo, hi, np.int32(CHUNK), buf, np.int64(stride)),
                    4 * src.smem_floats)
-            _select_rows(buf, stride, 0, part, lo, hi, k, idx[s:s + ROWS_PER_PASS], val[s:s + ROWS_PER_PASS])
+            _select_rows(buf, stride, 0, part, lo, hi, k, idx[s:s + step], val[s:s + step])
             del buf
         return idx, val

@@ -5,6 +5,7 @@ import cupy as cp
 import numpy as np
 
 from ...registry import register
+from . import _scope
 from ._launch import MAX_SAMPLES, RADIX, bind, i32, kernel, launch, launch_stream
 
 
@@ -13,7 +14,9 @@ def threshold(source, lo, hi, M, r):
     """r-th best of the M samples by an in-block radix select over order keys."""
     with launch_stream():
         M = i32(M, "M")
-        if M.size and int(M.max()) > MAX_SAMPLES:        # (a sync: validation of a direct call)
+        # a direct call's M is checked (a sync); in a pipeline call M is the contract's
+        # sample plan, num_samples(c) <= MAX_SAMPLES, known on the host
+        if _scope.current() is None and M.size and int(M.max()) > MAX_SAMPLES:
             raise ValueError(f"argument 'M': at most {MAX_SAMPLES} samples per query")
         return threshold_unchecked(source, lo, hi, M, r)
 

@@ -15,6 +15,7 @@ from kernels_cuda import instantiations as INST
 
 from ...bf16 import float32_to_bf16_bits
 from ...registry import register
+from . import _scope
 from ._launch import (MAX_SAMPLES, as_device, check_k_fits, chunks, exact_topk_smem_bytes, i32, input_dtype,
                       kernel, launch, launch_stream, pad_inputs)
 from .filter import _buffers, _capacity
@@ -140,15 +141,17 @@ def recover_rows(x, lo, hi, rows, k):
     if nr == 0:
         return idx, val
     select = kernel("recover.cu", "hytopk_select_rows")
-    lengths = (hi - lo)[rows]
-    for s in range(0, nr, ROWS_PER_PASS):
-        part = cp.ascontiguousarray(rows[s:s + ROWS_PER_PASS])
-        stride = max(1, int(lengths[s:s + ROWS_PER_PASS].max()))
+    longest = _scope.longest_context()            # in a pipeline call: from its host ranges, no sync
+    lengths = (hi - lo)[rows] if longest is None else None
+    step = _scope.recovery_rows(ROWS_PER_PASS)
+    for s in range(0, nr, step):
+        part = cp.ascontiguousarray(rows[s:s + step])
+        stride = max(1, longest if longest is not None else int(lengths[s:s + step].max()))
         buf = cp.empty((part.shape[0], stride), cp.float32)
         x.score_rows(part, lo, hi, buf, stride)
         launch(select, (part.shape[0],),
                (buf, np.int64(stride), np.int32(0), part, np.int32(part.shape[0]), lo, hi, np.int32(k),
-                idx[s:s + ROWS_PER_PASS], val[s:s + ROWS_PER_PASS]), exact_topk_smem_bytes(k))
+                idx[s:s + step], val[s:s + step]), exact_topk_smem_bytes(k))
         del buf
     return idx, val
 

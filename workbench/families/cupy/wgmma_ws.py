@@ -14,8 +14,6 @@ keys are put once per call into the MMA's core-matrix layout (hytopk_ws_pretile)
 so a stage of 128 keys is one contiguous bulk copy. Needs a Hopper GPU (sm_90a)."""
 from __future__ import annotations
 
-import contextlib
-
 import cupy as cp
 import numpy as np
 
@@ -23,8 +21,9 @@ import reference as R
 from reference.fp8 import Fp8IndexerSource
 from kernels_cuda import instantiations as INST
 
-from ...geometry import WsGeometry, WsReplayGeometry
+from ...geometry import WsGeometry, WsReplayGeometry, WsThresholdGeometry
 from ...registry import register
+from . import _scope
 from ._launch import as_device, check_k_fits, chunks, i32, input_dtype, kernel, launch, launch_stream, pad_inputs
 from .filter import _buffers, _capacity
 from .threshold import threshold_unchecked
@@ -37,29 +36,13 @@ NOTE = ("warp-specialised wgmma (sm_90a): a bulk-copy producer warp, 4 consumer 
 INPUTS = "(bf16 q/keys, float32 w; fp8 e4m3 from an Fp8IndexerSource)"
 
 
-_PREPARED: dict | None = None      # id(source keys) -> (those keys, layout tag, core-matrix copy); see call_scope
-_SHARED: tuple | None = None       # (lo, c, M) when every query of the current call has that context and M
-
-
-@contextlib.contextmanager
-def call_scope(lo_h=None, hi_h=None, M_h=None):
-    """One pipeline call (Family.call_scope). Inside: a source's keys are put into the
-    core-matrix layout once and reused by every stage (passes and recovery), since they do
-    not change during the call (entries hold their keys, so an id is never reused); and when
-    the host ranges show one context shared by every query, the threshold takes its fast
-    path with no device sync."""
-    global _PREPARED, _SHARED
-    outer = (_PREPARED, _SHARED)
-    _PREPARED = {} if outer[0] is None else outer[0]
-    _SHARED = None
-    if lo_h is not None and hi_h is not None and M_h is not None and len(lo_h):
-        lo_h, hi_h, M_h = np.asarray(lo_h), np.asarray(hi_h), np.asarray(M_h)
-        if (lo_h == lo_h[0]).all() and (hi_h == hi_h[0]).all() and (M_h == M_h[0]).all():
-            _SHARED = (int(lo_h[0]), int(hi_h[0]) - int(lo_h[0]), int(M_h[0]))
-    try:
-        yield
-    finally:
-        _PREPARED, _SHARED = outer
+def call_scope(lo_h=None, hi_h=None, M_h=None, uploads=None):
+    """One pipeline call (Family.call_scope, _scope.CallFacts). Inside: a source's keys are put
+    into the core-matrix layout once and reused by every stage (passes and recovery), since they
+    do not change during the call (entries hold their keys, so an id is never reused); and when
+    the host ranges show one context shared by every query, the threshold takes its fast path
+    with no device sync."""
+    return _scope.call_scope(lo_h, hi_h, M_h, uploads)
 
 
 def _f32_weights(w):
@@ -120,7 +103,7 @@ class WsInputs:
         default = {rounded(*s) for s in INST.SHAPES}
         self.shapes = INST.SHAPES if (self.H, self.D) in default else ((self.H, self.D),)
         self._qt = self._kt = None
-        self._src_keys = source.keys
+        self._src_keys, self._src_q = source.keys, source.q
 
     @staticmethod
     def _shapes_ok(q, w, keys):
@@ -132,7 +115,7 @@ class WsInputs:
 
     def fn(self, stage: str):
         """hytopk_<stage>_<kind>: kind ws (bf16, 4 consumers), ws2 (bf16, 2 consumers) or ws_fp8."""
-        kind = "ws" if stage in ("dense", "score_rows", "replay") and self.kind == "ws2" else self.kind
+        kind = "ws" if stage in ("dense", "score_rows", "replay", "threshold") and self.kind == "ws2" else self.kind
         return kernel(FILE, f"hytopk_{stage}_{kind}<{self.H}, {self.D}>", self.shapes)
 
     def _pretile(self, a, rows_out):
@@ -148,21 +131,29 @@ class WsInputs:
     @property
     def qt(self):
         if self._qt is None:
-            self._qt = self._pretile(self.q.reshape(self.n * self.H, self.D), self.n * self.H)
+            self._qt = self._prepared(self._src_q, ("q", self.kind == "ws_fp8", self.n, self.H, self.D),
+                                      lambda: self._pretile(self.q.reshape(self.n * self.H, self.D), self.n * self.H))
         return self._qt
 
     @property
     def kt(self):
         if self._kt is None:                                      # padded to whole 128-key stages
-            tag = (self.kind == "ws_fp8", self.D, self.L)
-            hit = _PREPARED.get(id(self._src_keys)) if _PREPARED is not None else None
-            if hit is not None and hit[0] is self._src_keys and hit[1] == tag:
-                self._kt = hit[2]
-            else:
-                self._kt = self._pretile(self.keys, chunks(self.L, WsGeometry.KT) * WsGeometry.KT)
-                if _PREPARED is not None:
-                    _PREPARED[id(self._src_keys)] = (self._src_keys, tag, self._kt)
+            self._kt = self._prepared(self._src_keys, ("keys", self.kind == "ws_fp8", self.D, self.L),
+                                      lambda: self._pretile(self.keys, chunks(self.L, WsGeometry.KT) * WsGeometry.KT))
         return self._kt
+
+    @staticmethod
+    def _prepared(src, tag, make):
+        """The layout copy of the source array ``src``: made once per pipeline call (the inputs
+        do not change inside one; entries hold their arrays, so an id is never reused)."""
+        facts = _scope.current()
+        hit = facts.prepared.get(id(src)) if facts is not None else None
+        if hit is not None and hit[0] is src and hit[1] == tag:
+            return hit[2]
+        out = make()
+        if facts is not None:
+            facts.prepared[id(src)] = (src, tag, out)
+        return out
 
     def head_args(self):
         return (self.qt, self.w, self.kt, self.kscale, np.int64(self.L))
@@ -192,6 +183,17 @@ class WsInputs:
                    (self.qt, self.w, self.keys, self.kscale, np.int64(self.L), np.int32(self.n), idx,
                     np.int32(k), out), self.rgeo.smem, threads=self.rgeo.threads)
         return out
+
+
+    def threshold(self, lo, hi, M, r):
+        """T [n]: the r-th best of each query's M samples, scored and selected in one kernel."""
+        T = cp.empty(self.n, cp.float32)
+        if self.n:
+            g = WsThresholdGeometry(self.H, self.D, 1 if self.kind == "ws_fp8" else 2)
+            launch(self.fn("threshold"), (self.n,),
+                   (self.qt, self.w, self.keys, self.kscale, np.int64(self.L), np.int32(self.n), lo, hi, M, r, T),
+                   g.smem, threads=g.threads)
+        return T
 
 
 def _indexer(source, name, consumers=4):
@@ -285,6 +287,20 @@ def threshold_ws(source, lo, hi, M, r):
         return threshold_unchecked(R.TableSource(s), cp.zeros_like(M), M, M, r)
 
 
+@register("threshold", "cupy.threshold.wgmma_ws_fused", sources=("indexer",), gpu_only=True,
+          notes=f"one warpgroup per query gathers its samples (3 cp.async stages) through the wgmma_ws score "
+                f"function and radix-selects the r-th best in shared memory: one kernel, no [n, M] scores; a "
+                f"context shared by every query takes the dense fast path of cupy.threshold.wgmma_ws {INPUTS}")
+def threshold_ws_fused(source, lo, hi, M, r):
+    if not isinstance(source, (R.IndexerSource, Fp8IndexerSource)):
+        raise TypeError("argument 'source': cupy.threshold.wgmma_ws_fused takes the indexer source only")
+    with launch_stream():
+        lo, hi, M, r = i32(lo, "lo"), i32(hi, "hi"), i32(M, "M"), i32(r, "r")
+        if _shared_plan(source, lo, hi, M) is not None:
+            return threshold_ws(source, lo, hi, M, r)
+        return _indexer(source, "cupy.threshold.wgmma_ws_fused").threshold(lo, hi, M, r)
+
+
 def _shared_plan(source, lo, hi, M):
     """(lo0, c0, M0) when every query has the context [lo0, lo0 + c0) and M0 samples (M0 the
     contract's num_samples(c0), or 0), else None. Inside a pipeline call the host ranges
@@ -292,10 +308,9 @@ def _shared_plan(source, lo, hi, M):
     n = lo.shape[0]
     if n == 0:
         return None
-    if _SHARED is not None:                          # the driver's ranges and sample plan, uniform
-        return _SHARED
-    if _PREPARED is not None:                        # in a pipeline call whose queries differ
-        return None
+    facts = _scope.current()
+    if facts is not None:                            # in a pipeline call: its host ranges decide
+        return facts.shared
     a, b, c, d, e, f = (int(x) for x in cp.stack([lo.min(), lo.max(), hi.min(), hi.max(), M.min(), M.max()]).get())
     if a != b or c != d or e != f:
         return None
@@ -309,13 +324,26 @@ def _shared_sample_scores(source, n, lo0, c0, M0):
     M0 = min(int(M0), int(R.num_samples(int(source.keys.shape[0]))))
     if M0 <= 0 or c0 <= 0:
         return cp.zeros((n, 0), cp.float32)
-    pos = cp.asarray(R.sample_positions(lo0, c0, M0))
+    pos = _shared_positions(lo0, c0, M0)
     keys = as_device(source.keys)[pos]
     if isinstance(source, Fp8IndexerSource):
         sub = Fp8IndexerSource(source.q, source.w, keys, as_device(source.kscale)[pos])
     else:
         sub = R.IndexerSource(source.q, source.w, keys)
     return dense_source(sub, cp.zeros(n, cp.int32), cp.full(n, M0, cp.int32))
+
+
+def _shared_positions(lo0, c0, M0):
+    """The shared sample positions on the device: uploaded once per selection plan (a
+    pageable host copy waits for the stream, and a CUDA-graph capture forbids it)."""
+    facts = _scope.current()
+    key = ("shared_positions", lo0, c0, M0)
+    if facts is not None and key in facts.uploads:
+        return facts.uploads[key]
+    pos = cp.asarray(R.sample_positions(lo0, c0, M0))
+    if facts is not None:
+        facts.uploads[key] = pos
+    return pos
 
 
 def score_only_ws(source, lo, hi, consumers=4):
