@@ -85,6 +85,18 @@ def rate(flops, t):
     return flops / (t["median_ms"] * 1e-3) / 1e12
 
 
+CHECK_QUERIES = 32      # every timed forward is also checked against the float32 torch path on these
+
+
+def max_error(q, kk, vv, idx, out):
+    """Largest |kernel - torch float32 path| over the first CHECK_QUERIES queries (bf16 out)."""
+    from workbench.torch.attention import torch_forward
+    c = min(CHECK_QUERIES, q.shape[0])
+    ref, _ = torch_forward(q[:c], kk, vv, idx[:c], 576 ** -0.5)
+    got = torch.from_dlpack(out[:c].view("int16")).view(torch.bfloat16).float()
+    return float((got - ref).abs().max())
+
+
 def forward_rows(n, H, L, k, gemm, variants=("one", "pair")):
     q, kv, idx = mla_inputs(n, H, L, k)
     kk, vv = kv[:, None, :], kv[:, None, :512]
@@ -92,9 +104,11 @@ def forward_rows(n, H, L, k, gemm, variants=("one", "pair")):
     for name in variants:
         qpt = 1 if name == "one" else 2
         t = timed(lambda: CA.attend_forward(q, kk, vv, idx, None, qpt=qpt))
-        rows[name] = dict(t, tflops=rate(fwd_flops(n, H, k), t), vs_gemm=rate(fwd_flops(n, H, k), t) / gemm)
+        err = max_error(q, kk, vv, idx, CA.attend_forward(q, kk, vv, idx, None, qpt=qpt)[0])
+        rows[name] = dict(t, tflops=rate(fwd_flops(n, H, k), t), vs_gemm=rate(fwd_flops(n, H, k), t) / gemm,
+                          max_abs_error_vs_torch_f32=err)
         print(f"  fwd H={H:<3} n={n} {name:<4} {t['median_ms']:8.3f} ms  {rows[name]['tflops']:6.1f} TFLOP/s "
-              f"({rows[name]['vs_gemm']:.2f} of GEMM)", flush=True)
+              f"({rows[name]['vs_gemm']:.2f} of GEMM)  max err {err:.2e}", flush=True)
     if "pair" in variants:
         import cupy as cp
         ic = cp.from_dlpack(idx)
