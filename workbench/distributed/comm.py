@@ -4,14 +4,27 @@
   receives ``recv_counts[o]`` rows from it), used for the sampled keys.
 * ``ring_pass``: every key shard visits every rank once. Step j hands the
   shard of rank (me - j) mod P to ``compute`` while the next shard is already
-  in flight (isend right / irecv left), so the transfer hides behind compute.
+  in flight (isend right / irecv left). On CUDA the transfers are issued from
+  a dedicated ring stream: they wait for nothing the compute stream queued
+  after the ring began, and the compute stream waits (an event, no host sync)
+  only for the shard it is about to use.
 
-Both use batched point-to-point ops, which NCCL and gloo both implement.
+A shard is one tensor or a tuple of row-aligned tensors (fp8 keys + their
+scales). Tensors travel as their bytes (uint8 views, no copies), so every
+input dtype (bf16, fp8 e4m3) goes over gloo as well as NCCL. Both patterns use
+batched point-to-point ops, which NCCL and gloo both implement.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
+
+
+def wire(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of a contiguous tensor as a uint8 view (same storage): what goes on the wire."""
+    return t.view(torch.uint8) if t.dtype != torch.uint8 else t
 
 
 class Comm:
@@ -22,6 +35,15 @@ class Comm:
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         self.device = torch.device(device) if device is not None else default_device()
+        self._ring_stream = None
+
+    def ring_stream(self):
+        """The CUDA stream the ring's transfers are issued from (None on CPU)."""
+        if self.device.type != "cuda":
+            return None
+        if self._ring_stream is None:
+            self._ring_stream = torch.cuda.Stream(self.device)
+        return self._ring_stream
 
     def peer(self, r: int) -> int:
         """Global rank of group rank ``r`` (P2P ops address global ranks)."""
@@ -63,9 +85,9 @@ def exchange(comm: Comm, send: list, recv_shapes: list, dtype) -> list:
         if o == me:
             continue
         if send[o] is not None and send[o].numel():
-            ops.append(dist.P2POp(dist.isend, send[o].contiguous(), comm.peer(o), comm.group))
+            ops.append(dist.P2POp(dist.isend, wire(send[o].contiguous()), comm.peer(o), comm.group))
         if recv[o].numel():
-            ops.append(dist.P2POp(dist.irecv, recv[o], comm.peer(o), comm.group))
+            ops.append(dist.P2POp(dist.irecv, wire(recv[o]), comm.peer(o), comm.group))
     works = dist.batch_isend_irecv(ops) if ops else []
     if send[me] is not None and recv[me].numel():
         recv[me].copy_(send[me])
@@ -74,35 +96,51 @@ def exchange(comm: Comm, send: list, recv_shapes: list, dtype) -> list:
     return recv
 
 
-def ring_pass(comm: Comm, shard: torch.Tensor, shard_rows: list, compute, *, exchange_keys=True,
-              shards=None):
+def ring_pass(comm: Comm, shard, shard_rows: list, compute, *, exchange_keys=True, shards=None):
     """Call ``compute(owner, shard_of_owner)`` once per rank's key shard.
 
-    ``shard_rows[o]`` is the row count of rank o's shard (known to all: the
-    receive buffers are sized from it). With ``exchange_keys`` the next shard
-    travels while ``compute`` runs on the current one. For measurements,
-    ``exchange_keys=False`` with ``shards`` (every rank's shard, pre-gathered)
-    runs the compute alone, and ``compute=None`` runs the transfers alone.
+    ``shard`` is a tensor or a tuple of tensors whose first dimension is the
+    shard's rows (``compute`` gets the same form). ``shard_rows[o]`` is the row
+    count of rank o's shard (known to all: the receive buffers are sized from
+    it). With ``exchange_keys`` the next shard travels while ``compute`` runs
+    on the current one. For measurements, ``exchange_keys=False`` with
+    ``shards`` (every rank's shard, pre-gathered) runs the compute alone, and
+    ``compute=None`` runs the transfers alone.
     """
     P, me = comm.world_size, comm.rank
+    single = not isinstance(shard, tuple)
+    parts = (shard,) if single else tuple(shard)
     right, left = comm.peer((me + 1) % P), comm.peer((me - 1) % P)
-    cur = shard
+    side = comm.ring_stream() if exchange_keys and P > 1 else None
+    main = torch.cuda.current_stream(comm.device) if side is not None else None
+    on_side = (lambda: torch.cuda.stream(side)) if side is not None else contextlib.nullcontext
+    if side is not None:
+        side.wait_stream(main)                      # our own shard is ready
+    cur = parts
     for step in range(P):
         owner = (me - step) % P
         works, nxt = [], None
         if exchange_keys and step < P - 1:
-            nxt_owner = (me - step - 1) % P
-            nxt = torch.empty((shard_rows[nxt_owner],) + tuple(shard.shape[1:]),
-                              dtype=shard.dtype, device=shard.device)
-            ops = []
-            if cur.shape[0]:
-                ops.append(dist.P2POp(dist.isend, cur, right, comm.group))
-            if nxt.shape[0]:
-                ops.append(dist.P2POp(dist.irecv, nxt, left, comm.group))
-            works = dist.batch_isend_irecv(ops) if ops else []
+            rows = shard_rows[(me - step - 1) % P]
+            with on_side():
+                nxt = tuple(torch.empty((rows,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+                            for t in parts)
+                ops = []
+                for c, x in zip(cur, nxt):
+                    if c.shape[0]:
+                        ops.append(dist.P2POp(dist.isend, wire(c), right, comm.group))
+                    if x.shape[0]:
+                        ops.append(dist.P2POp(dist.irecv, wire(x), left, comm.group))
+                works = dist.batch_isend_irecv(ops) if ops else []
         if compute is not None:
-            compute(owner, cur if exchange_keys else shards[owner])
-        for w in works:
-            w.wait()
+            got = cur if exchange_keys else shards[owner]
+            compute(owner, got[0] if single and isinstance(got, tuple) else got)
         if nxt is not None:
+            with on_side():
+                for w in works:
+                    w.wait()                        # the ring stream waits for the transfer
+            if side is not None:
+                main.wait_stream(side)              # and the compute stream for the ring stream
+                for x in nxt:
+                    x.record_stream(main)           # allocated on the ring stream, used on main
             cur = nxt

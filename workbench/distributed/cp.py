@@ -1,21 +1,25 @@
-"""Context-parallel HyTopK over the lightning indexer (issue 8).
+"""Context-parallel HyTopK over the lightning indexer (issues 8, 15).
 
 Every rank holds some query rows and a shard of the keys (see sharding.py).
-Per call, on every rank:
+The stages are the single-GPU pipeline's: ``workbench.pipeline.Backend``
+picks them by input dtype (float32, bf16, fp8 e4m3 + per-key ``kscale``;
+``Backend.stages_for_kind``) and hands each family its inputs as the
+pipeline does (``Backend._indexer_args``), so every kernel the pipeline
+gains reaches CP with no second code path. Per call, on every rank:
 
 1. **Sampled keys first.** A query's threshold reads only its M sample keys.
    The positions come from ``reference.sample_plan``/``sample_positions``;
-   the rank fetches the keys at the union of its queries' sample positions
-   from their owners (a sparse all-to-all, planned once) into a scratch
-   [L, D] array, and runs the family's own threshold stage on it, so T is
-   the single-process T bit for bit.
-2. **Filter on a ring.** The key shards circulate; while the next shard is
-   in flight the family's filter stage runs on the current one (its piece
-   ranges shifted to start at 0), and the candidates are appended to a
-   per-query buffer of the single-process capacity. ``count`` adds up to
-   the true count. A query whose count fits the capacity has all its
-   candidates stored; one that does not fails the check, exactly as on one
-   process.
+   the rank fetches the keys (and fp8 scales) at the union of its queries'
+   sample positions from their owners (a sparse all-to-all, planned once)
+   into a scratch [L, D] array, and runs the family's own threshold stage on
+   it, so T is the single-process T bit for bit.
+2. **Filter on a ring.** The key shards circulate (their own CUDA stream,
+   comm.ring_pass); while the next shard is in flight the family's filter
+   stage runs on the current one (its piece ranges shifted to start at 0),
+   and the candidates are appended to a per-query buffer of the
+   single-process capacity. ``count`` adds up to the true count. A query
+   whose count fits the capacity has all its candidates stored; one that
+   does not fails the check, exactly as on one process.
 3. **Check, select, recover locally.** The number of failed queries is
    summed over the ranks, so ``fell_back`` is the single-process decision.
    Failed queries (or, after a fall-back, all of them) get their exact
@@ -23,14 +27,22 @@ Per call, on every rank:
    merged shard by shard with its select stage (top-k of a union = top-k of
    the members' top-ks; memory: rows x 2k).
 
-The output and the statistics equal ``reference.hytopk_indexer`` on the
-whole problem bit for bit whenever each score does not depend on how the
-keys are blocked: always for exact-arithmetic inputs (docs/CONTRACT.md §6); for
-general float inputs as far as the family's scoring routine guarantees it.
+Per-key preparation (the wgmma_ws core's pre-tiled keys) is made once per
+arriving shard piece and dropped when the ring moves on (Family.key_scope);
+the whole call runs in the family's call_scope (the threshold's shared-context
+fast path). The output and the statistics equal the same family's
+single-process pipeline bit for bit whenever a key's score does not depend on
+how the keys are blocked: the scoring cores compute each (query, key) dot
+product alone, whatever tile or offset the key sits at.
 
 Memory per rank, besides the inputs: the scratch [L, D] sample-key array
-(only sampled rows written), the candidate buffer [n_local, capacity + 1]
-and one filter output [n_local, capacity] per shard piece at a time.
+(only sampled rows written), the candidate buffer [n_local, capacity + 1],
+one filter output [n_local, capacity] per shard piece at a time and two key
+shards (the one filtered, the one arriving).
+
+Where the pipeline's plan/run split (issue 14) lands, ``prepare`` and the
+per-stage calls here are the places to call its plan (stage set, capacity,
+sample plan) and run pieces instead of ``Backend`` internals.
 """
 from __future__ import annotations
 
@@ -43,9 +55,11 @@ import torch
 import reference as R
 from reference import validate as V
 
+from reference import dtypes as DT
+
 from .. import registry
 from ..arrays import kind_of
-from ..pipeline import stage_set
+from ..pipeline import Backend
 from .comm import Comm, exchange, ring_pass
 from .sharding import Sharding
 
@@ -111,15 +125,45 @@ class _Piece:
         return bool(np.any(lo < hi))
 
 
+@dataclass
+class CallInputs:
+    """One call's inputs on this rank: torch tensors on the rank's device in the form they travel
+    in (bf16 as torch.bfloat16, fp8 e4m3 as uint8 bits), the input kinds, the stage set the
+    single-GPU pipeline picks for them, and q, w as the family takes them."""
+    q: torch.Tensor
+    w: torch.Tensor
+    shard: tuple                     # (keys,) or (keys, kscale): what circulates on the ring
+    dts: DT.IndexerDtypes
+    stages: object                   # pipeline.StageSet
+    qd: object = None                # family-native q, w
+    wd: object = None
+
+
+def _torch_form(x, name, device):
+    """A torch tensor on ``device``, contiguous: NumPy uint16 bf16 bits -> torch.bfloat16,
+    fp8 e4m3 -> its uint8 bits (gathers and the wire take every dtype then)."""
+    if not isinstance(x, torch.Tensor):
+        a = np.ascontiguousarray(x)
+        t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if a.dtype == np.uint16 else torch.from_numpy(a)
+    else:
+        t = x.detach()
+    if t.dtype == torch.float8_e4m3fn:
+        t = t.view(torch.uint8)
+    return t.to(device).contiguous()
+
+
 class ContextParallelHyTopK:
     """Context-parallel HyTopK for one set of context ranges, planned once, called per step.
 
     ``lo``/``hi`` are the global context ranges (every rank passes the same);
     ``sharding`` says which query rows and key pieces each rank holds.
     Calling it with this rank's ``q[n_local, H, D]``, ``w[n_local, H]`` and
-    key shard ``keys[shard_len, D]`` (torch tensors on this rank's device, or
-    NumPy arrays with gloo) returns this rank's `CPResult`. Collective: every
-    rank of ``group`` must call it together.
+    key shard ``keys[shard_len, D]`` (and ``kscale[shard_len]`` for fp8 e4m3
+    keys; torch tensors on this rank's device, or NumPy arrays with gloo)
+    returns this rank's `CPResult`. The stage set is the single-GPU
+    pipeline's for the input dtype (``variants`` overrides stages as in
+    ``workbench.backend``). Collective: every rank of ``group`` must call it
+    together.
     """
 
     def __init__(self, lo, hi, k, sharding: Sharding, *, capacity=None, oversample=3.0,
@@ -128,6 +172,9 @@ class ContextParallelHyTopK:
             raise TypeError(f"argument 'sharding' must be a Sharding, got {type(sharding).__name__}")
         n, L = sharding.n, sharding.L
         lo_h, hi_h = V.check_selection_args((n, L), lo, hi, k, capacity, oversample, max_failed)
+        if backend not in registry.FAMILY_MODULES:
+            raise ValueError(f"argument 'backend': unknown family {backend!r}; "
+                             f"choose from {sorted(registry.FAMILY_MODULES)}")
         self.comm = Comm(group, device)
         if sharding.world_size != self.comm.world_size:
             raise ValueError(f"argument 'sharding' is for {sharding.world_size} ranks; "
@@ -136,11 +183,9 @@ class ContextParallelHyTopK:
         self.oversample, self.max_failed = float(oversample), int(max_failed)
         # the single-process capacity: computed over every query, not just ours
         self.capacity = R.resolve_capacity(capacity, self.k, lo_h, hi_h, self.oversample)
-        if backend not in registry.FAMILY_MODULES:
-            raise ValueError(f"argument 'backend': unknown family {backend!r}; "
-                             f"choose from {sorted(registry.FAMILY_MODULES)}")
-        self.stages = stage_set(backend, variants)
-        self.family = self.stages.family
+        self.pipeline = Backend(backend, variants)          # stage sets per dtype, dtype handling
+        self.stages = self.pipeline.stages                  # float32's (bf16/fp8: stages_for_kind)
+        self.family = self.pipeline.family
         self.backend = backend
         me = self.comm.rank
         self.rows = sharding.query_rows[me]
@@ -184,27 +229,51 @@ class ContextParallelHyTopK:
         self.samples_fetched = int(pos.size)
 
     # ---- one call ----------------------------------------------------------
-    def _inputs(self, q, w, keys):
-        dtypes = ("float32",) if self.backend == "reference" else V.INPUT_DTYPES
-        n_loc, H, D, Ls = V.check_indexer_inputs(q, w, keys, dtypes=dtypes)
+    def prepare(self, q, w, keys, kscale=None) -> CallInputs:
+        """This rank's inputs checked (the pipeline's dtype rules), on its device, with their stage set."""
+        n_loc, H, D, Ls, dts = DT.check_indexer_args(q, w, keys, kscale)
         if n_loc != len(self.rows):
             raise ValueError(f"argument 'q' has {n_loc} query rows; this rank holds {len(self.rows)}")
         if Ls != self.shard_rows[self.comm.rank]:
             raise ValueError(f"argument 'keys' has {Ls} rows; this rank's shard has "
                              f"{self.shard_rows[self.comm.rank]}")
         dev = self.comm.device
-        return [torch.as_tensor(x).to(dev).contiguous() for x in (q, w, keys)]
+        q, w, keys = (_torch_form(x, name, dev) for x, name in ((q, "q"), (w, "w"), (keys, "keys")))
+        shard = (keys,) if kscale is None else (keys, _torch_form(kscale, "kscale", dev))
+        call = CallInputs(q, w, shard, dts, self.pipeline.stages_for_kind(dts.kind))
+        call.qd, call.wd, _, _ = self._family_args(call, keys[:0], None if kscale is None else shard[1][:0],
+                                                   call.q, call.w)
+        return call
 
-    def __call__(self, q, w, keys) -> CPResult:
+    def _family_args(self, call, keys, kscale, q=None, w=None):
+        """(q, w, keys, kscale) as the family takes them (Backend._indexer_args: the pipeline's rules)."""
+        q = call.q[:0] if q is None else q
+        w = call.w[:0] if w is None else w
+        return self.pipeline._indexer_args(q, w, keys, kscale, call.dts)
+
+    def _source(self, call, keys, kscale):
+        """The score source of the local queries over ``keys`` (a shard piece or the sample scratch)."""
+        _, _, kd, sd = self._family_args(call, keys, kscale)
+        return self.pipeline._source(call.qd, call.wd, kd, sd)
+
+    def scope(self):
+        """The family's call scope over this rank's queries (what the pipeline opens per call)."""
+        return self.family.call_scope(self.lo, self.hi, self.M)
+
+    def __call__(self, q, w, keys, kscale=None) -> CPResult:
         # Every family launches on PyTorch's current stream, so its kernels, our torch
         # ops and the NCCL waits (which make that stream wait) are ordered.
-        q, w, keys = self._inputs(q, w, keys)
+        call = self.prepare(q, w, keys, kscale)
+        with self.scope():
+            return self._run(call)
+
+    def _run(self, call) -> CPResult:
         times, clock = {}, _Clock(self.comm.device)
-        T = self.threshold(q, w, keys)
+        T = self.threshold(call)
         times["threshold_s"] = clock.lap()
-        cand_idx, cand_val, count = self.filter_ring(q, w, keys, T)
+        cand_idx, cand_val, count = self.filter_ring(call, T)
         times["filter_ring_s"] = clock.lap()
-        st = self.stages
+        st = call.stages
         count_dev = self._dev(count)
         failed, rows = st.check(count_dev, self.lo_dev, self.hi_dev, self.k, self.capacity)
         failed = self.family.to_host(failed).astype(bool)
@@ -213,12 +282,12 @@ class ContextParallelHyTopK:
         fell_back = total > self.max_failed
         dev = self.comm.device
         if fell_back:
-            idx, val = self.exact_ring(q, w, keys, np.arange(len(self.rows)), max(1, self.max_failed))
+            idx, val = self.exact_ring(call, np.arange(len(self.rows)), max(1, self.max_failed))
         else:
             idx, val = st.select(self._dev(cand_idx), self._dev(cand_val), count_dev, self.k)
             idx, val = as_torch(idx, dev), as_torch(val, dev)
             if total:                       # every rank joins the ring, failed rows or not
-                ridx, rval = self.exact_ring(q, w, keys, np.sort(rows_h), max(1, rows_h.size))
+                ridx, rval = self.exact_ring(call, np.sort(rows_h), max(1, rows_h.size))
                 sel = torch.as_tensor(np.sort(rows_h), device=dev)
                 idx[sel], val[sel] = ridx, rval
         times["select_recover_s"] = clock.lap()
@@ -227,73 +296,82 @@ class ContextParallelHyTopK:
                         bool(fell_back), self.M, self.r, self.capacity, int(total), times)
 
     # ---- stages ------------------------------------------------------------
-    def fetch_samples(self, keys) -> torch.Tensor:
-        """A scratch [L, D] key array holding every sample position our queries read."""
+    def fetch_samples(self, call) -> tuple:
+        """Scratch [L, D] keys (and [L] scales) holding every sample position our queries read."""
         comm, P = self.comm, self.comm.world_size
-        D = keys.shape[1]
-        if self._scratch is None or self._scratch.dtype != keys.dtype or self._scratch.shape[1] != D:
-            self._scratch = torch.zeros((self.sharding.L, D), dtype=keys.dtype, device=comm.device)
-        send = [keys[self.serve_rows[p]] for p in range(P)]
-        got = exchange(comm, send, [(p.numel(), D) for p in self.sample_pos], keys.dtype)
-        for o in range(P):
-            if got[o].shape[0]:
-                self._scratch[self.sample_pos[o]] = got[o]
+        want = tuple((t.dtype, tuple(t.shape[1:])) for t in call.shard)
+        if self._scratch is None or tuple((t.dtype, tuple(t.shape[1:])) for t in self._scratch) != want:
+            self._scratch = tuple(torch.zeros((self.sharding.L,) + shape, dtype=dt, device=comm.device)
+                                  for dt, shape in want)
+        for part, scratch in zip(call.shard, self._scratch):
+            send = [part[self.serve_rows[p]] for p in range(P)]
+            got = exchange(comm, send, [(p.numel(),) + tuple(part.shape[1:]) for p in self.sample_pos], part.dtype)
+            for o in range(P):
+                if got[o].shape[0]:
+                    scratch[self.sample_pos[o]] = got[o]
         return self._scratch
 
-    def threshold(self, q, w, keys):
-        sampled = self.fetch_samples(keys)
-        src = R.IndexerSource(self._dev(q), self._dev(w), self._dev(sampled))
-        return self.stages.threshold(src, self.lo_dev, self.hi_dev, self.M_dev, self.r_dev)
+    def threshold(self, call):
+        sampled = self.fetch_samples(call)
+        src = self._source(call, sampled[0], sampled[1] if len(sampled) > 1 else None)
+        return call.stages.threshold(src, self.lo_dev, self.hi_dev, self.M_dev, self.r_dev)
 
-    def filter_ring(self, q, w, keys, T, *, exchange_keys=True, shards=None):
-        """Candidates of every local query over every shard: (idx, val [n, capacity], count int64 [n])."""
+    def _piece_sources(self, call, owner, shard, rows=None):
+        """[(piece, source)] of the pieces of ``owner``'s shard that some local query (of ``rows``) reads."""
+        parts = shard if isinstance(shard, tuple) else (shard,)
+        out = []
+        for pc in self.pieces[owner]:
+            if not pc.hits(rows):
+                continue
+            cut = [t[pc.off:pc.off + pc.b - pc.a] for t in parts]
+            out.append((pc, self._source(call, cut[0], cut[1] if len(cut) > 1 else None)))
+        return out
+
+    def filter_ring(self, call, T, *, exchange_keys=True, shards=None):
+        """Candidates of every local query over every shard: (idx, val [n, capacity], count int32 [n])."""
         n, cap, dev = len(self.rows), self.capacity, self.comm.device
         buf = _Appender(n, cap, dev)
-        qd, wd, Td = self._dev(q), self._dev(w), T
 
         def on_shard(owner, shard):
-            for pc in self.pieces[owner]:
-                if not pc.hits():
-                    continue
-                src = R.IndexerSource(qd, wd, self._dev(shard[pc.off:pc.off + pc.b - pc.a]))
-                ci, cv, cnt = self.stages.filter(src, pc.lo_dev, pc.hi_dev, Td, cap)
-                buf.append(as_torch(ci, dev) + pc.a, as_torch(cv, dev), as_torch(cnt, dev))
+            with self.family.key_scope():            # a piece's keys are prepared once, then dropped
+                for pc, src in self._piece_sources(call, owner, shard):
+                    ci, cv, cnt = call.stages.filter(src, pc.lo_dev, pc.hi_dev, T, cap)
+                    buf.append(as_torch(ci, dev) + pc.a, as_torch(cv, dev), as_torch(cnt, dev))
 
-        ring_pass(self.comm, keys, self.shard_rows, on_shard,
+        ring_pass(self.comm, call.shard, self.shard_rows, on_shard,
                   exchange_keys=exchange_keys, shards=shards)
         idx, val = buf.result()
         return idx, val, buf.total.to(torch.int32)
 
-    def exact_ring(self, q, w, keys, rows, chunk):
+    def exact_ring(self, call, rows, chunk):
         """Exact top-k of the local query rows ``rows`` over their whole contexts (a ring pass)."""
         k, dev = self.k, self.comm.device
         rows = np.asarray(rows, np.int64)
         run_idx = torch.full((rows.size, k), -1, dtype=torch.int32, device=dev)
         run_val = torch.full((rows.size, k), -np.inf, dtype=torch.float32, device=dev)
         run_cnt = torch.zeros(rows.size, dtype=torch.int64, device=dev)
-        qd, wd = self._dev(q), self._dev(w)
+        st = call.stages
 
         def on_shard(owner, shard):
-            for pc in self.pieces[owner]:
-                for c0 in range(0, rows.size, chunk):
-                    sub = rows[c0:c0 + chunk]
-                    if not pc.hits(sub):
-                        continue
-                    src = R.IndexerSource(qd, wd, self._dev(shard[pc.off:pc.off + pc.b - pc.a]))
-                    pidx, pval = self.stages.recover(src, pc.lo_dev, pc.hi_dev,
-                                                     self._dev(sub.astype(np.int32)), k)
-                    pidx, pval = as_torch(pidx, dev), as_torch(pval, dev)
-                    s = slice(c0, c0 + sub.size)
-                    merged = _Appender(sub.size, 2 * k, dev)
-                    merged.append(run_idx[s], run_val[s], run_cnt[s])
-                    merged.append(torch.where(pidx >= 0, pidx + pc.a, pidx), pval, (pidx >= 0).sum(1))
-                    cidx, cval = merged.result()
-                    nidx, nval = self.stages.select(self._dev(cidx), self._dev(cval),
-                                                    self._dev(merged.total.to(torch.int32)), k)
-                    run_idx[s], run_val[s] = as_torch(nidx, dev), as_torch(nval, dev)
-                    run_cnt[s] = torch.clamp(merged.total, max=k)
+            with self.family.key_scope():            # every chunk reuses the piece's prepared keys
+                for pc, src in self._piece_sources(call, owner, shard, rows):
+                    for c0 in range(0, rows.size, chunk):
+                        sub = rows[c0:c0 + chunk]
+                        if not pc.hits(sub):
+                            continue
+                        pidx, pval = st.recover(src, pc.lo_dev, pc.hi_dev, self._dev(sub.astype(np.int32)), k)
+                        pidx, pval = as_torch(pidx, dev), as_torch(pval, dev)
+                        s = slice(c0, c0 + sub.size)
+                        merged = _Appender(sub.size, 2 * k, dev)
+                        merged.append(run_idx[s], run_val[s], run_cnt[s])
+                        merged.append(torch.where(pidx >= 0, pidx + pc.a, pidx), pval, (pidx >= 0).sum(1))
+                        cidx, cval = merged.result()
+                        nidx, nval = st.select(self._dev(cidx), self._dev(cval),
+                                               self._dev(merged.total.to(torch.int32)), k)
+                        run_idx[s], run_val[s] = as_torch(nidx, dev), as_torch(nval, dev)
+                        run_cnt[s] = torch.clamp(merged.total, max=k)
 
-        ring_pass(self.comm, keys, self.shard_rows, on_shard)
+        ring_pass(self.comm, call.shard, self.shard_rows, on_shard)
         return run_idx, run_val
 
 
