@@ -87,5 +87,5 @@ def test_distributed_bench_relays_rank_progress(tmp_path):
                         "--json", str(tmp_path / "cp.json")], cwd=ROOT, capture_output=True, text=True,
                        timeout=300, env=env)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    assert "cp bench: 2 step(s)" in p.stderr and "cp bench: [1/2] 1 rank(s) done" in p.stderr
-    assert "cp bench: done, 2 step(s)" in p.stderr
+    assert "cp bench: 1 step(s)" in p.stderr and "cp bench: [1/1] 2 rank(s) done" in p.stderr
+    assert "cp bench: done, 1 step(s)" in p.stderr

@@ -7,10 +7,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .launch import BACKENDS
+
 
 EXAMPLE_VARIANT = "select=cupy.select.radix_bitonic"      # tests/test_progress_and_names.py: it exists
 GLOO_MAX_GFLOP = 5.0       # one scoring pass on gloo (the NumPy reference, ~0.1 GFLOP/s): about a minute
 GLOO_SMALL = "--n 64 --L 4096 --H 4 --D 16 --k 32"
+PRESETS = ("full128k-bf16", "causal1m-bf16", "causal1m-fp8")      # bench.PROBLEMS (torch-free import here)
+PROBLEM_CHOICES = PRESETS + ("targets", "custom")
+LAYOUTS = ("full", "causal", "causal_tail")
 
 
 def _parser():
@@ -19,29 +24,36 @@ def _parser():
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     st = sub.add_parser("selftest", help="spawn the ranks and check CP == single process, bit for bit")
-    st.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    st.add_argument("--backend", choices=BACKENDS, default="gloo",
+                    help="gloo (CPU), nccl (one GPU per rank) or gloo-cuda (ranks on GPUs over gloo; "
+                         "several may share one GPU)")
     st.add_argument("--world-size", type=int, default=2)
-    st.add_argument("--family", default=None, help="stage family (default: reference on gloo, cupy on nccl)")
+    st.add_argument("--family", default=None, help="stage family (default: reference on gloo, cupy on GPUs)")
     st.add_argument("--full", action="store_true", help="every score family, not the quick subset")
     st.add_argument("--timeout", type=float, default=300.0, help="seconds before the ranks are killed")
     st.add_argument("--variant", action="append", default=[], metavar="STAGE=NAME",
                     help=f"pick a stage variant of the family, e.g. {EXAMPLE_VARIANT} with --family cupy (repeatable)")
 
-    be = sub.add_parser("bench", help="time CP HyTopK on 1 GPU and on N GPUs (NCCL)")
+    be = sub.add_parser("bench", help="time CP HyTopK on N GPUs against the single-GPU pipeline (one run)")
     be.add_argument("--world-size", type=int, default=2)
     be.add_argument("--json", type=Path, default=None,
-                    help="write the results here (default: results/cp_scaling_<family>_ws<N>.json)")
-    be.add_argument("--family", default=None, help="stage family (default: cupy on nccl, reference on gloo)")
-    be.add_argument("--backend", choices=("nccl", "gloo"), default="nccl",
-                    help="gloo (the reference family, small shapes) only smoke-tests the code on a CPU")
-    be.add_argument("--n", type=int, default=8192)
-    be.add_argument("--L", type=int, default=131072)
+                    help="write the results here (default: results/cp_bench_<family>_ws<N>.json)")
+    be.add_argument("--family", default=None, help="stage family (default: cupy on GPUs, reference on gloo)")
+    be.add_argument("--backend", choices=BACKENDS, default="nccl",
+                    help="nccl (timings); gloo-cuda (ranks may share one GPU: a correctness check); gloo "
+                         "(the reference family, small shapes: smoke-tests the code on a CPU)")
+    be.add_argument("--problem", action="append", default=[], choices=PROBLEM_CHOICES,
+                    help="a preset problem of the issue-15 targets, 'targets' for all of them, or 'custom' "
+                         "(--n/--L/...); repeatable (default: targets on GPUs, custom on gloo)")
+    be.add_argument("--n", type=int, default=8192, help="custom: queries in total")
+    be.add_argument("--L", type=int, default=131072, help="custom: keys in total")
     be.add_argument("--H", type=int, default=64)
     be.add_argument("--D", type=int, default=128)
     be.add_argument("--k", type=int, default=2048)
-    be.add_argument("--layout", default="full", choices=("full", "causal_tail"))
-    be.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
-                    help="indexer input dtype (bfloat16 for the tensor-core filter variants)")
+    be.add_argument("--layout", default="full", choices=LAYOUTS,
+                    help="custom: full, causal (queries strided over a causal sequence) or causal_tail")
+    be.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "fp8"),
+                    help="custom: indexer input dtype (bfloat16 / fp8: the tensor-core stage sets)")
     be.add_argument("--sharding", default="zigzag", choices=("zigzag", "contiguous"))
     be.add_argument("--repeats", type=int, default=5)
     be.add_argument("--timeout", type=float, default=600.0)
@@ -52,7 +64,7 @@ def _parser():
 
     wk = sub.add_parser("worker", help="one rank (torchrun-style environment); used by selftest/bench")
     wk.add_argument("--job", choices=("selftest", "bench"), required=True)
-    wk.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    wk.add_argument("--backend", choices=BACKENDS, default="gloo")
     wk.add_argument("--family", default=None)
     wk.add_argument("--out", type=Path, default=None,
                     help="folder for rank 0's JSON record (default: rank 0 prints a report)")
@@ -77,7 +89,7 @@ def _variant_args(args) -> list:
 
 
 def _family(args):
-    return args.family or ("reference" if args.backend == "gloo" else "cupy")
+    return args.family or ("reference" if args.backend == "gloo" else "cupy")     # nccl, gloo-cuda: GPUs
 
 
 def cmd_worker(args) -> int:
@@ -141,45 +153,62 @@ def cmd_selftest(args) -> int:
     return 0 if ok else 1
 
 
-def gloo_too_big(args) -> str | None:
+def problems(args) -> list:
+    """The problems to run: presets (bench.PROBLEMS) and/or the custom one from --n/--L/..."""
+    from .bench import PROBLEMS, TARGETS
+    names = args.problem or (["custom"] if args.backend == "gloo" else ["targets"])
+    out = []
+    for name in names:
+        for one in (TARGETS if name == "targets" else (name,)):
+            if one == "custom":
+                p = {k: getattr(args, k) for k in ("n", "L", "H", "D", "k", "layout", "sharding", "dtype")}
+            else:
+                p = dict(PROBLEMS[one])
+            out.append(dict(p, name=one))
+    return out
+
+
+def gloo_too_big(args, probs) -> str | None:
     """Why a gloo bench would run for hours (None: it will not). gloo runs the NumPy reference on
     the CPU: at most GLOO_MAX_GFLOP per scoring pass of n x L keys."""
-    gflop = 2.0 * args.n * args.L * args.H * args.D / 1e9
-    if args.backend != "gloo" or gflop <= GLOO_MAX_GFLOP or args.force:
+    if args.backend != "gloo" or args.force:
         return None
-    return (f"bench --backend gloo runs the {_family(args)} family on the CPU: n={args.n} L={args.L} H={args.H} "
-            f"D={args.D} is {gflop:.0f} GFLOP per scoring pass (limit {GLOO_MAX_GFLOP:.0f}), hours of CPU time. "
-            f"Try {GLOO_SMALL}, run on GPUs (--backend nccl), or add --force.")
+    for p in probs:
+        n = p.get("n", p.get("n_per_rank", 0) * args.world_size)
+        gflop = 2.0 * n * p["L"] * p["H"] * p["D"] / 1e9
+        if gflop > GLOO_MAX_GFLOP:
+            return (f"bench --backend gloo runs the {_family(args)} family on the CPU: {p['name']} with n={n} "
+                    f"L={p['L']} H={p['H']} D={p['D']} is {gflop:.0f} GFLOP per scoring pass (limit "
+                    f"{GLOO_MAX_GFLOP:.0f}), hours of CPU time. Try {GLOO_SMALL}, run on GPUs (--backend nccl), "
+                    f"or add --force.")
+    return None
 
 
 def cmd_bench(args) -> int:
     from ..progress import Progress
     from .bench import report
     family = _family(args)
-    why = gloo_too_big(args)
+    probs = problems(args)
+    why = gloo_too_big(args, probs)
     if why:
         print(why, file=sys.stderr, flush=True)
         return 2
-    params = {k: getattr(args, k) for k in ("n", "L", "H", "D", "k", "layout", "sharding", "dtype", "repeats")}
-    runs = {}
-    sizes = [1] + ([args.world_size] if args.world_size > 1 else [])
-    with tempfile.TemporaryDirectory(prefix="hytopk-cp-bench-") as tmp, \
-            Progress(len(sizes), "cp bench") as prog:          # a bar on a terminal, lines in a log
-        for ws in sizes:
-            out = Path(tmp) / f"ws{ws}"
-            wargs = ["--job", "bench", "--backend", args.backend, "--family", family,
-                     "--bench", json.dumps(params)] + _variant_args(args)
-            if not _spawned(args, wargs, ws, args.backend, out,
-                            on_wait=lambda line: prog.tick(f"{ws} rank(s): {line or 'starting'}")):
-                return 1
-            runs[ws] = json.loads((out / "bench.json").read_text())
-            prog.advance(f"{ws} rank(s) done")
-    result, text = report(params, family, runs)
-    result["variants"] = _variants(args)
+    params = dict(problems=probs, repeats=args.repeats)
+    ws = args.world_size
+    with tempfile.TemporaryDirectory(prefix="hytopk-cp-bench-") as tmp, Progress(1, "cp bench") as prog:
+        out = Path(tmp) / f"ws{ws}"
+        wargs = ["--job", "bench", "--backend", args.backend, "--family", family,
+                 "--bench", json.dumps(params)] + _variant_args(args)
+        if not _spawned(args, wargs, ws, args.backend, out,
+                        on_wait=lambda line: prog.tick(f"{ws} rank(s): {line or 'starting'}")):
+            return 1
+        record = json.loads((out / "bench.json").read_text())
+        prog.advance(f"{ws} rank(s) done")
+    result, text = report(record)
     print(text)
     if args.json is None:
         from .launch import ROOT
-        args.json = ROOT / "results" / f"cp_scaling_{family}_ws{args.world_size}.json"
+        args.json = ROOT / "results" / f"cp_bench_{family}_ws{ws}.json"
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))

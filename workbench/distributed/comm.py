@@ -49,14 +49,18 @@ class Comm:
         """Global rank of group rank ``r`` (P2P ops address global ranks)."""
         return r if self.group is None else dist.get_global_rank(self.group, r)
 
+    @property
+    def _coll_device(self):
+        return torch.device("cpu") if dist.get_backend(self.group) == "gloo" else self.device
+
     def all_sum(self, value: int) -> int:
-        t = torch.tensor([int(value)], dtype=torch.int64, device=self.device)
+        t = torch.tensor([int(value)], dtype=torch.int64, device=self._coll_device)
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
         return int(t.item())
 
     def all_gather_counts(self, counts) -> torch.Tensor:
         """[P, P] int64 on the host: row p = the ``counts`` vector of rank p."""
-        mine = torch.as_tensor(counts, dtype=torch.int64).to(self.device).reshape(1, -1)
+        mine = torch.as_tensor(counts, dtype=torch.int64).to(self._coll_device).reshape(1, -1)
         out = [torch.empty_like(mine) for _ in range(self.world_size)]
         dist.all_gather(out, mine, group=self.group)
         return torch.cat(out).cpu()
@@ -68,31 +72,50 @@ class Comm:
 
 
 def default_device() -> torch.device:
-    """CPU for gloo, the current CUDA device for NCCL."""
+    """CPU for gloo (the rank's GPU under launch's gloo-cuda), the current CUDA device for NCCL."""
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    import os
+    return torch.device(os.environ.get("HYTOPK_CP_DEVICE") or "cpu")
+
+
+def _staged(comm) -> bool:
+    """gloo moves host memory only: CUDA tensors go through host copies."""
+    return comm.device.type == "cuda" and dist.get_backend(comm.group) == "gloo"
+
+
+def _p2p(comm, op, t, peer, staged):
+    """A P2POp on t's bytes; staged (gloo + CUDA): on a host copy, returned for a later copy-back."""
+    buf = wire(t)
+    if staged:
+        buf = buf.cpu() if op is dist.isend else torch.empty(buf.shape, dtype=buf.dtype)
+    return dist.P2POp(op, buf, peer, comm.group), buf
 
 
 def exchange(comm: Comm, send: list, recv_shapes: list, dtype) -> list:
     """Sparse all-to-all: send[o] (a tensor, or None for nothing) goes to rank o;
     returns recv[o] of shape recv_shapes[o] from rank o. Empty messages are
     skipped on both sides (both know the sizes), self-messages are copied."""
-    me = comm.rank
+    me, staged = comm.rank, _staged(comm)
     recv = [torch.empty(tuple(s), dtype=dtype, device=comm.device) for s in recv_shapes]
-    ops = []
+    ops, back = [], []
     for o in range(comm.world_size):
         if o == me:
             continue
         if send[o] is not None and send[o].numel():
-            ops.append(dist.P2POp(dist.isend, wire(send[o].contiguous()), comm.peer(o), comm.group))
+            ops.append(_p2p(comm, dist.isend, send[o].contiguous(), comm.peer(o), staged)[0])
         if recv[o].numel():
-            ops.append(dist.P2POp(dist.irecv, wire(recv[o]), comm.peer(o), comm.group))
+            op, buf = _p2p(comm, dist.irecv, recv[o], comm.peer(o), staged)
+            ops.append(op)
+            back.append((recv[o], buf))
     works = dist.batch_isend_irecv(ops) if ops else []
     if send[me] is not None and recv[me].numel():
         recv[me].copy_(send[me])
     for w in works:
         w.wait()
+    if staged:
+        for t, buf in back:
+            wire(t).copy_(buf)
     return recv
 
 
@@ -111,7 +134,8 @@ def ring_pass(comm: Comm, shard, shard_rows: list, compute, *, exchange_keys=Tru
     single = not isinstance(shard, tuple)
     parts = (shard,) if single else tuple(shard)
     right, left = comm.peer((me + 1) % P), comm.peer((me - 1) % P)
-    side = comm.ring_stream() if exchange_keys and P > 1 else None
+    staged = _staged(comm)
+    side = comm.ring_stream() if exchange_keys and P > 1 and not staged else None
     main = torch.cuda.current_stream(comm.device) if side is not None else None
     on_side = (lambda: torch.cuda.stream(side)) if side is not None else contextlib.nullcontext
     if side is not None:
@@ -125,12 +149,14 @@ def ring_pass(comm: Comm, shard, shard_rows: list, compute, *, exchange_keys=Tru
             with on_side():
                 nxt = tuple(torch.empty((rows,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
                             for t in parts)
-                ops = []
+                ops, back = [], []
                 for c, x in zip(cur, nxt):
                     if c.shape[0]:
-                        ops.append(dist.P2POp(dist.isend, wire(c), right, comm.group))
+                        ops.append(_p2p(comm, dist.isend, c, right, staged)[0])
                     if x.shape[0]:
-                        ops.append(dist.P2POp(dist.irecv, wire(x), left, comm.group))
+                        op, buf = _p2p(comm, dist.irecv, x, left, staged)
+                        ops.append(op)
+                        back.append((x, buf))
                 works = dist.batch_isend_irecv(ops) if ops else []
         if compute is not None:
             got = cur if exchange_keys else shards[owner]
@@ -139,6 +165,9 @@ def ring_pass(comm: Comm, shard, shard_rows: list, compute, *, exchange_keys=Tru
             with on_side():
                 for w in works:
                     w.wait()                        # the ring stream waits for the transfer
+                if staged:
+                    for x, buf in back:
+                        wire(x).copy_(buf)
             if side is not None:
                 main.wait_stream(side)              # and the compute stream for the ring stream
                 for x in nxt:

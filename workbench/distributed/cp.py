@@ -139,7 +139,7 @@ class CallInputs:
     wd: object = None
 
 
-def _torch_form(x, name, device):
+def _torch_form(x, device):
     """A torch tensor on ``device``, contiguous: NumPy uint16 bf16 bits -> torch.bfloat16,
     fp8 e4m3 -> its uint8 bits (gathers and the wire take every dtype then)."""
     if not isinstance(x, torch.Tensor):
@@ -238,12 +238,18 @@ class ContextParallelHyTopK:
             raise ValueError(f"argument 'keys' has {Ls} rows; this rank's shard has "
                              f"{self.shard_rows[self.comm.rank]}")
         dev = self.comm.device
-        q, w, keys = (_torch_form(x, name, dev) for x, name in ((q, "q"), (w, "w"), (keys, "keys")))
-        shard = (keys,) if kscale is None else (keys, _torch_form(kscale, "kscale", dev))
+        q, w = _torch_form(q, dev), _torch_form(w, dev)
+        shard = self.shard_form(keys, kscale)
+        keys = shard[0]
         call = CallInputs(q, w, shard, dts, self.pipeline.stages_for_kind(dts.kind))
         call.qd, call.wd, _, _ = self._family_args(call, keys[:0], None if kscale is None else shard[1][:0],
                                                    call.q, call.w)
         return call
+
+    def shard_form(self, keys, kscale=None) -> tuple:
+        """A key shard (and its fp8 scales) in the form it circulates in: (keys,) or (keys, kscale)."""
+        dev = self.comm.device
+        return (_torch_form(keys, dev),) if kscale is None else (_torch_form(keys, dev), _torch_form(kscale, dev))
 
     def _family_args(self, call, keys, kscale, q=None, w=None):
         """(q, w, keys, kscale) as the family takes them (Backend._indexer_args: the pipeline's rules)."""

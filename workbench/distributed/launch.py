@@ -96,8 +96,14 @@ def last_line(path: Path, tail: int = 4096) -> str:
         return ""
 
 
+BACKENDS = ("gloo", "nccl", "gloo-cuda")
+DEVICE_ENV = "HYTOPK_CP_DEVICE"          # the rank's device under gloo-cuda (read by comm.default_device)
+
+
 def init_from_env(backend: str, timeout_s: float = 300.0):
-    """init_process_group from torchrun-style variables; pins rank -> GPU for NCCL."""
+    """init_process_group from torchrun-style variables; pins rank -> GPU for NCCL. ``gloo-cuda``:
+    gloo between ranks whose data live on CUDA devices (rank r on GPU r mod count, so several
+    ranks may share one GPU, which NCCL refuses; transfers are staged through the host)."""
     import torch
     import torch.distributed as dist
     for var, value in GPU_ENV.items():
@@ -105,20 +111,38 @@ def init_from_env(backend: str, timeout_s: float = 300.0):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", rank))
     kwargs = {}
-    if backend == "nccl":
+    if backend == "gloo-cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("backend 'gloo-cuda' needs a CUDA GPU; none is visible (use --backend gloo on CPU)")
+        local %= torch.cuda.device_count()
+        torch.cuda.set_device(local)
+        os.environ[DEVICE_ENV] = f"cuda:{local}"
+        try:
+            import cupy
+            cupy.cuda.Device(local).use()
+        except ImportError:
+            pass
+        backend = "gloo"
+    elif backend == "nccl":
         if not torch.cuda.is_available():
             raise RuntimeError("backend 'nccl' needs CUDA GPUs; none is visible (use --backend gloo on CPU)")
         if local >= torch.cuda.device_count():
             raise RuntimeError(f"LOCAL_RANK {local} but only {torch.cuda.device_count()} GPUs are visible")
         torch.cuda.set_device(local)
         kwargs["device_id"] = torch.device("cuda", local)
+        try:                            # the ring's transfers: a high-priority NCCL stream
+            opts = dist.ProcessGroupNCCL.Options()
+            opts.is_high_priority_stream = True
+            kwargs["pg_options"] = opts
+        except (AttributeError, TypeError):
+            pass
         try:                            # CuPy keeps its own current device
             import cupy
             cupy.cuda.Device(local).use()
         except ImportError:
             pass
     elif backend != "gloo":
-        raise ValueError(f"argument 'backend': expected 'gloo' or 'nccl', got {backend!r}")
+        raise ValueError(f"argument 'backend': expected one of {BACKENDS}, got {backend!r}")
     dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s), **kwargs)
     return rank, world

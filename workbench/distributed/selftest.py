@@ -11,7 +11,9 @@ case i is checked on rank i mod P against
   when the family is not the reference (GPU scoring may flush subnormals, so
   only the family itself defines the answer on float families).
 
-Cases: exact small-integer inputs over every layout (reference/generate.py),
+Cases: exact small-integer inputs over every layout (reference/generate.py), in
+float32, bf16 (uint16 bits) and fp8 e4m3 (uint8 bits + per-key scales; the stage
+set is the pipeline's for that dtype: the tensor-core cores on the CuPy family),
 with tight capacities, low oversampling and max_failed = 0/1 to force
 recovery and fall-back, tiny problems that leave ranks without queries or
 keys; and the adversarial score families driven through the indexer path
@@ -25,7 +27,10 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 import reference as R
+from reference import dtypes as DT
 from reference import generate as G
+
+from .digest import result_digest
 
 
 class Case(NamedTuple):
@@ -41,6 +46,7 @@ class Case(NamedTuple):
     max_failed: int
     sharding: str
     exact_scores: bool           # every implementation scores these inputs identically
+    kscale: Optional[np.ndarray] = None     # fp8 e4m3 keys' scales (q/keys then uint8 bits)
 
 
 PROFILE_SCALES = np.array([1.0, 2.0, 0.5, 4.0], np.float32)
@@ -82,6 +88,20 @@ def build_cases(quick: bool = True, seed: int = 8) -> list:
     exact("exact/tiny-L", 5, 3, 2, 3, 2, "random")
     exact("exact/L=1(ranks-without-keys)", 3, 1, 2, 3, 1, "full")
     exact("exact/one-query(ranks-without-queries)", 1, 600, 2, 3, 5, "full", sharding="contiguous")
+
+    def typed(name, kind, n, L, k, lay, **kw):
+        exact(name, n, L, 2, 3, k, lay, **kw)
+        c = cases.pop()
+        q, w, keys, ks = DT.encode_exact(c.q, c.w, c.keys, kind, rng=rng)
+        cases.append(c._replace(q=q, w=w, keys=keys, kscale=ks))
+
+    # the tensor-core stage sets (bf16, fp8): the ws threshold's shared-context path (full), the
+    # per-query path (causal), recovery and fall-back; shard pieces that start off a 128-key tile
+    typed("bf16/full/zigzag", "bf16", 8, 9000, 32, "full")
+    typed("bf16/causal_tail/fall-back", "bf16", 12, 5000, 16, "causal_tail", capacity=24, oversample=0.5,
+          max_failed=0)
+    typed("fp8/full/contiguous", "fp8", 8, 9000, 32, "full", sharding="contiguous")
+    typed("fp8/varlen/max_failed=1", "fp8", 10, 3000, 24, "varlen", oversample=0.5, max_failed=1)
 
     families = G.SCORE_FAMILIES if not quick else (
         "equal", "relu_plateau", "alias_on_samples", "alias_between_samples", "ties_at_kth", "specials")
@@ -125,9 +145,9 @@ def check_case(case: Case, got, family: str, variants: dict | None = None) -> li
     problems = []
     kw = dict(capacity=case.capacity, oversample=case.oversample, max_failed=case.max_failed)
     if family == "reference" or case.exact_scores:
-        want = R.hytopk_indexer(case.q, case.w, case.keys, case.lo, case.hi, case.k, **kw)
+        want = R.hytopk_indexer(case.q, case.w, case.keys, case.lo, case.hi, case.k, kscale=case.kscale, **kw)
         problems += [f"vs reference.hytopk_indexer: {p}" for p in compare(got, want)]
-        scores = R.indexer_scores(case.q, case.w, case.keys, case.lo, case.hi)
+        scores = R.indexer_scores(case.q, case.w, case.keys, case.lo, case.hi, kscale=case.kscale)
         bi, bv = R.topk(scores, case.lo, case.hi, case.k)
         problems += [f"vs brute-force topk: {p}" for p in
                      compare(got, R.HyTopKResult(bi, bv, *[None] * 6), stats=False)]
@@ -136,11 +156,22 @@ def check_case(case: Case, got, family: str, variants: dict | None = None) -> li
 
         import workbench
         dev = torch.device("cuda", torch.cuda.current_device())
-        args = [torch.as_tensor(x, device=dev) for x in (case.q, case.w, case.keys, case.lo, case.hi)]
-        want = workbench.backend(family, variants).hytopk_indexer(*args, case.k, **kw)
+        args = [_torch(x, dev) for x in (case.q, case.w, case.keys, case.lo, case.hi)]
+        ks = None if case.kscale is None else _torch(case.kscale, dev)
+        want = workbench.backend(family, variants).hytopk_indexer(*args, case.k, kscale=ks, **kw)
         want.idx, want.val = want.idx.cpu().numpy(), want.val.cpu().numpy()
         problems += [f"vs single-process {family}: {p}" for p in compare(got, want)]
+        if result_digest(got) != result_digest(want):
+            problems.append(f"digest differs from the single-process {family} pipeline's")
     return problems
+
+
+def _torch(x, dev):
+    """A host input as the torch tensor a user would pass: uint16 bf16 bits -> torch.bfloat16."""
+    import torch
+    if x.dtype == np.uint16:
+        return torch.from_numpy(np.ascontiguousarray(x).view(np.int16)).view(torch.bfloat16).to(dev)
+    return torch.as_tensor(x, device=dev)
 
 
 def run_worker(family: str, quick: bool = True, variants: dict | None = None) -> list:
@@ -148,11 +179,12 @@ def run_worker(family: str, quick: bool = True, variants: dict | None = None) ->
     import torch
     import torch.distributed as dist
 
+    from .comm import default_device
     from .cp import ContextParallelHyTopK, gather_result
     from .sharding import make_sharding
 
     me, P = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    device = default_device()
     records = []
     for i, case in enumerate(build_cases(quick)):
         n, L = case.q.shape[0], case.keys.shape[0]
@@ -161,9 +193,10 @@ def run_worker(family: str, quick: bool = True, variants: dict | None = None) ->
         cp = ContextParallelHyTopK(case.lo, case.hi, case.k, sh, capacity=case.capacity,
                                    oversample=case.oversample, max_failed=case.max_failed,
                                    backend=family, variants=variants, device=device)
-        q, w = (torch.as_tensor(sh.take_queries(x, me)).to(device) for x in (case.q, case.w))
-        keys = torch.as_tensor(sh.take_keys(case.keys, me)).to(device)
-        res = cp(q, w, keys)
+        q, w = (sh.take_queries(x, me) for x in (case.q, case.w))
+        keys = sh.take_keys(case.keys, me)
+        ks = None if case.kscale is None else sh.take_keys(case.kscale, me)
+        res = cp(q, w, keys, ks)
         seconds = time.perf_counter() - t0
         checker = i % P
         got = gather_result(res, sh, dst=checker)
@@ -171,6 +204,7 @@ def run_worker(family: str, quick: bool = True, variants: dict | None = None) ->
             t1 = time.perf_counter()
             problems = check_case(case, got, family, variants)
             records.append(dict(index=i, case=case.name, n=n, L=L, k=case.k, ok=not problems,
+                                digest=result_digest(got)[:16],
                                 problems=problems, failed=int(res.failed_total), fell_back=bool(got.fell_back),
                                 cp_seconds=round(seconds, 3), check_seconds=round(time.perf_counter() - t1, 3)))
     return records

@@ -68,6 +68,17 @@ class Sharding:
         return np.ascontiguousarray(np.concatenate(parts))
 
 
+def causal_ranges(n: int, L: int):
+    """Causal contexts of n queries evenly strided over a sequence of L keys: query i sits at
+    position (i + 1) L / n - 1 (rounded down) and reads keys [0, that + 1); n = L is plain causal
+    self-attention (hi = i + 1). With n and L both multiples of 2P, zigzag gives rank p the
+    queries of key chunks p and 2P-1-p: every rank the same causal work."""
+    if n < 0 or L < 0 or (n > 0 and L < 1):
+        raise ValueError(f"arguments 'n'/'L': need n >= 0 and L >= 1, got n={n}, L={L}")
+    hi = (np.arange(1, n + 1, dtype=np.int64) * L) // max(n, 1)
+    return np.zeros(n, np.int32), np.maximum(hi, 1).astype(np.int32)
+
+
 def _cuts(total: int, parts: int):
     """parts + 1 boundaries splitting [0, total) as evenly as possible."""
     return [(i * total) // parts for i in range(parts + 1)]
