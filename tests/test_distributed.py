@@ -252,3 +252,119 @@ def test_arguments_are_checked(one_rank_group):
         cp(q, w, keys[:10])
     with pytest.raises(TypeError, match="'q'"):
         cp(q.astype(np.float64), w, keys)
+
+
+# ---------------------------------------------------------------- training under CP (issue 15)
+def _cli(*args, timeout=300):
+    cmd = [sys.executable, "-m", "workbench.distributed", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_gloo_training_equals_one_process(world_size):
+    """DSAttention under CP (zigzag token shards, cp_select, gathered K/V/index keys) against the
+    single-process layer: indices, outputs, loss, every gradient; checkpoint none/full/replay, fp8."""
+    if not dist.is_gloo_available():
+        pytest.skip("torch.distributed was built without gloo")
+    out = _cli("train", "--backend", "gloo", "--world-size", str(world_size))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "PASS: 4 training cases equal" in out.stdout, out.stdout
+    assert "replay       rank 0: selections 1" in out.stdout         # never re-selected in recomputation
+
+
+@pytest.mark.gpu
+def test_nccl_training_on_two_gpus():
+    if _gpus() < 2 or not dist.is_nccl_available():
+        pytest.skip(f"needs 2 CUDA GPUs and NCCL (found {_gpus()})")
+    out = _cli("train", "--backend", "nccl", "--world-size", "2", timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "PASS: 4 training cases equal" in out.stdout, out.stdout
+
+
+# ---------------------------------------------------------------- one GPU shared by two ranks
+@pytest.mark.gpu
+def test_gloo_cuda_selftest_two_ranks_on_one_gpu():
+    """Correctness of the GPU stage sets (bf16 / fp8 cases: the wgmma_ws core on Hopper) with two
+    ranks sharing GPU 0 over gloo (NCCL refuses two ranks on one GPU)."""
+    if _gpus() < 1:
+        pytest.skip("needs a CUDA GPU")
+    out = _selftest("--backend", "gloo-cuda", "--world-size", "2", "--family", "cupy", timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    n = len(build_cases(True))
+    assert f"PASS: {n}/{n} cases bit-identical" in out.stdout, out.stdout
+
+
+# ---------------------------------------------------------------- bench (digests, overlap, targets)
+def _bench(tmp_path, *args, timeout=300):
+    path = tmp_path / "cp.json"
+    out = _cli("bench", *args, "--repeats", "1", "--json", str(path), timeout=timeout)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    import json
+    return json.loads(path.read_text()), out.stdout
+
+
+@pytest.mark.parametrize("dtype,layout", [("bfloat16", "full"), ("fp8", "causal")])
+def test_gloo_bench_checks_digests_against_the_pipeline(tmp_path, dtype, layout):
+    res, text = _bench(tmp_path, "--backend", "gloo", "--n", "16", "--L", "320", "--H", "2", "--D", "4",
+                       "--k", "4", "--dtype", dtype, "--layout", layout)
+    (r,) = res["problems"]
+    assert res["bitwise_equal"] is True and r["bitwise_equal"] is True
+    assert len(r["cp_digests"]) == 2 and r["cp_digests"] == r["pipeline_digests"]
+    assert len(set(r["cp_digests"])) == 2                      # each rank's rows, not one shared digest
+    assert r["params"]["dtype"] == dtype and r["params"]["layout"] == layout
+    assert 0.0 <= r["overlap_fraction"] <= 1.0 and r["comm_s"] > 0 and r["pipeline_s"] > 0
+    assert len(r["pipeline_s_before_after"]) == 2 and r["speedup"] > 0
+    assert r["target_speedup"] is None                          # a custom problem has no target
+    assert "bit-identical to the pipeline: True" in text
+
+
+def test_bench_presets_are_the_issue_targets():
+    from workbench.distributed import bench as B
+    from workbench.distributed.__main__ import PRESETS
+    assert tuple(B.PROBLEMS) == PRESETS == B.TARGETS
+    full, c16, c8 = (B.resolve(B.PROBLEMS[name], 2) for name in B.TARGETS)
+    assert (full["n"], full["L"], full["H"], full["D"], full["k"]) == (8192, 131072, 64, 128, 2048)
+    assert full["layout"] == "full" and full["dtype"] == "bfloat16" and full["target_speedup"] == 1.8
+    assert (c16["n"], c16["L"], c16["layout"], c16["sharding"]) == (16384, 1 << 20, "causal", "zigzag")
+    assert c16["dtype"] == "bfloat16" and c16["target_speedup"] == 1.85
+    assert c8["dtype"] == "fp8" and c8["target_speedup"] == 1.8 and B.TARGET_OVERLAP == 0.9
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "fp8"])
+def test_nccl_bench_small_problem_is_bit_identical(tmp_path, dtype):
+    if _gpus() < 2 or not dist.is_nccl_available():
+        pytest.skip(f"needs 2 CUDA GPUs and NCCL (found {_gpus()})")
+    res, _ = _bench(tmp_path, "--world-size", "2", "--problem", "custom", "--n", "1024", "--L", "65536",
+                    "--H", "64", "--D", "128", "--k", "512", "--dtype", dtype, "--layout", "causal", timeout=600)
+    (r,) = res["problems"]
+    assert r["bitwise_equal"] is True and r["overlap_fraction"] is not None
+    assert "wgmma_ws" in r["stage_set"]["filter"] or "tiled" in r["stage_set"]["filter"]
+
+
+# ---------------------------------------------------------------- digests, causal ranges
+def test_digest_sees_one_bit_and_respects_rows():
+    from workbench.distributed.digest import result_digest
+    rng = np.random.default_rng(6)
+    q, w, keys = G.indexer_inputs(6, 200, 2, 3, rng)
+    lo, hi = G.layout("full", 6, 200, 8, rng)
+    res = R.hytopk_indexer(q, w, keys, lo, hi, 8)
+    d = result_digest(res)
+    val = res.val.copy()
+    val[2, 3] = np.nextafter(val[2, 3], np.float32(np.inf))
+    assert result_digest(R.HyTopKResult(**{**res.__dict__, "val": val})) != d
+    assert result_digest(R.HyTopKResult(**{**res.__dict__, "capacity": res.capacity + 1})) != d
+    assert result_digest(res, [0, 1, 2]) != result_digest(res, [3, 4, 5])
+    assert result_digest(res, np.arange(6)) == d
+
+
+@pytest.mark.parametrize("n,L,P", [(16, 16, 2), (8192 * 2 // 64, (1 << 20) // 64, 2), (48, 96, 4), (64, 64, 8)])
+def test_zigzag_balances_strided_causal_work(n, L, P):
+    from workbench.distributed.sharding import causal_ranges
+    lo, hi = causal_ranges(n, L)
+    assert np.all(lo == 0) and np.all(np.diff(hi) >= 0) and hi[-1] == L and hi[0] >= 1
+    if n == L:
+        assert np.array_equal(hi, np.arange(1, n + 1))
+    sh = make_sharding("zigzag", n, L, P)
+    work = [int(np.sum(hi[r])) for r in sh.query_rows]
+    assert max(work) / min(work) < 1.1

@@ -62,8 +62,15 @@ def _parser():
     be.add_argument("--variant", action="append", default=[], metavar="STAGE=NAME",
                     help=f"pick a stage variant of the family, e.g. {EXAMPLE_VARIANT} (repeatable)")
 
+    tr = sub.add_parser("train", help="spawn the ranks and check DSA training under CP == one process")
+    tr.add_argument("--backend", choices=BACKENDS, default="gloo")
+    tr.add_argument("--world-size", type=int, default=2)
+    tr.add_argument("--family", default=None, help="CP stage family (default: reference on gloo; on GPUs "
+                                                     "the family of the single-process op's dispatch)")
+    tr.add_argument("--timeout", type=float, default=300.0)
+
     wk = sub.add_parser("worker", help="one rank (torchrun-style environment); used by selftest/bench")
-    wk.add_argument("--job", choices=("selftest", "bench"), required=True)
+    wk.add_argument("--job", choices=("selftest", "bench", "train"), required=True)
     wk.add_argument("--backend", choices=BACKENDS, default="gloo")
     wk.add_argument("--family", default=None)
     wk.add_argument("--out", type=Path, default=None,
@@ -108,6 +115,17 @@ def cmd_worker(args) -> int:
             record = {"records": [r for part in parts for r in part]} if rank == 0 else None
             if rank == 0 and args.out is None:
                 ok, text = summarize(record["records"], world, args.backend, _family(args))
+                print(text)
+                rc = 0 if ok else 1
+        elif args.job == "train":
+            from .train_check import run_worker as train_worker
+            from .train_check import summarize as train_summary
+            mine = train_worker(args.family)
+            parts = [None] * world if rank == 0 else None
+            dist.gather_object(mine, parts, dst=0)
+            record = {"records": [r for part in parts for r in part]} if rank == 0 else None
+            if rank == 0 and args.out is None:
+                ok, text = train_summary(record["records"], world, args.backend)
                 print(text)
                 rc = 0 if ok else 1
         else:
@@ -168,6 +186,19 @@ def problems(args) -> list:
     return out
 
 
+def cmd_train(args) -> int:
+    from .train_check import summarize
+    with tempfile.TemporaryDirectory(prefix="hytopk-cp-train-") as tmp:
+        out = Path(tmp)
+        wargs = ["--job", "train", "--backend", args.backend] + (["--family", args.family] if args.family else [])
+        if not _spawned(args, wargs, args.world_size, args.backend, out):
+            return 1
+        records = json.loads((out / "train.json").read_text())["records"]
+    ok, text = summarize(records, args.world_size, args.backend)
+    print(text)
+    return 0 if ok else 1
+
+
 def gloo_too_big(args, probs) -> str | None:
     """Why a gloo bench would run for hours (None: it will not). gloo runs the NumPy reference on
     the CPU: at most GLOO_MAX_GFLOP per scoring pass of n x L keys."""
@@ -218,7 +249,7 @@ def cmd_bench(args) -> int:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    return {"selftest": cmd_selftest, "bench": cmd_bench, "worker": cmd_worker}[args.cmd](args)
+    return {"selftest": cmd_selftest, "bench": cmd_bench, "train": cmd_train, "worker": cmd_worker}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -15,9 +15,14 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 from . import ops  # noqa: F401  (registers torch.ops.hytopk)
 
 
+# ops whose outputs are saved, never recomputed: the selection (and context parallel's, which
+# workbench.distributed.dsa registers here: rerunning it would rerun a collective)
+SAVED_OPS = {torch.ops.hytopk.select.default}
+
+
 def replay_policy(ctx, func, *args, **kwargs):
     """Save the selection, recompute everything else."""
-    if func is torch.ops.hytopk.select.default:
+    if func in SAVED_OPS:
         return CheckpointPolicy.MUST_SAVE
     return CheckpointPolicy.PREFER_RECOMPUTE
 
