@@ -5,6 +5,7 @@
 # Phases: env tests-plan bench-pipeline (BENCH_PIPELINE_ARGS) probe sass ncu tests-wgmma tests-ws tests-dtypes tests-args prefill bench-core compile-check tests tests-gpu tests-cupy tests-variants tests-torch tests-app tests-new tests-tiled
 #         tests-attend bench-attend (BENCH_ATTEND_ARGS)
 #         sanitize (JOBS=...) compare (PRESET, BUDGET, COMPARE_ARGS) bench-train cp-selftest cp-bench (WS, CP_ARGS)
+#         cp-selftest-shared (2 ranks on GPU 0 over gloo) cp-train (WS) tests-cp (tests/test_distributed.py)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/hytopk-out}; mkdir -p "$OUT/logs"
@@ -52,7 +53,10 @@ for arg in "$@"; do      # NAME or NAME:SECONDS (time box for that phase)
     bench-attend) phase bench-attend ${CAP:-240} python3 scripts/bench_attention.py ${BENCH_ATTEND_ARGS:-} --json "$OUT/bench_attention.json" ;;
     tests-app) phase tests-app ${CAP:-240} $PYT --durations=10 tests/test_cli_gpu.py tests/test_example.py tests/test_distributed.py ;;
     cp-selftest) phase cp-selftest ${CAP:-120} python3 -m workbench.distributed selftest --backend nccl --world-size "${WS:-2}" ;;
-    cp-bench) phase cp-bench ${CAP:-240} python3 -m workbench.distributed bench --world-size "${WS:-2}" --json "$OUT/cp_scaling.json" ${CP_ARGS:-} ;;
+    cp-bench) phase cp-bench ${CAP:-420} python3 -m workbench.distributed bench --world-size "${WS:-2}" --json "$OUT/cp_bench.json" ${CP_ARGS:-} ;;
+    cp-selftest-shared) phase cp-selftest-shared ${CAP:-180} python3 -m workbench.distributed selftest --backend gloo-cuda --world-size 2 --family cupy ;;
+    cp-train) phase cp-train ${CAP:-180} python3 -m workbench.distributed train --backend nccl --world-size "${WS:-2}" ;;
+    tests-cp) phase tests-cp ${CAP:-420} $PYT --durations=10 tests/test_distributed.py tests/test_cp_scaling.py ;;
     tests) phase tests ${CAP:-560} $PYT tests --junitxml="$OUT/logs/junit.xml" ;;
     sanitize) phase sanitize ${CAP:-420} env PYTHON=python3 bash scripts/sanitize.sh ;;
     compare) phase compare ${CAP:-480} python3 -m workbench compare --preset "${PRESET:-dsv32-128k}" --json "$OUT/compare.json" --plot "$OUT/compare.png" ${BUDGET:+--budget $BUDGET} ${COMPARE_ARGS:-} ;;

@@ -77,10 +77,10 @@ def inputs(p, device):
     w = torch.rand((n, H), generator=g, device=device)
     keys = torch.randn((L, D), generator=g, device=device)
     dtype = p.get("dtype", "float32")
-    if dtype == "fp8":
+    if dtype == "fp8":                  # e4m3 as uint8 bits: every gather / cat supports uint8
         from ..torch.fp8 import quantize
         f = quantize(q, w, keys)
-        return f.q, f.w, f.keys, f.kscale
+        return f.q.view(torch.uint8), f.w, f.keys.view(torch.uint8), f.kscale
     dt = getattr(torch, dtype)
     return q.to(dt), w.to(dt), keys.to(dt), None
 
@@ -96,7 +96,8 @@ def _versions(gpu):
     if gpu:
         out["cuda"] = torch.version.cuda
         try:
-            out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+            v = torch.cuda.nccl.version()
+            out["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
         except Exception:
             pass
     return out
@@ -120,6 +121,8 @@ def run_worker(family: str, params: dict, variants: dict | None = None) -> dict:
         p = resolve(prob, P)
         say(f"problem {i + 1}/{len(params['problems'])}: {p.get('name', 'custom')}")
         out.append(_problem(family, p, variants, int(params.get("repeats", 5)), device, say))
+        if gpu:                             # the problem's inputs and scratch go back before the next one
+            torch.cuda.empty_cache()
     env = {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")}
     return dict(world_size=P, family=family, variants=variants or {}, problems=out, env=env,
                 devices=sorted({torch.cuda.get_device_name(d) for d in range(torch.cuda.device_count())})
@@ -207,7 +210,7 @@ def _problem(family, p, variants, reps, device, say) -> dict:
         ring_s = timed(lambda: cp.filter_ring(call, T), reps)
         say("timing the filter alone")
         compute_s = timed(lambda: cp.filter_ring(call, T, exchange_keys=False, shards=shards), reps)
-    del shards
+    shards = None
     say("timing the transfers alone")
     comm_s = timed(lambda: ring_pass(cp.comm, call.shard, cp.shard_rows, None), reps) if P > 1 else 0.0
     overlap = None
@@ -233,9 +236,6 @@ def _problem(family, p, variants, reps, device, say) -> dict:
                       bitwise_equal=bool(want_digests == digests and stable),
                       stage_set={s: getattr(cp.pipeline.stages_for_kind(call.dts.kind), s).name
                                  for s in ("threshold", "filter", "check", "select", "recover")})
-    del q_all, w_all, keys_all, ks_all, want, cp, call
-    if gpu:
-        torch.cuda.empty_cache()
     return record
 
 

@@ -242,7 +242,7 @@ class ContextParallelHyTopK:
         shard = self.shard_form(keys, kscale)
         keys = shard[0]
         call = CallInputs(q, w, shard, dts, self.pipeline.stages_for_kind(dts.kind))
-        call.qd, call.wd, _, _ = self._family_args(call, keys[:0], None if kscale is None else shard[1][:0],
+        call.qd, call.wd, _, _ = self._family_args(call, keys[:1], None if kscale is None else shard[1][:1],
                                                    call.q, call.w)
         return call
 
@@ -252,9 +252,10 @@ class ContextParallelHyTopK:
         return (_torch_form(keys, dev),) if kscale is None else (_torch_form(keys, dev), _torch_form(kscale, dev))
 
     def _family_args(self, call, keys, kscale, q=None, w=None):
-        """(q, w, keys, kscale) as the family takes them (Backend._indexer_args: the pipeline's rules)."""
-        q = call.q[:0] if q is None else q
-        w = call.w[:0] if w is None else w
+        """(q, w, keys, kscale) as the family takes them (Backend._indexer_args: the pipeline's rules).
+        Without q/w only keys/kscale are wanted: one query row rides along (no empty arrays)."""
+        q = call.q[:1] if q is None else q
+        w = call.w[:1] if w is None else w
         return self.pipeline._indexer_args(q, w, keys, kscale, call.dts)
 
     def _source(self, call, keys, kscale):
