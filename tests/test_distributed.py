@@ -82,15 +82,19 @@ from workbench.distributed import ContextParallelHyTopK, make_sharding
 from workbench.distributed.selftest import compare
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 rng = np.random.default_rng(4)
-q, w, keys = G.indexer_inputs(3, 40, 2, 3, rng)
+q, w, keys = G.indexer_inputs(3, 40, 2, 3, rng, exact=True)
 lo, hi = G.layout("edge", 3, 40, 5, rng)
 kw = dict(capacity=6, oversample=0.5, max_failed=1)
-res = ContextParallelHyTopK(lo, hi, 5, make_sharding("zigzag", 3, 40, 1), backend="numba", **kw)(q, w, keys)
-got = R.HyTopKResult(res.idx.numpy(), res.val.numpy(), res.threshold, res.count, res.failed,
-                     res.fell_back, res.num_samples, res.rank, res.capacity)
-problems = compare(got, R.hytopk_indexer(q, w, keys, lo, hi, 5, **kw))
-print("failed", res.failed_total, "problems", problems)
-assert res.failed_total > 0 and not problems
+from reference import dtypes as DT
+cp = ContextParallelHyTopK(lo, hi, 5, make_sharding("zigzag", 3, 40, 1), backend="numba", **kw)
+for kind in ("float32", "bf16", "fp8"):        # the pipeline's widening of bf16 / fp8 for the Numba family
+    qq, ww, kk, ks = DT.encode_exact(q, w, keys, kind, rng=rng)
+    res = cp(qq, ww, kk, ks)
+    got = R.HyTopKResult(res.idx.numpy(), res.val.numpy(), res.threshold, res.count, res.failed,
+                         res.fell_back, res.num_samples, res.rank, res.capacity)
+    problems = compare(got, R.hytopk_indexer(qq, ww, kk, lo, hi, 5, kscale=ks, **kw))
+    print(kind, "failed", res.failed_total, "problems", problems)
+    assert res.failed_total > 0 and not problems
 """
 
 
