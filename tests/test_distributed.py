@@ -372,3 +372,19 @@ def test_zigzag_balances_strided_causal_work(n, L, P):
     sh = make_sharding("zigzag", n, L, P)
     work = [int(np.sum(hi[r])) for r in sh.query_rows]
     assert max(work) / min(work) < 1.1
+
+
+def test_exposed_transfer_from_events():
+    from workbench.distributed.comm import exposed_transfer_s
+
+    class Ev:                     # CUDA event stand-in: elapsed_time in ms from the start event
+        def __init__(self, t):
+            self.t = t
+
+        def elapsed_time(self, other):
+            return other.t - self.t
+
+    assert exposed_transfer_s([]) is None
+    # step 0: compute ends at 5 ms, shard arrives at 2 ms (hidden); step 1: ends 9, arrives 12 (3 ms exposed)
+    evs = [Ev(0.0), (Ev(5.0), Ev(2.0)), (Ev(9.0), Ev(12.0))]
+    assert exposed_transfer_s(evs) == pytest.approx(0.003)

@@ -119,7 +119,7 @@ def exchange(comm: Comm, send: list, recv_shapes: list, dtype) -> list:
     return recv
 
 
-def ring_pass(comm: Comm, shard, shard_rows: list, compute, *, exchange_keys=True, shards=None):
+def ring_pass(comm: Comm, shard, shard_rows: list, compute, *, exchange_keys=True, shards=None, events=None):
     """Call ``compute(owner, shard_of_owner)`` once per rank's key shard.
 
     ``shard`` is a tensor or a tuple of tensors whose first dimension is the
@@ -128,7 +128,11 @@ def ring_pass(comm: Comm, shard, shard_rows: list, compute, *, exchange_keys=Tru
     it). With ``exchange_keys`` the next shard travels while ``compute`` runs
     on the current one. For measurements, ``exchange_keys=False`` with
     ``shards`` (every rank's shard, pre-gathered) runs the compute alone, and
-    ``compute=None`` runs the transfers alone.
+    ``compute=None`` runs the transfers alone. ``events`` (a list; CUDA ring
+    only): per step, a pair of CUDA events (compute of this step done on the
+    compute stream, next shard arrived on the ring stream), preceded by a
+    start event: how long the compute stream waited for a transfer
+    (``exposed_transfer_s``).
     """
     P, me = comm.world_size, comm.rank
     single = not isinstance(shard, tuple)
@@ -140,6 +144,9 @@ def ring_pass(comm: Comm, shard, shard_rows: list, compute, *, exchange_keys=Tru
     on_side = (lambda: torch.cuda.stream(side)) if side is not None else contextlib.nullcontext
     if side is not None:
         side.wait_stream(main)                      # our own shard is ready
+    timing = events is not None and side is not None
+    if timing:
+        events.append(_event(main))
     cur = parts
     for step in range(P):
         owner = (me - step) % P
@@ -168,8 +175,28 @@ def ring_pass(comm: Comm, shard, shard_rows: list, compute, *, exchange_keys=Tru
                 if staged:
                     for x, buf in back:
                         wire(x).copy_(buf)
+            if timing:
+                events.append((_event(main), _event(side)))
             if side is not None:
                 main.wait_stream(side)              # and the compute stream for the ring stream
                 for x in nxt:
                     x.record_stream(main)           # allocated on the ring stream, used on main
             cur = nxt
+
+
+def _event(stream):
+    ev = torch.cuda.Event(enable_timing=True)
+    ev.record(stream)
+    return ev
+
+
+def exposed_transfer_s(events):
+    """Seconds the compute stream waited for shards (ring_pass ``events``, after a synchronize):
+    per step, how far the arrival of the next shard came after the end of that step's compute.
+    None when nothing was recorded (no CUDA ring stream: CPU, gloo-cuda, one rank)."""
+    if not events:
+        return None
+    start, total = events[0], 0.0
+    for done, arrived in events[1:]:
+        total += max(0.0, start.elapsed_time(arrived) - start.elapsed_time(done)) / 1e3
+    return total

@@ -334,7 +334,7 @@ class ContextParallelHyTopK:
             out.append((pc, self._source(call, cut[0], cut[1] if len(cut) > 1 else None)))
         return out
 
-    def filter_ring(self, call, T, *, exchange_keys=True, shards=None):
+    def filter_ring(self, call, T, *, exchange_keys=True, shards=None, events=None):
         """Candidates of every local query over every shard: (idx, val [n, capacity], count int32 [n])."""
         n, cap, dev = len(self.rows), self.capacity, self.comm.device
         buf = _Appender(n, cap, dev)
@@ -346,7 +346,7 @@ class ContextParallelHyTopK:
                     buf.append(as_torch(ci, dev) + pc.a, as_torch(cv, dev), as_torch(cnt, dev))
 
         ring_pass(self.comm, call.shard, self.shard_rows, on_shard,
-                  exchange_keys=exchange_keys, shards=shards)
+                  exchange_keys=exchange_keys, shards=shards, events=events)
         idx, val = buf.result()
         return idx, val, buf.total.to(torch.int32)
 
