@@ -388,3 +388,19 @@ def test_exposed_transfer_from_events():
     # step 0: compute ends at 5 ms, shard arrives at 2 ms (hidden); step 1: ends 9, arrives 12 (3 ms exposed)
     evs = [Ev(0.0), (Ev(5.0), Ev(2.0)), (Ev(9.0), Ev(12.0))]
     assert exposed_transfer_s(evs) == pytest.approx(0.003)
+
+
+def test_appender_limit_and_offset_read_only_meaningful_columns():
+    from workbench.distributed.cp import _Appender, _Pending
+    a, b = _Appender(2, 5, torch.device("cpu")), _Appender(2, 5, torch.device("cpu"))
+    idx = torch.tensor([[1, 2, 77, 77], [3, 77, 77, 77]], dtype=torch.int32)
+    val = torch.tensor([[0.5, 0.25, 9.0, 9.0], [0.75, 9.0, 9.0, 9.0]])
+    cnt = torch.tensor([2, 1])
+    a.append(idx + 100, val, cnt)
+    _Pending(idx, val, cnt, 100).into(b)                  # limit 2: columns 2, 3 never read
+    b.append(idx[:, :0], val[:, :0], torch.tensor([7, 0]), limit=0)      # counts only (a full piece)
+    a.append(idx[:, :0], val[:, :0], torch.tensor([7, 0]))
+    for x, y in zip(a.result(), b.result()):
+        assert torch.equal(x, y)
+    assert b.result()[0].tolist() == [[101, 102, -1, -1, -1], [103, -1, -1, -1, -1]]
+    assert b.total.tolist() == [9, 1] and b.stored.tolist() == [2, 1]

@@ -339,14 +339,20 @@ class ContextParallelHyTopK:
         n, cap, dev = len(self.rows), self.capacity, self.comm.device
         buf = _Appender(n, cap, dev)
 
+        pending = []       # a piece's output is appended once the next piece's filter is queued
+
         def on_shard(owner, shard):
             with self.family.key_scope():            # a piece's keys are prepared once, then dropped
                 for pc, src in self._piece_sources(call, owner, shard):
                     ci, cv, cnt = call.stages.filter(src, pc.lo_dev, pc.hi_dev, T, cap)
-                    buf.append(as_torch(ci, dev) + pc.a, as_torch(cv, dev), as_torch(cnt, dev))
+                    pending.append(_Pending(as_torch(ci, dev), as_torch(cv, dev), as_torch(cnt, dev), pc.a))
+                    while len(pending) > 1:
+                        pending.pop(0).into(buf)
 
         ring_pass(self.comm, call.shard, self.shard_rows, on_shard,
                   exchange_keys=exchange_keys, shards=shards, events=events)
+        while pending:
+            pending.pop(0).into(buf)
         idx, val = buf.result()
         return idx, val, buf.total.to(torch.int32)
 
@@ -396,19 +402,50 @@ class _Appender:
         self.stored = torch.zeros(n, dtype=torch.int64, device=device)
         self.total = torch.zeros(n, dtype=torch.int64, device=device)
 
-    def append(self, idx, val, count):
+    def append(self, idx, val, count, *, offset=0, limit=None):
+        """``offset`` is added to the stored indices; ``limit`` (a host int) bounds every row's
+        meaningful entries, so only that many columns are read (the filter's capacity is
+        mostly padding)."""
         count = count.to(torch.int64)
-        j = torch.arange(idx.shape[1], device=idx.device)
+        self.total = self.total + count
+        cols = idx.shape[1] if limit is None else max(0, min(int(limit), idx.shape[1]))
+        if cols == 0 or idx.shape[0] == 0:
+            return
+        idx, val = idx[:, :cols], val[:, :cols]
+        j = torch.arange(cols, device=idx.device)
         dest = self.stored[:, None] + j[None, :]
-        ok = (j[None, :] < torch.clamp(count, max=idx.shape[1])[:, None]) & (dest < self.width)
+        ok = (j[None, :] < torch.clamp(count, max=cols)[:, None]) & (dest < self.width)
         dest = torch.where(ok, dest, torch.full_like(dest, self.width))
-        self.idx.scatter_(1, dest, idx.to(torch.int32))
+        self.idx.scatter_(1, dest, idx.to(torch.int32) + offset if offset else idx.to(torch.int32))
         self.val.scatter_(1, dest, val.to(torch.float32))
         self.stored = torch.clamp(self.stored + ok.sum(1), max=self.width)
-        self.total = self.total + count
 
     def result(self):
         return self.idx[:, :self.width].contiguous(), self.val[:, :self.width].contiguous()
+
+
+class _Pending:
+    """A filter output waiting to be appended, with the largest count of its rows on its way to
+    the host (an async copy + event): the append reads only that many columns, and reading the
+    bound waits for this filter alone, not for the ones queued after it."""
+
+    def __init__(self, idx, val, count, offset):
+        self.idx, self.val, self.count, self.offset = idx, val, count, offset
+        if count.numel() == 0:
+            self.limit, self.ready = torch.zeros((), dtype=torch.int64), None
+            return
+        bound = torch.clamp(count, max=idx.shape[1]).max()
+        if bound.device.type == "cuda":
+            self.limit = bound.to("cpu", non_blocking=True)
+            self.ready = torch.cuda.Event()
+            self.ready.record()
+        else:
+            self.limit, self.ready = bound, None
+
+    def into(self, buf: "_Appender"):
+        if self.ready is not None:
+            self.ready.synchronize()
+        buf.append(self.idx, self.val, self.count, offset=self.offset, limit=int(self.limit))
 
 
 class _Clock:
