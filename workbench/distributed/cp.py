@@ -40,9 +40,11 @@ Memory per rank, besides the inputs: the scratch [L, D] sample-key array
 one filter output [n_local, capacity] per shard piece at a time and two key
 shards (the one filtered, the one arriving).
 
-Where the pipeline's plan/run split (issue 14) lands, ``prepare`` and the
-per-stage calls here are the places to call its plan (stage set, capacity,
-sample plan) and run pieces instead of ``Backend`` internals.
+The host work of this rank's queries is the pipeline's ``SelectionPlan``
+(issue 14: sample plan, device ranges, per-layout uploads); the per-call
+driving is the ring here. Converging further means a plan whose ``run``
+takes a key shard (threshold on the sample scratch, filter per piece, one
+check/select/recover): then SelectionPlan's passes and lanes reach CP too.
 """
 from __future__ import annotations
 
@@ -190,7 +192,12 @@ class ContextParallelHyTopK:
         me = self.comm.rank
         self.rows = sharding.query_rows[me]
         self.lo, self.hi = lo_h[self.rows], hi_h[self.rows]
-        self.M, self.r = R.sample_plan(self.lo, self.hi, self.k, self.oversample)
+        # the single-GPU pipeline's plan of our queries (issue 14): sample plan, ranges on the
+        # device, and the family's per-layout uploads (kept across calls); its capacity and passes
+        # are unused: the capacity is the global one, and the ring filters all our queries at once
+        self.plan = self.pipeline.plan(self.lo, self.hi, self.k, L=L, oversample=self.oversample,
+                                       max_failed=self.max_failed)
+        self.M, self.r = self.plan.M, self.plan.r
         self.shard_rows = [sharding.shard_len(p) for p in range(self.comm.world_size)]
         self._plan_pieces()
         self._plan_samples()
@@ -212,9 +219,8 @@ class ContextParallelHyTopK:
                 piece.lo_dev, piece.hi_dev = self._dev(lo_rel), self._dev(hi_rel)
                 mine.append(piece)
             self.pieces.append(mine)
-        self.lo_dev = self._dev(self.lo.astype(np.int32))
-        self.hi_dev = self._dev(self.hi.astype(np.int32))
-        self.M_dev, self.r_dev = self._dev(self.M), self._dev(self.r)
+        pl = self.plan
+        self.lo_dev, self.hi_dev, self.M_dev, self.r_dev = pl.lo_d, pl.hi_d, pl.M_d, pl.r_d
 
     def _plan_samples(self):
         """Who sends which key rows to whom, per call, for the thresholds."""
@@ -265,7 +271,7 @@ class ContextParallelHyTopK:
 
     def scope(self):
         """The family's call scope over this rank's queries (what the pipeline opens per call)."""
-        return self.family.call_scope(self.lo, self.hi, self.M)
+        return self.family.call_scope(self.lo, self.hi, self.M, uploads=self.plan.uploads)
 
     def __call__(self, q, w, keys, kscale=None) -> CPResult:
         # Every family launches on PyTorch's current stream, so its kernels, our torch
