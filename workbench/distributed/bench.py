@@ -127,7 +127,8 @@ def run_worker(family: str, params: dict, variants: dict | None = None) -> dict:
         out.append(_problem(family, p, variants, int(params.get("repeats", 5)), device, say))
         if gpu:                             # the problem's inputs and scratch go back before the next one
             torch.cuda.empty_cache()
-    env = {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")}
+    from .launch import GPU_ENV
+    env = {k: os.environ.get(k) for k in GPU_ENV}                   # multicast off (KINDS.md)
     return dict(world_size=P, family=family, variants=variants or {}, problems=out, env=env,
                 devices=sorted({torch.cuda.get_device_name(d) for d in range(torch.cuda.device_count())})
                 if gpu else ["cpu"], backend=dist.get_backend(), versions=_versions(gpu),
