@@ -240,8 +240,8 @@ def _problem(family, p, variants, reps, device, say) -> dict:
     record = dict(name=p.get("name", "custom"), params={kk: v for kk, v in p.items() if kk != "name"},
                   world_size=P, plan_s=plan_s, cp_s=cp_s, ring_s=ring_s, comm_s=comm_s, compute_s=compute_s,
                   overlap_fraction=overlap, overlap_fraction_events=overlap_events,
-                  exposed_transfer_s=statistics.median(exposed) if exposed else None, phases=res.timings, failed_total=res.failed_total,
-                  fell_back=res.fell_back, capacity=res.capacity, samples_fetched=cp.samples_fetched,
+                  exposed_transfer_s=statistics.median(exposed) if exposed else None, phases=res.timings,
+                  failed_total=res.failed_total, fell_back=res.fell_back, capacity=res.capacity, samples_fetched=cp.samples_fetched,
                   repeat_stable=stable, cp_digests=digests)
     if me == 0:
         pipeline_s = min(pipe_s)
