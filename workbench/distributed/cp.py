@@ -28,7 +28,7 @@ gains reaches CP with no second code path. Per call, on every rank:
    the members' top-ks; memory: rows x 2k).
 
 Per-key preparation (the wgmma_ws core's pre-tiled keys) is made once per
-arriving shard piece and dropped when the ring moves on (Family.key_scope);
+arriving shard piece and released when the ring moves on (Family.release);
 the whole call runs in the family's call_scope (the threshold's shared-context
 fast path). The output and the statistics equal the same family's
 single-process pipeline bit for bit whenever a key's score does not depend on
@@ -48,6 +48,7 @@ check/select/recover): then SelectionPlan's passes and lanes reach CP too.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -340,6 +341,18 @@ class ContextParallelHyTopK:
             out.append((pc, self._source(call, cut[0], cut[1] if len(cut) > 1 else None)))
         return out
 
+    @contextlib.contextmanager
+    def _shard_sources(self, call, owner, shard, rows=None):
+        """The piece sources of a shard on the ring; what the family prepared from their keys
+        (the wgmma_ws core's layout copy, made once per piece) is released when the ring moves
+        on (Family.release), so a rank never holds the layout of every shard at once."""
+        sources = self._piece_sources(call, owner, shard, rows)
+        try:
+            yield sources
+        finally:
+            for _, src in sources:
+                self.family.release(src.keys)
+
     def filter_ring(self, call, T, *, exchange_keys=True, shards=None, events=None):
         """Candidates of every local query over every shard: (idx, val [n, capacity], count int32 [n])."""
         n, cap, dev = len(self.rows), self.capacity, self.comm.device
@@ -348,8 +361,8 @@ class ContextParallelHyTopK:
         pending = []       # a piece's output is appended once the next piece's filter is queued
 
         def on_shard(owner, shard):
-            with self.family.key_scope():            # a piece's keys are prepared once, then dropped
-                for pc, src in self._piece_sources(call, owner, shard):
+            with self._shard_sources(call, owner, shard) as sources:
+                for pc, src in sources:
                     ci, cv, cnt = call.stages.filter(src, pc.lo_dev, pc.hi_dev, T, cap)
                     pending.append(_Pending(as_torch(ci, dev), as_torch(cv, dev), as_torch(cnt, dev), pc.a))
                     while len(pending) > 1:
@@ -372,8 +385,8 @@ class ContextParallelHyTopK:
         st = call.stages
 
         def on_shard(owner, shard):
-            with self.family.key_scope():            # every chunk reuses the piece's prepared keys
-                for pc, src in self._piece_sources(call, owner, shard, rows):
+            with self._shard_sources(call, owner, shard, rows) as sources:   # every chunk: one preparation
+                for pc, src in sources:
                     for c0 in range(0, rows.size, chunk):
                         sub = rows[c0:c0 + chunk]
                         if not pc.hits(sub):

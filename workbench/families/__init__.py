@@ -71,12 +71,6 @@ class Family:
     def recover_on_device(self, recover, source, lo, hi, count, k, capacity, max_failed, idx, val):
         raise NotImplementedError(f"family {self.name!r} has no device-side recovery (capture_safe is False)")
 
-    def key_scope(self):
-        """A context inside a ``call_scope`` for one set of keys that is dropped at its end (a key
-        shard on a context-parallel ring): per-key preparation made inside is reused within it and
-        released at exit, so a rank never holds the preparation of every shard at once."""
-        return contextlib.nullcontext()
-
 
 def get_family(name: str) -> Family:
     from .. import registry

@@ -154,10 +154,6 @@ class CupyFamily(Family):
                     facts.recovery_rows = saved
             return failed.astype(cp.bool_), fell_back.astype(cp.bool_), nfailed
 
-    def key_scope(self):
-        """Pre-tiled keys made inside are kept for its duration only (wgmma_ws.key_scope)."""
-        return wgmma_ws.key_scope()
-
     def scatter_rows(self, dst_idx, dst_val, rows, src_idx, src_val):
         with launch_stream():
             rows = as_device(rows)

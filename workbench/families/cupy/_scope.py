@@ -50,21 +50,6 @@ def call_scope(lo_h=None, hi_h=None, M_h=None, uploads: dict | None = None):
         CURRENT = outer
 
 
-@contextlib.contextmanager
-def key_scope():
-    """Inside a call: key layout copies made here are dropped at exit (a context-parallel ring's
-    shard, whose keys leave when the ring moves on), every other fact of the call stays (q's
-    layout copy among them). Outside a call: nothing is kept anyway."""
-    facts = CURRENT
-    before = set(facts.prepared) if facts is not None else set()
-    try:
-        yield
-    finally:
-        if facts is not None:
-            for key in [k for k, v in facts.prepared.items() if k not in before and v[1][0] == "keys"]:
-                del facts.prepared[key]
-
-
 def longest_context() -> int | None:
     """The call's longest context (a recovery row's buffer width), or None outside a call."""
     return CURRENT.max_len if CURRENT is not None else None

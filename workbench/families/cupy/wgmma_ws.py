@@ -45,12 +45,6 @@ def call_scope(lo_h=None, hi_h=None, M_h=None, uploads=None):
     return _scope.call_scope(lo_h, hi_h, M_h, uploads)
 
 
-def key_scope():
-    """Inside a call_scope: keys put into the core's layout here (a ring shard's pieces) are
-    reused by every stage call inside and forgotten at exit (_scope.key_scope)."""
-    return _scope.key_scope()
-
-
 def _f32_weights(w):
     """float32 weights: float32 as given, bf16 bits widened exactly."""
     if w.dtype == cp.float32:
