@@ -35,4 +35,21 @@ __device__ __forceinline__ int warp_append_slot(bool take, int* counter) {
     return take ? base + __popc(mask & lanes_below_mask()) : -1;
 }
 
+// Warp-aggregated reservation of `mine` consecutive slots per lane from one
+// atomicAdd on *counter (global or shared): returns this lane's first slot; no
+// atomic at all when the warp wants nothing. All 32 lanes must call it together.
+__device__ __forceinline__ int warp_reserve(int mine, int* counter) {
+    if (__ballot_sync(0xffffffffu, mine != 0) == 0u) return 0;
+    int incl = mine;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, incl, off);
+        if ((int)lane_id() >= off) incl += y;
+    }
+    int base = 0;
+    if (lane_id() == 31u) base = atomicAdd(counter, incl);
+    base = __shfl_sync(0xffffffffu, base, 31);
+    return base + incl - mine;
+}
+
 }  // namespace hytopk

@@ -254,6 +254,31 @@ __host__ __device__ constexpr int next_pow2(int x) {
     return p;
 }
 
+// Sorts word[0 .. cnt) descending (bits[] rides along) by a bitonic network over
+// next_pow2(cnt) slots: slots cnt .. next_pow2(cnt) - 1 are padded with word 0, which
+// sorts last, so both arrays need next_pow2(cnt) slots. Words must be distinct where
+// the order matters (rank-order words (key << 32 | ~position) are). Block-wide; ends
+// with a barrier.
+__device__ void block_bitonic_sort_desc(u64* word, u32* bits, int cnt) {
+    const int P = next_pow2(max(cnt, 1));
+    for (int i = cnt + (int)threadIdx.x; i < P; i += blockDim.x) { word[i] = 0ull; bits[i] = 0u; }   // pads sort last
+    __syncthreads();
+    for (int size = 2; size <= P; size <<= 1) {
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int i = threadIdx.x; i < P / 2; i += blockDim.x) {
+                const int a = 2 * i - (i & (stride - 1)), b = a + stride;
+                const bool desc = (a & size) == 0;
+                const u64 wa = word[a], wb = word[b];
+                if (desc ? wa < wb : wa > wb) {
+                    word[a] = wb; word[b] = wa;
+                    const u32 t = bits[a]; bits[a] = bits[b]; bits[b] = t;
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
 // Shared memory of block_exact_topk_bitonic, in u32 words: histogram, scalars,
 // then next_pow2(k) (u64 sort key, u32 score bits) pairs.
 __host__ __device__ constexpr long long bitonic_topk_smem_words(int k) {
@@ -274,23 +299,7 @@ __device__ void block_exact_topk_bitonic(const Entries& e, long long m, int k, i
     u32* bits = reinterpret_cast<u32*>(word + next_pow2(k));
     auto put = [&](int slot, u32 key, u32 pos, u32 v) { word[slot] = ((u64)key << 32) | (u64)(~pos); bits[slot] = v; };
     const int kept = block_keep_top<true>(e, m, k, hist, sc, put);
-    const int P = next_pow2(max(kept, 1));
-    for (int i = kept + (int)threadIdx.x; i < P; i += blockDim.x) { word[i] = 0ull; bits[i] = 0u; }   // pads sort last
-    __syncthreads();
-    for (int size = 2; size <= P; size <<= 1) {
-        for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            for (int i = threadIdx.x; i < P / 2; i += blockDim.x) {
-                const int a = 2 * i - (i & (stride - 1)), b = a + stride;
-                const bool desc = (a & size) == 0;
-                const u64 wa = word[a], wb = word[b];
-                if (desc ? wa < wb : wa > wb) {
-                    word[a] = wb; word[b] = wa;
-                    const u32 t = bits[a]; bits[a] = bits[b]; bits[b] = t;
-                }
-            }
-            __syncthreads();
-        }
-    }
+    block_bitonic_sort_desc(word, bits, kept);
     for (int j = threadIdx.x; j < k; j += blockDim.x) {
         if (j < kept) {
             out_idx[j] = (int)~(u32)word[j];

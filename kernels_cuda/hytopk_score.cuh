@@ -60,6 +60,22 @@ struct TableSource {
     }
 };
 
+// bf16 table source: a given [n, L] bf16 table (raw 16-bit patterns), each score
+// widened exactly to float32 bits (bits << 16: NaN stays NaN, -0.0 stays -0.0).
+struct TableBf16Source {
+    static constexpr int SMEM_FLOATS = 0;
+    const bf16_bits* scores;
+    long long L;
+    __device__ static TableBf16Source from(const void* p0, const void*, const void*, long long L) {
+        TableBf16Source s = {static_cast<const bf16_bits*>(p0), L};
+        return s;
+    }
+    __device__ __forceinline__ void stage(int, float*) const {}
+    __device__ __forceinline__ u32 score_bits(int t, long long s, const float*) const {
+        return ((u32)scores[(long long)t * L + s]) << 16;
+    }
+};
+
 // Indexer source: scores computed on the fly from q[n,H,D], w[n,H], keys[L,D].
 // stage() copies query t's q and w into shared memory (block-wide, ends with
 // a barrier); every thread of the block must call it.

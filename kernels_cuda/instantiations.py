@@ -14,9 +14,11 @@ SHAPES = (TINY, (32, 128), (64, 128))        # + GLM-5 (H=32) and DeepSeek-V3.2 
 DTYPES = ("float32", "bfloat16")
 C_TYPES = {"float32": "float", "bfloat16": "hytopk::bf16_bits"}
 TABLE = "hytopk::TableSource"
+TABLE_BF16 = "hytopk::TableBf16Source"       # a bf16 table (raw bits), widened exactly to float32
+TABLES = (TABLE, TABLE_BF16)
 
 # file -> (kernel, what it is instantiated over)
-#   "table+indexer": every source; "indexer": indexer sources only;
+#   "table+indexer": every source; "indexer": indexer sources only; "tables": the table sources only;
 #   "mma": (H, D) only (bf16 tensor-core path); "tiled" and "wgmma": (H, D) rounded up by
 #   tiled_shape (the tiled and wgmma bf16 cores); "wgmma_fp8": by fp8_shape; "plain": not a template
 KERNELS = {
@@ -26,6 +28,7 @@ KERNELS = {
     "device_recovery.cu": (("hytopk_recovery_slots", "plain"), ("hytopk_scatter_slots", "plain")),
     "select.cu": (("hytopk_select", "plain"), ("hytopk_select_bitonic", "plain")),
     "recover.cu": (("hytopk_score_rows", "indexer"), ("hytopk_select_rows", "plain")),
+    "table_topk.cu": (("hytopk_table_filter", "tables"), ("hytopk_table_topk", "tables")),
     "dense.cu": (("hytopk_dense", "indexer"),),
     "replay.cu": (("hytopk_replay", "indexer"),),
     "score_only.cu": (("hytopk_score_only", "indexer"),),
@@ -198,7 +201,10 @@ def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
         if over == "mma":
             out += [name(kernel, shape=s) for s in shapes if mma_ok(*s)]
             continue
+        if over == "tables":
+            out += [name(kernel, src) for src in TABLES]
+            continue
         if over == "table+indexer":
-            out.append(name(kernel, TABLE))
+            out += [name(kernel, src) for src in TABLES]
         out += [name(kernel, indexer_source(H, D, dt)) for H, D in shapes for dt in dtypes]
     return tuple(out)

@@ -16,16 +16,19 @@ from .. import Family
 from . import _scope
 from ._launch import BLOCK, as_device, chunks, gpu_status, kernel, launch, launch_stream
 from .recover import ROWS_PER_PASS
-from . import attend, check, dense, filter, recover, replay, select, threshold, tiled, wgmma, wgmma_ws  # noqa: F401  (register variants)
+from . import attend, check, dense, filter, recover, replay, select, table, threshold, tiled, wgmma, wgmma_ws  # noqa: F401  (register variants)
 from .score_only import score_only
+from .table import TableHyTopK, table_hytopk, table_topk
 from .tiled import score_only_tiled
 
+# filter and recover: the dispatching variants of table.py (a table source gets the streaming
+# filter and the radix top-k of whole rows, an indexer source the SIMT filter and materialise)
 DEFAULTS = {
     "threshold": "cupy.threshold.block",
-    "filter": "cupy.filter.simt",
+    "filter": "cupy.filter.auto",
     "check": "cupy.check.atomic",
     "select": "cupy.select.radix_bitonic",
-    "recover": "cupy.recover.materialise",
+    "recover": "cupy.recover.auto",
     "dense": "cupy.dense.simt",
     "replay": "cupy.replay.simt",
 }
@@ -209,4 +212,5 @@ class _on_lane:
 
 FAMILY = CupyFamily()
 
-__all__ = ["FAMILY", "DEFAULTS", "score_only", "score_only_tiled", "CupyFamily"]
+__all__ = ["FAMILY", "DEFAULTS", "score_only", "score_only_tiled", "CupyFamily", "table_topk", "table_hytopk",
+           "TableHyTopK"]

@@ -168,14 +168,25 @@ def bind_indexer(q, w, keys, *, dtype=None, mma=False) -> BoundSource:
                        shapes, "indexer", q, w, keys, H, D, dt)
 
 
+def table_array(scores, name="scores"):
+    """A score table on the device, contiguous, and its C++ source type: float32 ->
+    TableSource; bf16 (torch.bfloat16 / uint16 / int16 bits) -> TableBf16Source, whose
+    scores are the bf16 values widened exactly to float32."""
+    s = cp.ascontiguousarray(as_device(scores))
+    if s.ndim != 2 or s.dtype not in (cp.float32, cp.uint16, cp.int16):
+        raise TypeError(f"argument '{name}': table scores must be a 2-D float32 or bf16 (uint16 bits) array, "
+                        f"got {s.dtype} {s.shape}")
+    if s.dtype == cp.float32:
+        return s, INST.TABLE
+    return s.view(cp.uint16), INST.TABLE_BF16
+
+
 def bind(source) -> BoundSource:
     """reference.TableSource / IndexerSource (any array kind) -> BoundSource."""
     if isinstance(source, R.TableSource):
-        s = cp.ascontiguousarray(as_device(source.scores))
-        if s.dtype != cp.float32 or s.ndim != 2:
-            raise TypeError(f"argument 'source': table scores must be a 2-D float32 array, got {s.dtype} {s.shape}")
+        s, cxx = table_array(source.scores, "source")
         n, L = s.shape
-        return BoundSource(INST.TABLE, (s, s, s, np.int64(L)), n, L, 0, INST.SHAPES, "table")
+        return BoundSource(cxx, (s, s, s, np.int64(L)), n, L, 0, INST.SHAPES, "table")
     if isinstance(source, R.IndexerSource):
         return bind_indexer(source.q, source.w, source.keys)
     raise TypeError(f"argument 'source' must be a reference.TableSource or IndexerSource, got {type(source).__name__}")

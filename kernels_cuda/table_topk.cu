@@ -1,0 +1,367 @@
+// Selection over a given score table at memory speed (issue 21). Src is
+// hytopk::TableSource (float32) or hytopk::TableBf16Source (bf16 bits, widened
+// exactly to float32); rows are read with 16-byte vector loads.
+//   hytopk_table_filter  stage 5 on a table: a persistent, streaming filter with
+//                        warp-aggregated appends (one atomic per warp per tile)
+//   hytopk_table_topk    the exact top-k of whole table rows (recovery, fallback,
+//                        backend.topk): 11-bit MSB-first histograms of the order
+//                        keys, stopping as soon as the k-th key's bin fits in
+//                        shared memory; one collecting read; the exact select of
+//                        block_keep_top among the collected bin; a bitonic sort.
+#include "hytopk_common.cuh"
+using namespace hytopk;
+
+namespace hytopk {
+
+// How a table's 16-byte vector unpacks into float32 score bits.
+template <class Src> struct TableVec;
+template <> struct TableVec<TableSource> {
+    static constexpr int PER_VEC = 4;
+    __device__ static __forceinline__ u32 bits_at(const void* base, long long g) {
+        return static_cast<const u32*>(base)[g];
+    }
+    __device__ static __forceinline__ void unpack(const uint4& v, u32* out) {
+        out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
+    }
+};
+template <> struct TableVec<TableBf16Source> {
+    static constexpr int PER_VEC = 8;
+    __device__ static __forceinline__ u32 bits_at(const void* base, long long g) {
+        return ((u32) static_cast<const unsigned short*>(base)[g]) << 16;
+    }
+    __device__ static __forceinline__ void unpack(const uint4& v, u32* out) {   // little endian: low half first
+        out[0] = v.x << 16; out[1] = v.x & 0xffff0000u; out[2] = v.y << 16; out[3] = v.y & 0xffff0000u;
+        out[4] = v.z << 16; out[5] = v.z & 0xffff0000u; out[6] = v.w << 16; out[7] = v.w & 0xffff0000u;
+    }
+};
+
+// One thread's U vectors of a block-wide step over the flat table. Vectors are
+// numbered over the whole table (vector v holds flat elements v*P .. v*P+P-1), so
+// a row's [lo, hi) may start and end inside a vector: elements outside [g_lo, g_hi)
+// are loaded (when the vector is in bounds) but never count. A vector that would
+// reach past the table's end, or any vector of a table whose base is not 16-byte
+// aligned, is read element by element, inside [g_lo, g_hi) only.
+template <class Src, int U, bool STREAM>
+struct VecTile {
+    static constexpr int P = TableVec<Src>::PER_VEC;
+    u32 bits[U][P];
+    long long g0[U];        // flat index of the vector's first element; -1: no vector
+
+    __device__ __forceinline__ void load(const void* base, long long total, int aligned, long long first,
+                                         long long stride, long long v_end, long long g_lo, long long g_hi) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const long long v = first + u * stride;
+            const bool have = v < v_end;
+            g0[u] = have ? v * P : -1;
+            if (have && aligned && (v + 1) * P <= total) {
+                const uint4* p = static_cast<const uint4*>(base) + v;
+                const uint4 x = STREAM ? __ldcs(p) : __ldg(p);
+                TableVec<Src>::unpack(x, bits[u]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < P; ++e) {
+                    const long long g = v * P + e;
+                    bits[u][e] = (have && g >= g_lo && g < g_hi) ? TableVec<Src>::bits_at(base, g) : 0u;
+                }
+            }
+        }
+    }
+    __device__ __forceinline__ bool in(int u, int e, long long g_lo, long long g_hi) const {
+        const long long g = g0[u] + e;
+        return g0[u] >= 0 && g >= g_lo && g < g_hi;
+    }
+};
+
+constexpr int FILTER_U = 4;          // vectors per thread per tile of the filter
+constexpr int TOPK_BLOCK = 512;      // threads of hytopk_table_topk
+constexpr int TOPK_ELEMS = 8;        // elements per thread per step of its row reads (2 float32 / 1 bf16 vectors)
+
+// Shared memory of hytopk_table_topk in u32 words: 2048-bin histogram, scalars,
+// next_pow2(k) (u64 word, u32 bits) sort slots, cap (position, bits) collected entries.
+__host__ __device__ constexpr long long table_topk_smem_words(int k, int cap) {
+    return 2048 + 12 + 3LL * next_pow2(k) + 2LL * cap;
+}
+
+struct TopkScalars {
+    u32 digit, before, equal;
+    int ndef, ncand, chunk_hits;
+    u32 pad[2];
+};
+
+}  // namespace hytopk
+
+// Stage 5 on a table. grid: persistent (a few blocks per SM), striding over the
+// n * tiles_per_row tiles of blockDim.x * FILTER_U vectors; tile j of row t covers
+// its context's vectors from j * tile on (tiles past the context are skipped).
+// count must be zeroed; count[t] is the true number of candidates; only slots
+// < capacity are written.
+template <class Src>
+__global__ void __launch_bounds__(BLOCK, 4)
+hytopk_table_filter(const void* __restrict__ table, long long L, int n, const int* __restrict__ lo,
+                    const int* __restrict__ hi, const u32* __restrict__ T, int capacity, long long tiles_per_row,
+                    int aligned, int* __restrict__ cand_idx, u32* __restrict__ cand_val, int* __restrict__ count) {
+    constexpr int P = TableVec<Src>::PER_VEC;
+    const long long total = (long long)n * L;
+    const long long ntiles = (long long)n * tiles_per_row;
+    const long long tile_vecs = (long long)blockDim.x * FILTER_U;
+    for (long long tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {    // uniform over the block
+        const int t = (int)(tile / tiles_per_row);
+        const long long j = tile - (long long)t * tiles_per_row;
+        const long long row0 = (long long)t * L;
+        const long long a = min(max((long long)lo[t], 0LL), L);        // clamped: never a read outside the row
+        const long long g_lo = row0 + a, g_hi = row0 + min(max((long long)hi[t], a), L);
+        if (g_lo >= g_hi) continue;
+        const long long v_end = (g_hi + P - 1) / P;
+        const long long va = g_lo / P + j * tile_vecs;
+        if (va >= v_end) continue;
+        const u32 tkey = order_key_bits(T[t]);
+        VecTile<Src, FILTER_U, true> tl;
+        tl.load(table, total, aligned, va + threadIdx.x, blockDim.x, v_end, g_lo, g_hi);
+        int mine = 0;
+#pragma unroll
+        for (int u = 0; u < FILTER_U; ++u)
+#pragma unroll
+            for (int e = 0; e < P; ++e) mine += (tl.in(u, e, g_lo, g_hi) && order_key_bits(tl.bits[u][e]) >= tkey);
+        int slot = warp_reserve(mine, count + t);
+        if (mine) {
+            const long long out = (long long)t * capacity;
+#pragma unroll
+            for (int u = 0; u < FILTER_U; ++u)
+#pragma unroll
+                for (int e = 0; e < P; ++e) {
+                    if (tl.in(u, e, g_lo, g_hi) && order_key_bits(tl.bits[u][e]) >= tkey) {
+                        if (slot < capacity) {                   // never write at or past capacity
+                            cand_idx[out + slot] = (int)(tl.g0[u] + e - row0);
+                            cand_val[out + slot] = tl.bits[u][e];
+                        }
+                        ++slot;
+                    }
+                }
+        }
+    }
+}
+
+namespace {
+struct BinEntries {
+    const u32* p;
+    const u32* v;
+    __device__ __forceinline__ u32 pos(long long i) const { return p[i]; }
+    __device__ __forceinline__ u32 bits(long long i) const { return v[i]; }
+};
+}
+
+// Exact top-k (rank order, CONTRACT.md §2) of whole table rows, one block per row.
+// mode bit 0: rows[j] lists the rows (output row j); else row j = j for j < nrows.
+// mode bit 1: a row t with failed[t] == 0 is skipped (its output left untouched):
+// the device-side recovery after a check. cap: collected entries that fit in shared
+// memory. grid: nrows blocks of TOPK_BLOCK threads; smem: table_topk_smem_words(k, cap).
+template <class Src>
+__global__ void __launch_bounds__(TOPK_BLOCK, 2)
+hytopk_table_topk(const void* __restrict__ table, long long L, int n, const int* __restrict__ rows, int nrows,
+                  const unsigned char* __restrict__ failed, int mode, const int* __restrict__ lo,
+                  const int* __restrict__ hi, int k, int cap, int aligned, int* __restrict__ idx,
+                  float* __restrict__ val) {
+    constexpr int P = TableVec<Src>::PER_VEC;
+    constexpr int TOPK_U = TOPK_ELEMS / P;
+    extern __shared__ __align__(16) u32 smem[];
+    const int j = blockIdx.x;
+    if (j >= nrows) return;
+    const int t = (mode & 1) ? rows[j] : j;
+    if (t < 0 || t >= n) return;
+    if ((mode & 2) && failed[t] == 0) return;
+    u32* hist = smem;
+    TopkScalars* ts = reinterpret_cast<TopkScalars*>(smem + 2048);
+    SelectScalars* sc = reinterpret_cast<SelectScalars*>(smem + 2048 + 8);
+    const int KP = next_pow2(k);
+    u64* word = reinterpret_cast<u64*>(smem + 2048 + 12);          // 2060 words: 8-byte aligned
+    u32* wbits = reinterpret_cast<u32*>(word + KP);
+    u32* cpos = wbits + KP;
+    u32* cbits = cpos + cap;
+
+    const long long total = (long long)n * L;
+    const long long row0 = (long long)t * L;
+    const long long a = min(max((long long)lo[t], 0LL), L);            // clamped: never a read outside the row
+    const long long c = min(max((long long)hi[t], a), L) - a;
+    const long long g_lo = row0 + a, g_hi = row0 + a + c;
+    const long long v_begin = g_lo / P, v_end = (g_hi + P - 1) / P;
+    const long long step = (long long)blockDim.x * TOPK_U;
+    int* out_idx = idx + (long long)j * k;
+    float* out_val = val + (long long)j * k;
+    const u32 lane = lane_id();
+
+    int kept;
+    if (c <= k) {                                   // the whole context, sorted
+        for (long long i = threadIdx.x; i < c; i += blockDim.x) {
+            const u32 b = TableVec<Src>::bits_at(table, g_lo + i);
+            word[i] = ((u64)order_key_bits(b) << 32) | (u64)(~(u32)(a + i));
+            wbits[i] = b;
+        }
+        kept = (int)c;
+        __syncthreads();
+    } else {
+        // 1. MSB-first histograms (11, 11, 10 bits) of the keys still matching the prefix;
+        //    stop once the k-th key's bin holds at most cap entries.
+        u32 prefix = 0u, mask = 0u, rem = (u32)k, equal = 0u;
+        for (int level = 0; level < 3; ++level) {
+            const int shift = level == 0 ? 21 : (level == 1 ? 10 : 0);
+            const u32 dmask = level < 2 ? 0x7ffu : 0x3ffu;
+            const int nb = (int)dmask + 1;
+            for (int b = threadIdx.x; b < nb; b += blockDim.x) hist[b] = 0u;
+            __syncthreads();
+            for (long long vs = v_begin; vs < v_end; vs += step) {            // uniform over the block
+                VecTile<Src, TOPK_U, false> tl;
+                tl.load(table, total, aligned, vs + threadIdx.x, blockDim.x, v_end, g_lo, g_hi);
+#pragma unroll
+                for (int u = 0; u < TOPK_U; ++u)
+#pragma unroll
+                    for (int e = 0; e < P; ++e) {
+                        const u32 key = order_key_bits(tl.bits[u][e]);
+                        const bool act = tl.in(u, e, g_lo, g_hi) && (key & mask) == prefix;
+                        const u32 d = act ? (key >> shift) & dmask : 0xffffffffu;
+                        const u32 peers = __match_any_sync(0xffffffffu, d);    // one shared atomic per digit per warp
+                        if (act && (peers & lanes_below_mask()) == 0u) atomicAdd(&hist[d], (u32)__popc(peers));
+                    }
+            }
+            __syncthreads();
+            if (threadIdx.x < 32) {                 // lane l owns the nb/32 digits ranked l*per .. (best first)
+                const int per = nb / 32;
+                u32 own = 0u;
+                for (int q = 0; q < per; ++q) own += hist[nb - 1 - (int)lane * per - q];
+                u32 incl = own;
+#pragma unroll
+                for (int off = 1; off < 32; off <<= 1) {
+                    const u32 y = __shfl_up_sync(0xffffffffu, incl, off);
+                    if (lane >= (u32)off) incl += y;
+                }
+                const u32 found = __ballot_sync(0xffffffffu, incl >= rem);
+                if (lane == (found ? (u32)(__ffs(found) - 1) : 31u)) {
+                    u32 before = incl - own, hd = 0u;
+                    int digit = 0;
+                    for (int q = 0; q < per; ++q) {
+                        digit = nb - 1 - (int)lane * per - q;
+                        hd = hist[digit];
+                        if (before + hd >= rem) break;
+                        before += hd;
+                    }
+                    ts->digit = (u32)digit;
+                    ts->before = before;
+                    ts->equal = hd;
+                }
+            }
+            __syncthreads();
+            rem -= ts->before;
+            prefix |= ts->digit << shift;
+            mask |= dmask << shift;
+            equal = ts->equal;
+            __syncthreads();                        // ts and hist are rewritten below
+            if (equal <= (u32)cap) break;
+        }
+        // Here: #{key & mask > prefix} = k - rem (all kept), #{key & mask == prefix} = equal >= rem.
+        const bool collect = equal <= (u32)cap;
+        // 2. More ties at the k-th key than fit (mask is then all bits: key == prefix is K*):
+        //    the rem lowest positions among them, by an in-order scan that stops at the chunk
+        //    holding the rem-th tie and a position select inside that chunk.
+        u32 pstar = 0xffffffffu;
+        if (!collect) {
+            if (threadIdx.x == 0) ts->chunk_hits = 0;
+            __syncthreads();
+            u32 seen = 0u;
+            for (long long vs = v_begin; vs < v_end; vs += step) {
+                VecTile<Src, TOPK_U, false> tl;
+                tl.load(table, total, aligned, vs + threadIdx.x, blockDim.x, v_end, g_lo, g_hi);
+                int mine = 0;
+#pragma unroll
+                for (int u = 0; u < TOPK_U; ++u)
+#pragma unroll
+                    for (int e = 0; e < P; ++e) mine += (tl.in(u, e, g_lo, g_hi) && order_key_bits(tl.bits[u][e]) == prefix);
+#pragma unroll
+                for (int off = 16; off > 0; off >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, off);
+                if (lane == 0u && mine) atomicAdd(&ts->chunk_hits, mine);
+                __syncthreads();
+                const u32 hits = (u32)ts->chunk_hits;
+                __syncthreads();
+                if (threadIdx.x == 0) ts->chunk_hits = 0;
+                if (seen + hits >= rem) {            // uniform: the rem-th tie lies in this chunk
+                    const long long cg0 = vs * P;
+                    const long long cm = min(step * P, v_end * P - cg0);
+                    auto tie_pos = [&](long long i, u32* outp) {
+                        const long long g = cg0 + i;
+                        if (g < g_lo || g >= g_hi) return false;
+                        if (order_key_bits(TableVec<Src>::bits_at(table, g)) != prefix) return false;
+                        *outp = (u32)(g - row0);
+                        return true;
+                    };
+                    __syncthreads();
+                    pstar = block_radix_select<false, true>(tie_pos, cm, rem - seen, hist, sc);
+                    break;
+                }
+                seen += hits;
+                __syncthreads();
+            }
+            __syncthreads();
+        }
+        // 3. One collecting read: every key above the prefix is kept (slots 0 .. k-rem-1);
+        //    the prefix's bin goes to shared memory (collect) or, past cap, its ties up to pstar.
+        if (threadIdx.x == 0) { ts->ndef = 0; ts->ncand = 0; }
+        __syncthreads();
+        for (long long vs = v_begin; vs < v_end; vs += step) {
+            VecTile<Src, TOPK_U, false> tl;
+            tl.load(table, total, aligned, vs + threadIdx.x, blockDim.x, v_end, g_lo, g_hi);
+            int mdef = 0, mcand = 0;
+#pragma unroll
+            for (int u = 0; u < TOPK_U; ++u)
+#pragma unroll
+                for (int e = 0; e < P; ++e) {
+                    const u32 key = order_key_bits(tl.bits[u][e]);
+                    const bool in = tl.in(u, e, g_lo, g_hi);
+                    const u32 pos = (u32)(tl.g0[u] + e - row0);
+                    mdef += in && ((key & mask) > prefix || (!collect && key == prefix && pos <= pstar));
+                    mcand += in && collect && (key & mask) == prefix;
+                }
+            int sdef = warp_reserve(mdef, &ts->ndef);
+            int scand = warp_reserve(mcand, &ts->ncand);
+            if (mdef | mcand) {
+#pragma unroll
+                for (int u = 0; u < TOPK_U; ++u)
+#pragma unroll
+                    for (int e = 0; e < P; ++e) {
+                        const u32 b = tl.bits[u][e];
+                        const u32 key = order_key_bits(b);
+                        if (!tl.in(u, e, g_lo, g_hi)) continue;
+                        const u32 pos = (u32)(tl.g0[u] + e - row0);
+                        if ((key & mask) > prefix || (!collect && key == prefix && pos <= pstar)) {
+                            if (sdef < k) { word[sdef] = ((u64)key << 32) | (u64)(~pos); wbits[sdef] = b; }
+                            ++sdef;
+                        } else if (collect && (key & mask) == prefix) {
+                            if (scand < cap) { cpos[scand] = pos; cbits[scand] = b; }
+                            ++scand;
+                        }
+                    }
+            }
+        }
+        __syncthreads();
+        const int ndef = min(ts->ndef, k);
+        kept = ndef;
+        if (collect) {                              // 4. the rem best of the collected bin
+            const int m = min(ts->ncand, cap);
+            __syncthreads();
+            const BinEntries be = {cpos, cbits};
+            auto put = [&](int slot, u32 key, u32 pos, u32 v) {
+                if (ndef + slot < k) { word[ndef + slot] = ((u64)key << 32) | (u64)(~pos); wbits[ndef + slot] = v; }
+            };
+            kept = min(k, ndef + block_keep_top<true>(be, m, (int)(k - ndef), hist, sc, put));
+        }
+        __syncthreads();
+    }
+    block_bitonic_sort_desc(word, wbits, kept);
+    for (int i = threadIdx.x; i < k; i += blockDim.x) {
+        if (i < kept) {
+            out_idx[i] = (int)~(u32)word[i];
+            out_val[i] = __uint_as_float(wbits[i]);
+        } else {
+            out_idx[i] = -1;
+            out_val[i] = __uint_as_float(0xff800000u);
+        }
+    }
+}

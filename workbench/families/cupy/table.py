@@ -1,0 +1,259 @@
+"""Selection over a given score table at memory speed (issue 21): kernels_cuda/table_topk.cu.
+
+- ``cupy.filter.table_stream``: stage 5 on a table, a persistent streaming filter (16-byte
+  loads, one atomic per warp per tile).
+- ``cupy.recover.table_radix``: stage 7 on a table, the exact radix top-k of whole rows
+  (11-bit MSB-first histograms with early exit, one collecting read, bitonic sort).
+- ``cupy.filter.auto`` / ``cupy.recover.auto``: the family defaults; they pick the two above
+  for table sources and the SIMT / materialising variants for indexer sources (a stage set
+  holds one variant per stage, whatever the source).
+- ``table_topk(scores, lo, hi, k)``: the exact top-k of every row, no host sync.
+- ``TableHyTopK``: the table HyTopK pipeline planned once (host work, buffers) and launched
+  with no host work: threshold -> streaming filter -> select -> check -> device-side
+  recovery of the failed rows by the radix top-k.
+
+Tables are float32 or bf16 (torch.bfloat16 / uint16 bits, widened exactly to float32).
+"""
+from __future__ import annotations
+
+import functools
+
+import cupy as cp
+import numpy as np
+
+import reference as R
+from reference import validate as V
+
+from ...registry import register
+from ._launch import (BLOCK, bitonic_topk_smem_bytes, bind, check_k_fits, i32, kernel, launch, launch_stream,
+                      next_pow2, table_array)
+from . import filter as _filter
+from . import recover as _recover
+from .threshold import threshold_unchecked
+
+TOPK_BLOCK = 512            # table_topk.cu TOPK_BLOCK
+FILTER_U = 4                # table_topk.cu FILTER_U
+FILTER_BLOCKS_PER_SM = 4    # its __launch_bounds__ minimum
+TOPK_SMEM_TARGET = 112 * 1024   # two blocks per SM (the register bound) share the SM's 228 KiB
+CAP_MAX = 16384
+PER_VEC = {"hytopk::TableSource": 4, "hytopk::TableBf16Source": 8}
+
+
+@functools.lru_cache(maxsize=16)
+def _device_limits(dev: int):
+    attrs = cp.cuda.runtime.getDeviceProperties(dev)
+    return int(attrs["multiProcessorCount"]), int(attrs["sharedMemPerBlockOptin"])
+
+
+def _limits():
+    return _device_limits(cp.cuda.Device().id)
+
+
+def topk_smem_words(k: int, cap: int) -> int:
+    """table_topk.cu table_topk_smem_words."""
+    return 2048 + 12 + 3 * next_pow2(k) + 2 * cap
+
+
+def topk_cap(k: int, limit_bytes: int) -> int:
+    """Entries of the k-th key's bin the radix top-k collects in shared memory: as many as keep
+    two blocks per SM (fewer histogram reads), else whatever the opt-in limit leaves."""
+    fixed = 2048 + 12 + 3 * next_pow2(k)
+    cap = (TOPK_SMEM_TARGET // 4 - fixed) // 2 // 256 * 256
+    if cap < 256:
+        cap = (limit_bytes // 4 - fixed) // 2
+    return min(CAP_MAX, cap)
+
+
+def check_topk_k(k) -> tuple[int, int]:
+    """(k, cap) for this device, or a ValueError naming 'k' when its sort buffers do not fit."""
+    k = V.check_k(k)
+    _, limit = _limits()
+    cap = topk_cap(k, limit)
+    if cap < 1:
+        raise ValueError(f"argument 'k' = {k}: the table top-k needs {4 * topk_smem_words(k, 1)} bytes of "
+                         f"shared memory; this device has {limit} (k <= 16384 fits on an H200)")
+    return k, cap
+
+
+def _aligned(a) -> int:
+    return int(a.data.ptr % 16 == 0)
+
+
+def _per_vec(cxx: str) -> int:
+    return PER_VEC[cxx]
+
+
+def launch_topk(s, cxx, lo, hi, k, cap, idx, val, *, rows=None, failed=None):
+    """The radix top-k kernel: rows listed (rows) or all (output row t = table row t); failed:
+    only rows with failed[t] != 0 are written."""
+    n, L = s.shape
+    nrows = rows.shape[0] if rows is not None else n
+    mode = (1 if rows is not None else 0) | (2 if failed is not None else 0)
+    dummy = lo
+    launch(kernel("table_topk.cu", f"hytopk_table_topk<{cxx}>"), (nrows,),
+           (s, np.int64(L), np.int32(n), rows if rows is not None else dummy, np.int32(nrows),
+            failed if failed is not None else dummy, np.int32(mode), lo, hi, np.int32(k), np.int32(cap),
+            np.int32(_aligned(s)), idx, val),
+           4 * topk_smem_words(k, cap), threads=TOPK_BLOCK)
+
+
+def launch_filter(s, cxx, lo, hi, T, capacity, cand_idx, cand_val, count):
+    """The streaming filter kernel (count must be zeroed)."""
+    n, L = s.shape
+    P = _per_vec(cxx)
+    tile = BLOCK * FILTER_U
+    tiles_per_row = -(-(L // P + 2) // tile)
+    sms, _ = _limits()
+    grid = min(n * tiles_per_row, sms * FILTER_BLOCKS_PER_SM)
+    launch(kernel("table_topk.cu", f"hytopk_table_filter<{cxx}>"), (grid,),
+           (s, np.int64(L), np.int32(n), lo, hi, T, np.int32(capacity), np.int64(tiles_per_row),
+            np.int32(_aligned(s)), cand_idx, cand_val, count))
+
+
+@register("filter", "cupy.filter.table_stream", sources=("table",), gpu_only=True,
+          notes="persistent streaming filter: 16-byte loads, one atomic per warp per tile")
+def filter_table_stream(source, lo, hi, T, capacity):
+    capacity = _filter._capacity(capacity)
+    with launch_stream():
+        src = bind(source)
+        if src.kind != "table":
+            raise TypeError("argument 'source': cupy.filter.table_stream takes a table source")
+        s = src.args[0]
+        lo, hi = i32(lo, "lo"), i32(hi, "hi")
+        T = cp.ascontiguousarray(cp.asarray(T, cp.float32))
+        cand_idx, cand_val, count = _filter._buffers(src.n, capacity)
+        launch_filter(s, src.cxx, lo, hi, T, capacity, cand_idx, cand_val, count)
+        return cand_idx, cand_val, count
+
+
+@register("recover", "cupy.recover.table_radix", sources=("table",), gpu_only=True,
+          notes="exact radix top-k of whole table rows: 11-bit histograms with early exit, bitonic sort")
+def recover_table_radix(source, lo, hi, rows, k):
+    k, cap = check_topk_k(k)
+    with launch_stream():
+        src = bind(source)
+        if src.kind != "table":
+            raise TypeError("argument 'source': cupy.recover.table_radix takes a table source")
+        lo, hi, rows = i32(lo, "lo"), i32(hi, "hi"), i32(rows, "rows")
+        nr = rows.shape[0]
+        idx = cp.empty((nr, k), cp.int32)
+        val = cp.empty((nr, k), cp.float32)
+        if nr:
+            launch_topk(src.args[0], src.cxx, lo, hi, k, cap, idx, val, rows=rows)
+        return idx, val
+
+
+def _is_table(source) -> bool:
+    return isinstance(source, R.TableSource)
+
+
+@register("filter", "cupy.filter.auto", gpu_only=True,
+          notes="table sources: cupy.filter.table_stream; indexer sources: cupy.filter.simt")
+def filter_auto(source, lo, hi, T, capacity):
+    return (filter_table_stream if _is_table(source) else _filter.filter_simt)(source, lo, hi, T, capacity)
+
+
+@register("recover", "cupy.recover.auto", gpu_only=True,
+          notes="table sources: cupy.recover.table_radix; indexer sources: cupy.recover.materialise")
+def recover_auto(source, lo, hi, rows, k):
+    return (recover_table_radix if _is_table(source) else _recover.recover)(source, lo, hi, rows, k)
+
+
+def _check_lo_hi(lo, hi, n, L, host_check):
+    if host_check:
+        V.check_ranges(lo, hi, n, L)
+    else:                      # shapes and dtypes only: the kernels clamp lo/hi into [0, L]
+        V.check_array("lo", lo, ndim=1, dtypes=V.INT_DTYPES, shape=(n,))
+        V.check_array("hi", hi, ndim=1, dtypes=V.INT_DTYPES, shape=(n,))
+
+
+def table_topk(scores, lo, hi, k, *, out=None, host_check=True):
+    """Exact top-k (CONTRACT.md §2: rank order, -1 / -inf padding) of every row's context
+    [lo, hi) of a float32 or bf16 table, on the current stream (PyTorch's when torch is in
+    use), zero-copy for device inputs. Returns CuPy (idx int32 [n, k], val float32 [n, k]);
+    ``out``: preallocated (idx, val) to write into. ``host_check=False`` skips the one host
+    read (the value check of lo/hi: the kernel then clamps them into [0, L]), so the call
+    can be captured in a CUDA graph."""
+    k, cap = check_topk_k(k)
+    with launch_stream():
+        s, cxx = table_array(scores)
+        n, L = s.shape
+        V._check_L("scores", L, "columns")
+        _check_lo_hi(lo, hi, n, L, host_check)
+        lo_d, hi_d = i32(lo, "lo"), i32(hi, "hi")
+        if out is None:
+            idx, val = cp.empty((n, k), cp.int32), cp.empty((n, k), cp.float32)
+        else:
+            idx, val = out
+            if idx.shape != (n, k) or val.shape != (n, k) or idx.dtype != cp.int32 or val.dtype != cp.float32:
+                raise ValueError(f"argument 'out': expected int32 and float32 arrays of shape {(n, k)}")
+        launch_topk(s, cxx, lo_d, hi_d, k, cap, idx, val)
+        return idx, val
+
+
+class TableHyTopK:
+    """HyTopK over a score table, planned once and launched with no host work.
+
+    ``plan = TableHyTopK(n, L, lo, hi, k)`` does the host work (sample plan, capacity) and
+    allocates every buffer; ``plan(scores)`` launches threshold -> streaming filter ->
+    select -> check -> radix recovery of the rows that failed the check (device-side: the
+    recovery kernel skips the rows that passed), and returns (idx, val) CuPy arrays that the
+    next call overwrites. The result is the exact top-k, bit for bit (CONTRACT.md §3);
+    ``plan.stats()`` gives threshold, count and failed (a host copy)."""
+
+    def __init__(self, n, L, lo, hi, k, *, capacity=None, oversample=3.0):
+        lo_h, hi_h = V.check_ranges(lo, hi, n, L)
+        self.k, self.cap = check_topk_k(k)
+        self.n, self.L = int(n), int(L)
+        self.capacity = R.resolve_capacity(capacity, self.k, lo_h, hi_h, oversample)
+        M, r = R.sample_plan(lo_h, hi_h, self.k, oversample)
+        check_k_fits(self.k, bitonic_topk_smem_bytes)
+        with launch_stream():
+            self.lo, self.hi = cp.asarray(lo_h.astype(np.int32)), cp.asarray(hi_h.astype(np.int32))
+            self.M, self.r = cp.asarray(M), cp.asarray(r)
+            self.cand_idx = cp.empty((n, self.capacity), cp.int32)
+            self.cand_val = cp.empty((n, self.capacity), cp.float32)
+            self.count = cp.zeros(n, cp.int32)
+            self.failed = cp.zeros(n, cp.uint8)
+            self.rows = cp.empty(max(1, n), cp.int32)
+            self.nfailed = cp.zeros(1, cp.int32)
+            self.idx = cp.empty((n, self.k), cp.int32)
+            self.val = cp.empty((n, self.k), cp.float32)
+            self.T = None
+
+    def __call__(self, scores):
+        with launch_stream():
+            s, cxx = table_array(scores)
+            if s.shape != (self.n, self.L):
+                raise ValueError(f"argument 'scores': planned for shape {(self.n, self.L)}, got {s.shape}")
+            self.T = threshold_unchecked(R.TableSource(s), self.lo, self.hi, self.M, self.r)
+            self.count.fill(0)
+            self.nfailed.fill(0)
+            launch_filter(s, cxx, self.lo, self.hi, self.T, self.capacity, self.cand_idx, self.cand_val, self.count)
+            launch(kernel("select.cu", "hytopk_select_bitonic"), (self.n,),
+                   (np.int32(self.n), self.cand_idx, self.cand_val, self.count, np.int32(self.capacity),
+                    np.int32(self.k), self.idx, self.val), bitonic_topk_smem_bytes(self.k))
+            launch(kernel("check.cu", "hytopk_check"), (min(-(-self.n // BLOCK), 1024),),
+                   (np.int32(self.n), self.count, self.lo, self.hi, np.int32(self.k), np.int32(self.capacity),
+                    self.failed, self.rows, self.nfailed))
+            launch_topk(s, cxx, self.lo, self.hi, self.k, self.cap, self.idx, self.val, failed=self.failed)
+            return self.idx, self.val
+
+    def filter_only(self, scores):
+        """The streaming filter alone on the last threshold (for timing)."""
+        with launch_stream():
+            s, cxx = table_array(scores)
+            self.count.fill(0)
+            launch_filter(s, cxx, self.lo, self.hi, self.T, self.capacity, self.cand_idx, self.cand_val, self.count)
+            return self.count
+
+    def stats(self) -> dict:
+        return {"threshold": cp.asnumpy(self.T), "count": cp.asnumpy(self.count),
+                "failed": cp.asnumpy(self.failed).astype(bool), "capacity": self.capacity}
+
+
+def table_hytopk(scores, lo, hi, k, *, capacity=None, oversample=3.0):
+    """One-shot TableHyTopK: plan (host lo/hi) and run. Returns CuPy (idx, val)."""
+    s, _ = table_array(scores)
+    plan = TableHyTopK(s.shape[0], s.shape[1], lo, hi, k, capacity=capacity, oversample=oversample)
+    return plan(s)
