@@ -181,6 +181,18 @@ def check_scores(scores):
     return n, L
 
 
+TABLE_DTYPES = ("float32", "bfloat16", "uint16")      # what the Backend's table entry points take
+
+
+def check_table(scores):
+    """A [n, L] score table for the Backend's table entry points: float32, or bf16
+    (torch.bfloat16 / uint16 bits) whose answer is that of the table widened exactly to
+    float32. Returns (n, L)."""
+    n, L = check_array("scores", scores, ndim=2, dtypes=TABLE_DTYPES)
+    _check_L("scores", L, "columns")
+    return n, L
+
+
 def check_indexer_inputs(q, w, keys, *, dtypes=INPUT_DTYPES):
     """q[n,H,D], w[n,H], keys[L,D] with H >= 1, D >= 1, L <= 2**31 - 1. Returns (n, H, D, L)."""
     n, H, D = check_array("q", q, ndim=3, dtypes=dtypes)

@@ -387,13 +387,21 @@ class Backend:
         res.idx, res.val = self._out(res.idx, kind), self._out(res.val, kind)
         return res
 
+    def _table(self, scores):
+        """A float32 or bf16 table as the family takes it: bf16 (torch.bfloat16 / uint16 bits)
+        as is for families with bf16 table kernels, else widened exactly to float32."""
+        if V.dtype_name(scores) in ("bfloat16", "uint16") and not self.family.takes_bf16_bits:
+            return _widen_bf16(scores)
+        return scores
+
     def hytopk(self, scores, lo, hi, k, *, capacity=None, oversample=3.0, max_failed=64, query_chunk=None):
         """``query_chunk``: queries per pass (default: as many as keep the scratch within
-        pipeline.SCRATCH_BYTES); the selection does not depend on it."""
-        shape = V.check_scores(scores)
+        pipeline.SCRATCH_BYTES); the selection does not depend on it. ``scores``: float32, or
+        bf16 (the answer of the table widened exactly to float32)."""
+        shape = V.check_table(scores)
         lo_h, hi_h = self._check_select(shape, lo, hi, k, capacity, oversample, max_failed, query_chunk)
         kind = common_kind(scores, lo, hi)
-        (s,) = self._dev(("scores", scores))
+        (s,) = self._dev(("scores", self._table(scores)))
         return self._select(R.TableSource(s), lo_h, hi_h, shape[1], k, capacity, oversample, max_failed, query_chunk,
                             kind)
 
@@ -407,12 +415,12 @@ class Backend:
                             self.stages_for_kind(dts.kind))
 
     def topk(self, scores, lo, hi, k):
-        """Exact top-k of every query (the recovery path over all rows)."""
-        n, L = V.check_scores(scores)
+        """Exact top-k of every query (the recovery path over all rows); float32 or bf16 scores."""
+        n, L = V.check_table(scores)
         lo_h, hi_h = V.check_ranges(lo, hi, n, L)
         k = V.check_k(k)
         kind = common_kind(scores, lo, hi)
-        s, lo_d, hi_d, rows = self._dev(("scores", scores), ("lo", lo_h.astype(np.int32)),
+        s, lo_d, hi_d, rows = self._dev(("scores", self._table(scores)), ("lo", lo_h.astype(np.int32)),
                                         ("hi", hi_h.astype(np.int32)),
                                         ("rows", np.arange(n, dtype=np.int32)))
         idx, val = self.stages.recover(R.TableSource(s), lo_d, hi_d, rows, k)

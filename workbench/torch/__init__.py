@@ -1,6 +1,7 @@
 """PyTorch export: importing this package registers the ``hytopk`` ops.
 
     idx, val = workbench.torch.select(q, w, keys, lo, hi, k)       # torch.ops.hytopk.select
+    idx, val = workbench.torch.topk(scores, lo, hi, k)             # torch.ops.hytopk.topk: exact, over a table
     scores   = workbench.torch.replay_scores(q, w, keys, idx)     # differentiable, sparse backward
     loss     = workbench.torch.indexer_kl_loss(q, w, keys, idx, target)
     out      = workbench.torch.checkpoint_with_replay(fn, *args)  # selection saved, not recomputed
@@ -14,11 +15,12 @@ from __future__ import annotations
 
 import torch
 
-from . import attention, dispatch, fp8, ops, scoring
+from . import attention, dispatch, fp8, ops, scoring, table_topk
 from .attention import sparse_attention
 from .fp8 import quantize as _quantize, replay_scores_ste as _replay_scores_ste
 from .ops import CALLS, indexer_kl_loss, selected_kl
 from .replay import checkpoint_with_replay, replay_policy
+from .table_topk import topk
 
 
 def _quantized(q, w, keys, kscale):
@@ -47,5 +49,6 @@ def replay_scores(q, w, keys, idx, *, kscale=None, fp8=False, deterministic=None
     return torch.ops.hytopk.replay_scores(q, w, keys, idx, deterministic, kscale)
 
 
-__all__ = ["sparse_attention", "attention", "select", "replay_scores", "indexer_kl_loss", "selected_kl", "checkpoint_with_replay",
+__all__ = ["sparse_attention", "attention", "select", "topk", "replay_scores", "indexer_kl_loss", "selected_kl",
+           "checkpoint_with_replay",
            "replay_policy", "CALLS", "dispatch", "fp8", "ops", "scoring"]

@@ -1,0 +1,263 @@
+"""Issue 21 on a GPU: the table kernels of kernels_cuda/table_topk.cu bit for bit against the
+reference (and, at full size, against the exact pure-torch top-k) on the adversarial families,
+float32 and bf16 tables, varlen / causal / empty contexts, k > c, k = 512 and 2048, capacity
+overflow, the >cap-ties path, unaligned tables; repeatability; the torch op on streams and in
+a CUDA graph; bad arguments. Skips without a GPU (the CPU side: tests/test_table_topk.py)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+import reference as R
+from reference import generate as G
+from workbench.bf16 import bf16_bits_to_float32, float32_to_bf16_bits
+
+from strategies import selection_cases
+
+cp = pytest.importorskip("cupy", reason="CuPy is not installed")
+
+
+def _gpu_reason():
+    try:
+        n = cp.cuda.runtime.getDeviceCount()
+        return None if n > 0 else "no CUDA device"
+    except Exception as e:
+        return f"no usable CUDA GPU ({type(e).__name__}: {e})"
+
+
+_REASON = _gpu_reason()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_REASON is not None, reason=str(_REASON))]
+
+
+@pytest.fixture(scope="module")
+def tab():
+    from workbench.families.cupy import table
+    return table
+
+
+def same(i, v, ri, rv):
+    i, v = cp.asnumpy(i), cp.asnumpy(v)
+    return np.array_equal(i, ri) and np.array_equal(v.view(np.uint32), np.asarray(rv, np.float32).view(np.uint32))
+
+
+def bf16_table(s):
+    """(bf16 bits, the float32 table it stands for)."""
+    bits = float32_to_bf16_bits(np.ascontiguousarray(s, np.float32), np)
+    return bits, bf16_bits_to_float32(bits)
+
+
+FAMILIES = G.SCORE_FAMILIES
+LAYOUTS = G.LAYOUTS
+
+
+@settings(max_examples=40)
+@given(selection_cases(max_n=6, max_L=5000, max_k=80))
+def test_table_topk_matches_reference(tab, case):
+    ri, rv = R.topk(case.scores, case.lo, case.hi, case.k)
+    assert same(*tab.table_topk(case.scores, case.lo, case.hi, case.k), ri, rv)
+    bits, wide = bf16_table(case.scores)
+    ri, rv = R.topk(wide, case.lo, case.hi, case.k)
+    assert same(*tab.table_topk(bits, case.lo, case.hi, case.k), ri, rv)
+
+
+@pytest.mark.parametrize("k", [512, 2048])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_table_topk_large_k_every_family(tab, family, k):
+    rng = np.random.default_rng(hash((family, k)) % 2**32)
+    n, L = 8, 3 * k + 1001                    # rows not a multiple of 4 or 8 long: unaligned row starts
+    for lay in LAYOUTS:
+        lo, hi = G.layout(lay, n, L, k, rng)
+        s = G.score_table(family, n, L, k, rng, lo, hi)
+        assert same(*tab.table_topk(s, lo, hi, k), *R.topk(s, lo, hi, k)), lay
+        bits, wide = bf16_table(s)
+        assert same(*tab.table_topk(bits, lo, hi, k), *R.topk(wide, lo, hi, k)), lay
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_more_ties_at_the_kth_key_than_fit_in_shared_memory(tab, dtype):
+    """A ReLU plateau of 60000 zeros (> the collect capacity) around the k-th key: the in-order
+    tie scan with its position select; also an all-equal row and a row of NaNs."""
+    n, L, k = 4, 60000, 2048
+    s = np.zeros((n, L), np.float32)
+    rng = np.random.default_rng(1)
+    s[0, rng.choice(L, 1000, replace=False)] = 1.0 + rng.random(1000).astype(np.float32)
+    s[1] = 3.0
+    s[2] = np.nan
+    s[3, ::2] = -0.0
+    lo, hi = np.array([0, 17, 5, 0]), np.array([L, L, L - 3, L])
+    if dtype == "bfloat16":
+        s, wide = bf16_table(s)
+    else:
+        wide = s
+    assert same(*tab.table_topk(s, lo, hi, k), *R.topk(wide, lo, hi, k))
+
+
+def test_unaligned_table_base_and_edges(tab):
+    rng = np.random.default_rng(2)
+    n, L, k = 5, 4099, 300
+    flat = cp.asarray(rng.standard_normal(n * L + 3).astype(np.float32))
+    for off in (0, 1, 2, 3):                  # base pointer 4 * off bytes past 16-byte alignment
+        s = flat[off:off + n * L].reshape(n, L)
+        lo, hi = np.array([0, 1, 2, 3, 4097]), np.array([L, L - 1, 4001, 7, L])
+        assert same(*tab.table_topk(s, lo, hi, k), *R.topk(cp.asnumpy(s), lo, hi, k)), off
+
+
+def test_filter_stage_matches_reference_including_overflow(tab):
+    from workbench.families.cupy.table import filter_table_stream
+    rng = np.random.default_rng(4)
+    for family, lay in [("gaussian", "full"), ("relu_plateau", "causal_tail"), ("alias_between_samples", "varlen"),
+                        ("specials", "edge")]:
+        n, L, k = 6, 9000, 64
+        lo, hi = G.layout(lay, n, L, k, rng)
+        s = G.score_table(family, n, L, k, rng, lo, hi)
+        M, r = R.sample_plan(lo, hi, k, 3.0)
+        T = R.stage_threshold(R.TableSource(s), lo, hi, M, r)
+        for capacity in (k, 500, L):
+            ci, cv, cnt = (cp.asnumpy(x) for x in filter_table_stream(R.TableSource(cp.asarray(s)), lo, hi, T,
+                                                                     capacity))
+            ri, rv, rc = R.stage_filter(R.TableSource(s), lo, hi, T, capacity)
+            assert np.array_equal(cnt, rc)
+            for t in range(n):
+                m = min(int(rc[t]), capacity)
+                got = sorted(zip(ci[t, :m].tolist(), cv[t, :m].view(np.uint32).tolist()))
+                if rc[t] <= capacity:
+                    want = sorted(zip(ri[t, :m].tolist(), rv[t, :m].view(np.uint32).tolist()))
+                    assert got == want
+                else:                          # overflow: capacity distinct true candidates
+                    pos = np.array([p for p, _ in got])
+                    assert len(set(pos.tolist())) == capacity and ((pos >= lo[t]) & (pos < hi[t])).all()
+                    tkey = R.order_keys(np.array([T[t]], np.float32))[0]
+                    assert (R.order_keys(s[t, pos]) >= tkey).all()
+
+
+@pytest.mark.parametrize("family,lay", [("gaussian", "full"), ("relu_plateau", "causal_tail"),
+                                        ("alias_on_samples", "varlen"), ("alias_between_samples", "edge"),
+                                        ("ties_at_kth", "random"), ("specials", "full"), ("equal", "varlen")])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_table_hytopk_plan_matches_reference(tab, family, lay, dtype):
+    rng = np.random.default_rng(hash((family, lay)) % 2**32)
+    n, L, k = 16, 40000, 512
+    lo, hi = G.layout(lay, n, L, k, rng)
+    s = G.score_table(family, n, L, k, rng, lo, hi)
+    wide = s
+    if dtype == "bfloat16":
+        s, wide = bf16_table(s)
+    for capacity in (None, k):                # k: most rows fail and are recovered on the device
+        plan = tab.TableHyTopK(n, L, lo, hi, k, capacity=capacity)
+        assert same(*plan(cp.asarray(s)), *R.topk(wide, lo, hi, k))
+        ref = R.hytopk(wide, lo, hi, k, capacity=capacity)
+        st = plan.stats()
+        assert np.array_equal(st["count"], ref.count) and np.array_equal(st["failed"], ref.failed)
+
+
+def test_backend_defaults_use_the_table_variants():
+    import workbench
+    b = workbench.backend("cupy")
+    assert b.stages.filter.name == "cupy.filter.auto" and b.stages.recover.name == "cupy.recover.auto"
+    rng = np.random.default_rng(5)
+    n, L, k = 12, 20000, 2048
+    lo, hi = G.layout("varlen", n, L, k, rng)
+    s = G.score_table("ties_at_kth", n, L, k, rng, lo, hi)
+    ri, rv = R.topk(s, lo, hi, k)
+    assert same(*b.topk(cp.asarray(s), lo, hi, k), ri, rv)
+    res = b.hytopk(cp.asarray(s), lo, hi, k)
+    assert same(res.idx, res.val, ri, rv)
+
+
+def test_recover_stage_on_a_subset_of_rows(tab):
+    from workbench.families.cupy.table import recover_table_radix
+    rng = np.random.default_rng(6)
+    n, L, k = 10, 7000, 128
+    lo, hi = G.layout("random", n, L, k, rng)
+    s = G.score_table("clustered", n, L, k, rng, lo, hi)
+    rows = np.array([7, 0, 3, 3], np.int32)
+    i, v = recover_table_radix(R.TableSource(cp.asarray(s)), lo, hi, rows, k)
+    ri, rv = R.stage_recover(R.TableSource(s), lo, hi, rows, k)
+    assert same(i, v, ri, rv)
+
+
+def test_repeatable_bit_for_bit(tab):
+    rng = np.random.default_rng(7)
+    n, L, k = 64, 50000, 2048
+    lo, hi = G.layout("causal_tail", n, L, k, rng)
+    s = cp.asarray(G.score_table("ties_at_kth", n, L, k, rng, lo, hi))
+    first = [cp.asnumpy(x) for x in tab.table_topk(s, lo, hi, k)]
+    plan = tab.TableHyTopK(n, L, lo, hi, k)
+    hy = [cp.asnumpy(x).copy() for x in plan(s)]
+    for _ in range(20):
+        again = [cp.asnumpy(x) for x in tab.table_topk(s, lo, hi, k)]
+        assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(first, again))
+        again = [cp.asnumpy(x) for x in plan(s)]
+        assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(hy, again))
+
+
+@pytest.mark.parametrize("n,L", [(512, 131072), (32, 1048576)])
+def test_full_size_rows_match_exact_torch_topk(tab, n, L):
+    torch = pytest.importorskip("torch")
+    from workbench.torch.table_topk import exact_topk_torch
+    k = 2048
+    g = torch.Generator(device="cuda").manual_seed(0)
+    s = torch.randn((n, L), device="cuda", generator=g)
+    s[:, ::97] = 0.0
+    lo = torch.zeros(n, dtype=torch.int32, device="cuda")
+    hi = torch.full((n,), L, dtype=torch.int32, device="cuda")
+    hi[n // 2:] = torch.arange(L - n // 2, L, device="cuda", dtype=torch.int32)[: n - n // 2]
+    ti, tv = exact_topk_torch(s, lo, hi, k, chunk=16)
+    for table in (s, s.bfloat16()):
+        if table.dtype == torch.bfloat16:
+            ti, tv = exact_topk_torch(table, lo, hi, k, chunk=16)
+        i, v = tab.table_topk(table, lo, hi, k)
+        assert torch.equal(torch.from_dlpack(i), ti) and torch.equal(torch.from_dlpack(v).view(torch.int32),
+                                                                     tv.view(torch.int32))
+        plan = tab.TableHyTopK(n, L, lo.cpu().numpy(), hi.cpu().numpy(), k)
+        i, v = plan(table)
+        assert torch.equal(torch.from_dlpack(i), ti)
+
+
+def test_torch_op_on_side_stream_and_in_a_cuda_graph():
+    torch = pytest.importorskip("torch")
+    import workbench.torch as wt
+    rng = np.random.default_rng(8)
+    n, L, k = 8, 9000, 512
+    lo, hi = G.layout("varlen", n, L, k, rng)
+    s_h = G.score_table("specials", n, L, k, rng, lo, hi)
+    ri, rv = R.topk(s_h, lo, hi, k)
+    s = torch.from_numpy(s_h).cuda()
+    lo_t, hi_t = torch.from_numpy(lo).cuda(), torch.from_numpy(hi).cuda()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        i, v = wt.topk(s, lo_t, hi_t, k)
+    torch.cuda.current_stream().wait_stream(side)
+    assert np.array_equal(i.cpu().numpy(), ri) and np.array_equal(v.cpu().numpy().view(np.uint32), rv.view(np.uint32))
+    wt.topk(s, lo_t, hi_t, k)                 # warm-up (compiles) outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gi, gv = wt.topk(s, lo_t, hi_t, k)
+    s.copy_(torch.from_numpy(s_h[::-1].copy()).cuda())
+    graph.replay()
+    torch.cuda.synchronize()
+    ri2, rv2 = R.topk(s_h[::-1].copy(), lo, hi, k)
+    assert np.array_equal(gi.cpu().numpy(), ri2) and np.array_equal(gv.cpu().numpy().view(np.uint32), rv2.view(np.uint32))
+    bi, bv = wt.topk(s.bfloat16(), lo_t, hi_t, k)
+    wi, wv = R.topk(s.bfloat16().float().cpu().numpy(), lo, hi, k)
+    assert np.array_equal(bi.cpu().numpy(), wi)
+
+
+def test_bad_arguments_name_the_argument(tab):
+    s = cp.zeros((3, 100), cp.float32)
+    lo, hi = np.zeros(3, np.int32), np.full(3, 100, np.int32)
+    with pytest.raises(ValueError, match="'k'"):
+        tab.table_topk(s, lo, hi, 100000)
+    with pytest.raises(ValueError, match="'k'"):
+        tab.table_topk(s, lo, hi, 0)
+    with pytest.raises(TypeError, match="'scores'"):
+        tab.table_topk(cp.zeros((3, 100), cp.float64), lo, hi, 4)
+    with pytest.raises(ValueError, match="'hi'"):
+        tab.table_topk(s, lo, np.full(3, 101), 4)
+    with pytest.raises(ValueError, match="'lo'"):
+        tab.table_topk(s, np.zeros(2, np.int32), hi, 4)
+    with pytest.raises(ValueError, match="'scores'"):
+        tab.TableHyTopK(3, 100, lo, hi, 4)(cp.zeros((3, 99), cp.float32))
