@@ -35,6 +35,12 @@ A=tests/test_attention_gpu.py
 ATTEND=("$A::test_random_inputs_match_reference[empty-1-mla16]" "$A::test_random_inputs_match_reference[shared-2-mla16]"
         "$A::test_random_inputs_match_reference[dups-2-gqa_pad]" "$A::test_backward_matches_reference[dups-True-mla8]"
         "$A::test_backward_matches_reference[empty-False-gqa_pad]")
+# the table top-k kernels (issue 21): radix top-k (collect and >cap-ties paths, unaligned bases), streaming filter, plan
+TT=tests/test_table_topk_gpu.py
+TABLEJOB=("$TT::test_more_ties_at_the_kth_key_than_fit_in_shared_memory" "$TT::test_unaligned_table_base_and_edges"
+          "$TT::test_filter_stage_matches_reference_including_overflow" "$TT::test_recover_stage_on_a_subset_of_rows"
+          "$TT::test_table_hytopk_plan_matches_reference[float32-alias_between_samples-edge]"
+          "$TT::test_table_hytopk_plan_matches_reference[bfloat16-relu_plateau-causal_tail]")
 
 status=0
 job() {   # job TOOL NAME PYTEST-ARGS...
@@ -49,7 +55,7 @@ job() {   # job TOOL NAME PYTEST-ARGS...
   echo "$tool $name: exit $rc | ${summary:-no sanitizer summary line} | ${tests:-no pytest summary}"
   [ $rc -ne 0 ] && status=1
 }
-for j in ${JOBS:-memcheck:big memcheck:variants racecheck:variants racecheck:tiled64}; do
+for j in ${JOBS:-memcheck:big memcheck:variants racecheck:variants racecheck:tiled64 memcheck:table racecheck:table}; do
   case "$j" in
     *:big) job "${j%%:*}" big "${BIG[@]}" ;;
     *:variants) job "${j%%:*}" variants "${VARIANTS[@]}" ;;
@@ -57,7 +63,8 @@ for j in ${JOBS:-memcheck:big memcheck:variants racecheck:variants racecheck:til
     *:wgmma) job "${j%%:*}" wgmma "${WGMMA[@]}" ;;
     *:ws) job "${j%%:*}" ws "${WSJOB[@]}" ;;
     *:attend) job "${j%%:*}" attend "${ATTEND[@]}" ;;
-    *) echo "unknown job $j (TOOL:big|variants|tiled64|wgmma|ws|attend)"; status=1 ;;
+    *:table) job "${j%%:*}" table "${TABLEJOB[@]}" ;;
+    *) echo "unknown job $j (TOOL:big|variants|tiled64|wgmma|ws|attend|table)"; status=1 ;;
   esac
 done
 echo "logs: $OUT/"
