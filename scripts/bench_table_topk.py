@@ -103,8 +103,8 @@ def main(argv=None):
                     f"{name} {r['median_ms']:.3f} ms ({r['GBps']:.0f} GB/s, {r['speedup_vs_torch_topk']:.2f}x)"
                     for name, r in res.items()) + f" | values==torch.topk {row['values_equal_torch_topk']}"
                     f" | hytopk idx==radix {row['hytopk_idx_equals_table_topk']}", flush=True)
-                del plan, i1, v1, i2, v2, tv
-            del scores
+                plan = i1 = v1 = i2 = v2 = tv = None          # free before the next k
+            scores = None
             torch.cuda.empty_cache()
             cp.get_default_memory_pool().free_all_blocks()
     out["wall_s"] = time.time() - t_start
