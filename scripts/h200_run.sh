@@ -4,6 +4,7 @@
 #   bash scripts/h200_run.sh env tests:330 compare:150 bench-train ...
 # Phases: env tests-plan bench-pipeline (BENCH_PIPELINE_ARGS) probe sass ncu tests-wgmma tests-ws tests-dtypes tests-args prefill bench-core compile-check tests tests-gpu tests-cupy tests-variants tests-torch tests-app tests-new tests-tiled
 #         tests-attend bench-attend (BENCH_ATTEND_ARGS)
+#         tests-table bench-table (issue 21: the table top-k kernels)
 #         sanitize (JOBS=...) compare (PRESET, BUDGET, COMPARE_ARGS) bench-train cp-selftest cp-bench (WS, CP_ARGS)
 #         cp-selftest-shared (2 ranks on GPU 0 over gloo) cp-train (WS) tests-cp (tests/test_distributed.py)
 set -uo pipefail
@@ -47,8 +48,10 @@ for arg in "$@"; do      # NAME or NAME:SECONDS (time box for that phase)
     prefill) phase prefill ${CAP:-300} python3 -m workbench.torch.integrations.bench_prefill --json "$OUT/prefill.json" ${PREFILL_ARGS:-} ;;
     bench-core) phase bench-core ${CAP:-300} python3 scripts/bench_core.py ${BENCH_CORE_ARGS:---preset dsv32-128k --preset glm5-128k} --json "$OUT/bench_core.json" ;;
     ncu) phase ncu ${CAP:-240} ncu --clock-control none -k regex:"wgmma|_ws" --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy python3 scripts/profile_wgmma.py ;;
+    tests-table) phase tests-table ${CAP:-300} $PYT --durations=10 tests/test_table_topk_gpu.py tests/test_table_topk.py tests/test_variants.py -k "table or topk or auto" ;;
+    bench-table) phase bench-table ${CAP:-180} python3 scripts/bench_table_topk.py --json "$OUT/table_topk.json" ${BENCH_TABLE_ARGS:-} ;;
     tests-tiled) phase tests-tiled ${CAP:-120} $PYT tests/test_cupy_gpu.py tests/test_variants.py tests/test_tiled_layout.py -k "tiled" ;;
-    tests-gpu) phase tests-gpu ${CAP:-300} $PYT --durations=15 tests/test_cupy_gpu.py tests/test_variants.py tests/test_torch_gpu.py tests/test_cli_gpu.py tests/test_example.py tests/test_distributed.py tests/test_loader.py tests/test_cupy_bf16.py --junitxml="$OUT/logs/junit-gpu.xml" ;;
+    tests-gpu) phase tests-gpu ${CAP:-300} $PYT --durations=15 tests/test_cupy_gpu.py tests/test_variants.py tests/test_torch_gpu.py tests/test_cli_gpu.py tests/test_example.py tests/test_distributed.py tests/test_loader.py tests/test_cupy_bf16.py tests/test_table_topk_gpu.py --junitxml="$OUT/logs/junit-gpu.xml" ;;
     tests-attend) phase tests-attend ${CAP:-420} $PYT --durations=10 tests/test_attention.py tests/test_attention_gpu.py ;;
     bench-attend) phase bench-attend ${CAP:-240} python3 scripts/bench_attention.py ${BENCH_ATTEND_ARGS:-} --json "$OUT/bench_attention.json" ;;
     tests-app) phase tests-app ${CAP:-240} $PYT --durations=10 tests/test_cli_gpu.py tests/test_example.py tests/test_distributed.py ;;

@@ -98,3 +98,32 @@ def test_table_kernels_are_instantiated_for_both_table_dtypes():
     for f in ("threshold.cu", "filter.cu"):          # the bf16 table source reaches the SIMT stages too
         assert f"hytopk_threshold<{INST.TABLE_BF16}>" in INST.name_expressions("threshold.cu")
         assert f"hytopk_filter<{INST.TABLE_BF16}>" in INST.name_expressions("filter.cu")
+
+
+def test_backend_takes_bf16_tables_as_their_float32_widening():
+    import workbench
+    rng = np.random.default_rng(9)
+    s = rng.standard_normal((4, 900)).astype(np.float32)
+    s[:, ::5] = 0.0
+    bits = float32_to_bf16_bits(s, np)                  # bf16 rounds many values onto ties
+    wide = bf16_bits_to_float32(bits)
+    lo, hi = np.array([0, 10, 400, 899]), np.array([900, 800, 460, 899])
+    ri, rv = R.topk(wide, lo, hi, 50)
+    b = workbench.backend("reference")
+    for table in (bits, T(bits.view(np.int16)).view(torch.bfloat16)):
+        i, v = b.topk(table, lo, hi, 50)
+        assert np.array_equal(np.asarray(i), ri) and same_bits(np.asarray(v), rv)
+        res = b.hytopk(table, lo, hi, 50)
+        assert np.array_equal(np.asarray(res.idx), ri) and same_bits(np.asarray(res.val), rv)
+    with pytest.raises(TypeError, match="scores"):
+        b.topk(s.astype(np.float64), lo, hi, 50)
+
+
+def test_dense_topk_baseline_falls_back_to_torch_topk_on_cpu():
+    from workbench.harness import fastest_topk
+    assert list(fastest_topk.candidates("cpu")) == ["torch.topk"]
+    tab = torch.randn(3, 100)
+    name, fn = fastest_topk.fastest(tab, torch.zeros(3, dtype=torch.int32), torch.full((3,), 100), 5)
+    assert name == "torch.topk"
+    idx, val = fn(tab, None, None, 5)
+    assert torch.equal(val, torch.topk(tab, 5, dim=1).values)
