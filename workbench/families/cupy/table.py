@@ -41,8 +41,8 @@ PER_VEC = {"hytopk::TableSource": 4, "hytopk::TableBf16Source": 8}
 
 @functools.lru_cache(maxsize=16)
 def _device_limits(dev: int):
-    attrs = cp.cuda.runtime.getDeviceProperties(dev)
-    return int(attrs["multiProcessorCount"]), int(attrs["sharedMemPerBlockOptin"])
+    attrs = cp.cuda.Device(dev).attributes
+    return int(attrs["MultiProcessorCount"]), int(attrs["MaxSharedMemoryPerBlockOptin"])
 
 
 def _limits():
