@@ -83,6 +83,11 @@ __host__ __device__ constexpr long long table_topk_smem_words(int k, int cap) {
     return 2048 + 12 + 3LL * next_pow2(k) + 2LL * cap;
 }
 
+// hytopk_table_topk mode bits
+constexpr int TOPK_ROWS = 1, TOPK_FAILED = 2, TOPK_SAMPLED = 4, TOPK_PLAIN_ATOMICS = 8;
+// CONTRACT.md §3.1 (reference/sampling.py)
+constexpr long long SAMPLE_STRIDE = 128, MIN_SAMPLES = 4096, MAX_SAMPLES = 8192;
+
 struct TopkScalars {
     u32 digit, before, equal;
     int ndef, ncand, chunk_hits;
@@ -152,24 +157,36 @@ struct BinEntries {
 }
 
 // Exact top-k (rank order, CONTRACT.md §2) of whole table rows, one block per row.
-// mode bit 0: rows[j] lists the rows (output row j); else row j = j for j < nrows.
-// mode bit 1: a row t with failed[t] == 0 is skipped (its output left untouched):
-// the device-side recovery after a check. cap: collected entries that fit in shared
-// memory. grid: nrows blocks of TOPK_BLOCK threads; smem: table_topk_smem_words(k, cap).
+// mode bits:
+//   TOPK_ROWS     rows[j] lists the rows (output row j); else row j = j for j < nrows
+//   TOPK_FAILED   a row t with failed[t] == 0 is skipped (its output left untouched):
+//                 the device-side recovery after a check
+//   TOPK_SAMPLED  HyTopK fused into one read: the threshold of CONTRACT.md §3.1-3.4 from
+//                 the row's own samples (M, r computed here as the contract says), one
+//                 collecting read of the keys >= key(T) into shared memory, the exact
+//                 select among them; a row whose count is < k or > cap takes the
+//                 histogram path below instead (the answer is the same either way).
+//                 count_out[t] gets the true candidate count (0 where c <= k).
+//   TOPK_PLAIN_ATOMICS  histograms with one shared atomic per entry instead of one per
+//                 distinct digit per warp (__match_any_sync): the faster of the two
+//                 depends on how concentrated the digits are
+// cap: collected entries that fit in shared memory (>= MAX_SAMPLES / 2 for TOPK_SAMPLED).
+// grid: nrows blocks of TOPK_BLOCK threads; smem: table_topk_smem_words(k, cap).
 template <class Src>
 __global__ void __launch_bounds__(TOPK_BLOCK, 2)
 hytopk_table_topk(const void* __restrict__ table, long long L, int n, const int* __restrict__ rows, int nrows,
                   const unsigned char* __restrict__ failed, int mode, const int* __restrict__ lo,
-                  const int* __restrict__ hi, int k, int cap, int aligned, int* __restrict__ idx,
-                  float* __restrict__ val) {
+                  const int* __restrict__ hi, int k, int cap, int aligned, double oversample,
+                  int* __restrict__ count_out, int* __restrict__ idx, float* __restrict__ val) {
     constexpr int P = TableVec<Src>::PER_VEC;
     constexpr int TOPK_U = TOPK_ELEMS / P;
     extern __shared__ __align__(16) u32 smem[];
     const int j = blockIdx.x;
     if (j >= nrows) return;
-    const int t = (mode & 1) ? rows[j] : j;
+    const int t = (mode & TOPK_ROWS) ? rows[j] : j;
     if (t < 0 || t >= n) return;
-    if ((mode & 2) && failed[t] == 0) return;
+    if ((mode & TOPK_FAILED) && failed[t] == 0) return;
+    const bool plain = (mode & TOPK_PLAIN_ATOMICS) != 0;
     u32* hist = smem;
     TopkScalars* ts = reinterpret_cast<TopkScalars*>(smem + 2048);
     SelectScalars* sc = reinterpret_cast<SelectScalars*>(smem + 2048 + 8);
@@ -190,7 +207,8 @@ hytopk_table_topk(const void* __restrict__ table, long long L, int n, const int*
     float* out_val = val + (long long)j * k;
     const u32 lane = lane_id();
 
-    int kept;
+    int kept = 0;
+    bool done = false;
     if (c <= k) {                                   // the whole context, sorted
         for (long long i = threadIdx.x; i < c; i += blockDim.x) {
             const u32 b = TableVec<Src>::bits_at(table, g_lo + i);
@@ -198,8 +216,61 @@ hytopk_table_topk(const void* __restrict__ table, long long L, int n, const int*
             wbits[i] = b;
         }
         kept = (int)c;
+        done = true;
+        if ((mode & TOPK_SAMPLED) && threadIdx.x == 0) count_out[t] = (int)c;
         __syncthreads();
-    } else {
+    } else if (mode & TOPK_SAMPLED) {
+        // 0. CONTRACT.md §3.1-3.3: M samples at a + (j * c) // M, rank r (float64, that order).
+        const long long Ml = min(c, min(max(c / SAMPLE_STRIDE, (long long)MIN_SAMPLES), (long long)MAX_SAMPLES));
+        const int M = (int)Ml;
+        double rd = ceil(((oversample * (double)k) * (double)Ml) / (double)c);
+        rd = fmin((double)Ml, rd);
+        const u32 r = (u32)max(1LL, min(Ml, (long long)fmax(rd, 1.0)));
+        u32* skeys = cpos;                          // M <= 2 * cap words: cpos, then cbits
+        for (int q = threadIdx.x; q < M; q += blockDim.x)
+            skeys[q] = order_key_bits(TableVec<Src>::bits_at(table, g_lo + ((long long)q * c) / Ml));
+        __syncthreads();
+        auto sample_key = [&](long long q, u32* out) { *out = skeys[q]; return true; };
+        const u32 tkey = block_radix_select<true, true>(sample_key, M, r, hist, sc);
+        // 3.5: one read, every key >= key(T) to shared memory (the true count, slots < cap)
+        if (threadIdx.x == 0) ts->ncand = 0;
+        __syncthreads();
+        for (long long vs = v_begin; vs < v_end; vs += step) {
+            VecTile<Src, TOPK_U, false> tl;
+            tl.load(table, total, aligned, vs + threadIdx.x, blockDim.x, v_end, g_lo, g_hi);
+            int mine = 0;
+#pragma unroll
+            for (int u = 0; u < TOPK_U; ++u)
+#pragma unroll
+                for (int e = 0; e < P; ++e) mine += (tl.in(u, e, g_lo, g_hi) && order_key_bits(tl.bits[u][e]) >= tkey);
+            int slot = warp_reserve(mine, &ts->ncand);
+            if (mine) {
+#pragma unroll
+                for (int u = 0; u < TOPK_U; ++u)
+#pragma unroll
+                    for (int e = 0; e < P; ++e) {
+                        if (tl.in(u, e, g_lo, g_hi) && order_key_bits(tl.bits[u][e]) >= tkey) {
+                            if (slot < cap) { cpos[slot] = (u32)(tl.g0[u] + e - row0); cbits[slot] = tl.bits[u][e]; }
+                            ++slot;
+                        }
+                    }
+            }
+        }
+        __syncthreads();
+        const int cnt = ts->ncand;
+        if (threadIdx.x == 0) count_out[t] = cnt;
+        if (cnt >= k && cnt <= cap) {               // 3.6 passed: 3.8, the exact select among them
+            __syncthreads();
+            const BinEntries be = {cpos, cbits};
+            auto put = [&](int slot, u32 key, u32 pos, u32 v) {
+                if (slot < k) { word[slot] = ((u64)key << 32) | (u64)(~pos); wbits[slot] = v; }
+            };
+            kept = min(k, block_keep_top<true>(be, cnt, k, hist, sc, put));
+            done = true;
+        }
+        __syncthreads();
+    }
+    if (!done) {
         // 1. MSB-first histograms (11, 11, 10 bits) of the keys still matching the prefix;
         //    stop once the k-th key's bin holds at most cap entries.
         u32 prefix = 0u, mask = 0u, rem = (u32)k, equal = 0u;
@@ -219,8 +290,12 @@ hytopk_table_topk(const void* __restrict__ table, long long L, int n, const int*
                         const u32 key = order_key_bits(tl.bits[u][e]);
                         const bool act = tl.in(u, e, g_lo, g_hi) && (key & mask) == prefix;
                         const u32 d = act ? (key >> shift) & dmask : 0xffffffffu;
-                        const u32 peers = __match_any_sync(0xffffffffu, d);    // one shared atomic per digit per warp
-                        if (act && (peers & lanes_below_mask()) == 0u) atomicAdd(&hist[d], (u32)__popc(peers));
+                        if (plain) {
+                            if (act) atomicAdd(&hist[d], 1u);
+                        } else {                                            // one shared atomic per digit per warp
+                            const u32 peers = __match_any_sync(0xffffffffu, d);
+                            if (act && (peers & lanes_below_mask()) == 0u) atomicAdd(&hist[d], (u32)__popc(peers));
+                        }
                     }
             }
             __syncthreads();

@@ -6,9 +6,11 @@
 Rows per (table, dtype, k): torch.topk(scores, k, dim=1, sorted=True) (values sorted, but its
 ties are not the contract's lower-position-first order: it is the baseline a user has, not an
 equal answer); table_topk (the exact radix top-k of every row, what backend("cupy").topk
-launches); table HyTopK (TableHyTopK: threshold -> streaming filter -> select -> check ->
-device-side radix recovery, planned once, no host work between launches); the streaming
-filter alone; backend("cupy").topk end to end (host checks included). Effective GB/s = table
+launches), also with plain shared atomics in its histograms; fused_hytopk (one kernel: sampled
+threshold, one collecting read, exact select, in-block fallback); table HyTopK (TableHyTopK:
+threshold -> streaming filter -> select -> check -> device-side radix recovery, planned once, no
+host work between launches); the streaming filter alone; backend("cupy").topk end to end (host
+checks included). Effective GB/s = table
 bytes / time. Times: CUDA events on the current stream after a warm-up, median of repeats.
 Memory: the 8192 x 1048576 float32 table is 34.4 GB (bf16: 17.2 GB), created on the GPU; the
 other buffers are < 2 GB; torch.topk's own workspace comes on top.
@@ -78,9 +80,17 @@ def main(argv=None):
                 res = {}
                 res["torch.topk"] = timed(lambda: torch.topk(scores, k, dim=1, sorted=True), args.repeats, torch)
                 tv = torch.topk(scores, k, dim=1, sorted=True).values.float()
-                res["table_topk"] = timed(lambda: tab.table_topk(scores, lo, hi, k, host_check=False),
-                                          args.repeats, torch)
-                i1, v1 = tab.table_topk(scores, lo, hi, k, host_check=False)
+                res["table_topk"] = timed(lambda: tab.table_topk(scores, lo, hi, k, host_check=False,
+                                                                 method="radix"), args.repeats, torch)
+                res["table_topk[plain atomics]"] = timed(
+                    lambda: tab.table_topk(scores, lo, hi, k, host_check=False, method="radix",
+                                           hist_atomics="plain"), args.repeats, torch)
+                count = cp.empty(n, cp.int32)
+                res["fused_hytopk"] = timed(lambda: tab.fused_hytopk(scores, lo, hi, k, count=count,
+                                                                     host_check=False), args.repeats, torch)
+                i1, v1 = tab.table_topk(scores, lo, hi, k, host_check=False, method="radix")
+                i3, _ = tab.fused_hytopk(scores, lo, hi, k, count=count, host_check=False)
+                i4, _ = tab.table_topk(scores, lo, hi, k, host_check=False, method="radix", hist_atomics="plain")
                 plan = tab.TableHyTopK(n, L, lo_h, hi_h, k)
                 res["table_hytopk"] = timed(lambda: plan(scores), args.repeats, torch)
                 i2, v2 = plan(scores)
@@ -90,6 +100,10 @@ def main(argv=None):
                 row["values_equal_torch_topk"] = bool(torch.equal(torch.from_dlpack(v1).view(torch.int32),
                                                                   tv.view(torch.int32)))
                 row["hytopk_idx_equals_table_topk"] = bool(torch.equal(torch.from_dlpack(i1), torch.from_dlpack(i2)))
+                row["fused_idx_equals_table_topk"] = bool(torch.equal(torch.from_dlpack(i1), torch.from_dlpack(i3)))
+                row["plain_idx_equals_table_topk"] = bool(torch.equal(torch.from_dlpack(i1), torch.from_dlpack(i4)))
+                cnt = cp.asnumpy(count)
+                row["fused_rows_past_cap_or_below_k"] = int(((cnt < k) | (cnt > tab.check_topk_k(k)[1])).sum())
                 st = plan.stats()
                 row["hytopk_failed_rows"] = int(st["failed"].sum())
                 row["capacity"] = st["capacity"]
@@ -102,8 +116,9 @@ def main(argv=None):
                 print(f"{n}x{L} {dtype} k={k}: " + ", ".join(
                     f"{name} {r['median_ms']:.3f} ms ({r['GBps']:.0f} GB/s, {r['speedup_vs_torch_topk']:.2f}x)"
                     for name, r in res.items()) + f" | values==torch.topk {row['values_equal_torch_topk']}"
-                    f" | hytopk idx==radix {row['hytopk_idx_equals_table_topk']}", flush=True)
-                plan = i1 = v1 = i2 = v2 = tv = None          # free before the next k
+                    f" | idx==radix: staged {row['hytopk_idx_equals_table_topk']}, fused"
+                    f" {row['fused_idx_equals_table_topk']}, plain {row['plain_idx_equals_table_topk']}", flush=True)
+                plan = i1 = v1 = i2 = v2 = i3 = i4 = tv = count = None          # free before the next k
             scores = None
             torch.cuda.empty_cache()
             cp.get_default_memory_pool().free_all_blocks()

@@ -51,14 +51,39 @@ FAMILIES = G.SCORE_FAMILIES
 LAYOUTS = G.LAYOUTS
 
 
+METHODS = [dict(method="radix"), dict(method="radix", hist_atomics="plain"), dict(method="fused"),
+           dict(method="fused", hist_atomics="plain")]
+
+
 @settings(max_examples=40)
 @given(selection_cases(max_n=6, max_L=5000, max_k=80))
 def test_table_topk_matches_reference(tab, case):
     ri, rv = R.topk(case.scores, case.lo, case.hi, case.k)
-    assert same(*tab.table_topk(case.scores, case.lo, case.hi, case.k), ri, rv)
     bits, wide = bf16_table(case.scores)
-    ri, rv = R.topk(wide, case.lo, case.hi, case.k)
-    assert same(*tab.table_topk(bits, case.lo, case.hi, case.k), ri, rv)
+    wi, wv = R.topk(wide, case.lo, case.hi, case.k)
+    for kw in METHODS:
+        assert same(*tab.table_topk(case.scores, case.lo, case.hi, case.k, **kw), ri, rv), kw
+        assert same(*tab.table_topk(bits, case.lo, case.hi, case.k, **kw), wi, wv), kw
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_hytopk_counts_are_the_contracts(tab, family, dtype):
+    """The fused kernel's sample plan and threshold are CONTRACT.md §3.1-3.5's: its candidate
+    counts equal the reference's, and its selection is exact whichever path each row took
+    (small k: most rows collect; aliasing and plateaus: under/overflow into the fallback)."""
+    rng = np.random.default_rng(hash((family, dtype)) % 2**32)
+    n, L = 6, 40000
+    for k, lay in ((64, "full"), (512, "causal_tail"), (2048, "varlen"), (300, "edge")):
+        lo, hi = G.layout(lay, n, L, k, rng)
+        s = G.score_table(family, n, L, k, rng, lo, hi)
+        wide = s
+        if dtype == "bfloat16":
+            s, wide = bf16_table(s)
+        count = cp.zeros(n, cp.int32)
+        assert same(*tab.fused_hytopk(s, lo, hi, k, count=count), *R.topk(wide, lo, hi, k)), (k, lay)
+        ref = R.hytopk(wide, lo, hi, k)
+        assert np.array_equal(cp.asnumpy(count), ref.count), (k, lay)
 
 
 @pytest.mark.parametrize("k", [512, 2048])
@@ -69,9 +94,10 @@ def test_table_topk_large_k_every_family(tab, family, k):
     for lay in LAYOUTS:
         lo, hi = G.layout(lay, n, L, k, rng)
         s = G.score_table(family, n, L, k, rng, lo, hi)
-        assert same(*tab.table_topk(s, lo, hi, k), *R.topk(s, lo, hi, k)), lay
         bits, wide = bf16_table(s)
-        assert same(*tab.table_topk(bits, lo, hi, k), *R.topk(wide, lo, hi, k)), lay
+        for kw in METHODS:
+            assert same(*tab.table_topk(s, lo, hi, k, **kw), *R.topk(s, lo, hi, k)), (lay, kw)
+            assert same(*tab.table_topk(bits, lo, hi, k, **kw), *R.topk(wide, lo, hi, k)), (lay, kw)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -90,7 +116,8 @@ def test_more_ties_at_the_kth_key_than_fit_in_shared_memory(tab, dtype):
         s, wide = bf16_table(s)
     else:
         wide = s
-    assert same(*tab.table_topk(s, lo, hi, k), *R.topk(wide, lo, hi, k))
+    for kw in METHODS:
+        assert same(*tab.table_topk(s, lo, hi, k, **kw), *R.topk(wide, lo, hi, k)), kw
 
 
 def test_unaligned_table_base_and_edges(tab):
@@ -100,7 +127,8 @@ def test_unaligned_table_base_and_edges(tab):
     for off in (0, 1, 2, 3):                  # base pointer 4 * off bytes past 16-byte alignment
         s = flat[off:off + n * L].reshape(n, L)
         lo, hi = np.array([0, 1, 2, 3, 4097]), np.array([L, L - 1, 4001, 7, L])
-        assert same(*tab.table_topk(s, lo, hi, k), *R.topk(cp.asnumpy(s), lo, hi, k)), off
+        for kw in METHODS:
+            assert same(*tab.table_topk(s, lo, hi, k, **kw), *R.topk(cp.asnumpy(s), lo, hi, k)), (off, kw)
 
 
 def test_filter_stage_matches_reference_including_overflow(tab):
@@ -186,8 +214,9 @@ def test_repeatable_bit_for_bit(tab):
     plan = tab.TableHyTopK(n, L, lo, hi, k)
     hy = [cp.asnumpy(x).copy() for x in plan(s)]
     for _ in range(20):
-        again = [cp.asnumpy(x) for x in tab.table_topk(s, lo, hi, k)]
-        assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(first, again))
+        for kw in METHODS:
+            again = [cp.asnumpy(x) for x in tab.table_topk(s, lo, hi, k, **kw)]
+            assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(first, again))
         again = [cp.asnumpy(x) for x in plan(s)]
         assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(hy, again))
 
@@ -207,9 +236,10 @@ def test_full_size_rows_match_exact_torch_topk(tab, n, L):
     for table in (s, s.bfloat16()):
         if table.dtype == torch.bfloat16:
             ti, tv = exact_topk_torch(table, lo, hi, k, chunk=16)
-        i, v = tab.table_topk(table, lo, hi, k)
-        assert torch.equal(torch.from_dlpack(i), ti) and torch.equal(torch.from_dlpack(v).view(torch.int32),
-                                                                     tv.view(torch.int32))
+        for kw in METHODS:
+            i, v = tab.table_topk(table, lo, hi, k, **kw)
+            assert torch.equal(torch.from_dlpack(i), ti) and torch.equal(torch.from_dlpack(v).view(torch.int32),
+                                                                         tv.view(torch.int32)), kw
         plan = tab.TableHyTopK(n, L, lo.cpu().numpy(), hi.cpu().numpy(), k)
         i, v = plan(table)
         assert torch.equal(torch.from_dlpack(i), ti)
@@ -261,3 +291,11 @@ def test_bad_arguments_name_the_argument(tab):
         tab.table_topk(s, np.zeros(2, np.int32), hi, 4)
     with pytest.raises(ValueError, match="'scores'"):
         tab.TableHyTopK(3, 100, lo, hi, 4)(cp.zeros((3, 99), cp.float32))
+    with pytest.raises(ValueError, match="'method'"):
+        tab.table_topk(s, lo, hi, 4, method="sort")
+    with pytest.raises(ValueError, match="'hist_atomics'"):
+        tab.table_topk(s, lo, hi, 4, hist_atomics="none")
+    with pytest.raises(ValueError, match="'count'"):
+        tab.fused_hytopk(s, lo, hi, 4, count=cp.zeros(2, cp.int32))
+    with pytest.raises(ValueError, match="'oversample'"):
+        tab.fused_hytopk(s, lo, hi, 4, oversample=-1.0)

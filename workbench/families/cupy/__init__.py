@@ -18,7 +18,7 @@ from ._launch import BLOCK, as_device, chunks, gpu_status, kernel, launch, launc
 from .recover import ROWS_PER_PASS
 from . import attend, check, dense, filter, recover, replay, select, table, threshold, tiled, wgmma, wgmma_ws  # noqa: F401  (register variants)
 from .score_only import score_only
-from .table import TableHyTopK, table_hytopk, table_topk
+from .table import TableHyTopK, fused_hytopk, table_hytopk, table_topk
 from .tiled import score_only_tiled
 
 # filter and recover: the dispatching variants of table.py (a table source gets the streaming
@@ -213,4 +213,4 @@ class _on_lane:
 FAMILY = CupyFamily()
 
 __all__ = ["FAMILY", "DEFAULTS", "score_only", "score_only_tiled", "CupyFamily", "table_topk", "table_hytopk",
-           "TableHyTopK"]
+           "fused_hytopk", "TableHyTopK"]

@@ -8,6 +8,8 @@
   for table sources and the SIMT / materialising variants for indexer sources (a stage set
   holds one variant per stage, whatever the source).
 - ``table_topk(scores, lo, hi, k)``: the exact top-k of every row, no host sync.
+- ``fused_hytopk(scores, lo, hi, k)``: HyTopK fused into the same kernel (sampled threshold, one
+  collecting read, exact select; under/overflowing rows fall back in the same block).
 - ``TableHyTopK``: the table HyTopK pipeline planned once (host work, buffers) and launched
   with no host work: threshold -> streaming filter -> select -> check -> device-side
   recovery of the failed rows by the radix top-k.
@@ -83,17 +85,31 @@ def _per_vec(cxx: str) -> int:
     return PER_VEC[cxx]
 
 
-def launch_topk(s, cxx, lo, hi, k, cap, idx, val, *, rows=None, failed=None):
+# hytopk_table_topk mode bits (table_topk.cu)
+TOPK_ROWS, TOPK_FAILED, TOPK_SAMPLED, TOPK_PLAIN_ATOMICS = 1, 2, 4, 8
+MAX_SAMPLES = 8192
+HIST_ATOMICS = ("match", "plain")
+
+
+def launch_topk(s, cxx, lo, hi, k, cap, idx, val, *, rows=None, failed=None, count=None, oversample=3.0,
+                hist_atomics="match"):
     """The radix top-k kernel: rows listed (rows) or all (output row t = table row t); failed:
-    only rows with failed[t] != 0 are written."""
+    only rows with failed[t] != 0 are written; count (int32 [n]): the fused HyTopK (sampled
+    threshold, one collecting read) writing each row's candidate count there."""
+    if hist_atomics not in HIST_ATOMICS:
+        raise ValueError(f"argument 'hist_atomics' must be one of {HIST_ATOMICS}, got {hist_atomics!r}")
     n, L = s.shape
     nrows = rows.shape[0] if rows is not None else n
-    mode = (1 if rows is not None else 0) | (2 if failed is not None else 0)
+    mode = ((TOPK_ROWS if rows is not None else 0) | (TOPK_FAILED if failed is not None else 0)
+            | (TOPK_SAMPLED if count is not None else 0) | (TOPK_PLAIN_ATOMICS if hist_atomics == "plain" else 0))
+    if count is not None and 2 * cap < MAX_SAMPLES:
+        raise ValueError(f"argument 'k' = {k}: too large for the fused HyTopK (its samples need "
+                         f"{MAX_SAMPLES} words of shared memory); use table_topk")
     dummy = lo
     launch(kernel("table_topk.cu", f"hytopk_table_topk<{cxx}>"), (nrows,),
            (s, np.int64(L), np.int32(n), rows if rows is not None else dummy, np.int32(nrows),
             failed if failed is not None else dummy, np.int32(mode), lo, hi, np.int32(k), np.int32(cap),
-            np.int32(_aligned(s)), idx, val),
+            np.int32(_aligned(s)), np.float64(oversample), count if count is not None else dummy, idx, val),
            4 * topk_smem_words(k, cap), threads=TOPK_BLOCK)
 
 
@@ -167,13 +183,41 @@ def _check_lo_hi(lo, hi, n, L, host_check):
         V.check_array("hi", hi, ndim=1, dtypes=V.INT_DTYPES, shape=(n,))
 
 
-def table_topk(scores, lo, hi, k, *, out=None, host_check=True):
+METHODS = ("radix", "fused")
+DEFAULT_METHOD = "radix"     # table_topk's default (what torch.ops.hytopk.topk runs): see the H200 bench
+
+
+def table_topk(scores, lo, hi, k, *, out=None, host_check=True, hist_atomics="match", method=None):
     """Exact top-k (CONTRACT.md §2: rank order, -1 / -inf padding) of every row's context
     [lo, hi) of a float32 or bf16 table, on the current stream (PyTorch's when torch is in
     use), zero-copy for device inputs. Returns CuPy (idx int32 [n, k], val float32 [n, k]);
     ``out``: preallocated (idx, val) to write into. ``host_check=False`` skips the one host
     read (the value check of lo/hi: the kernel then clamps them into [0, L]), so the call
-    can be captured in a CUDA graph."""
+    can be captured in a CUDA graph. ``hist_atomics``: "match" (one shared atomic per distinct
+    digit per warp) or "plain" (one per entry); ``method``: "radix" (histograms of the whole
+    row) or "fused" (fused_hytopk: a sampled threshold first); same answer, different speed."""
+    method = DEFAULT_METHOD if method is None else method
+    if method not in METHODS:
+        raise ValueError(f"argument 'method' must be one of {METHODS}, got {method!r}")
+    if method == "fused":
+        return fused_hytopk(scores, lo, hi, k, out=out, host_check=host_check, hist_atomics=hist_atomics)
+    return _table_select(scores, lo, hi, k, out, host_check, dict(hist_atomics=hist_atomics))
+
+
+def fused_hytopk(scores, lo, hi, k, *, oversample=3.0, out=None, count=None, host_check=True,
+                 hist_atomics="match"):
+    """HyTopK over a table in one kernel and about one read per row: each row's threshold from
+    its own samples (CONTRACT.md §3.1-3.4, oversample as there), one read collecting the keys
+    at or above it into shared memory, the exact select among them; a row whose candidates
+    under- or overflow (§3.6) falls back to the radix top-k in the same block. Same answer as
+    table_topk, bit for bit; no host work, no host sync with ``host_check=False``.
+    ``count``: an int32 [n] device array that receives each row's candidate count (§3.5)."""
+    V.check_oversample(oversample)
+    return _table_select(scores, lo, hi, k, out, host_check,
+                         dict(count=count, oversample=oversample, hist_atomics=hist_atomics), fused=True)
+
+
+def _table_select(scores, lo, hi, k, out, host_check, kw, fused=False):
     k, cap = check_topk_k(k)
     with launch_stream():
         s, cxx = table_array(scores)
@@ -187,7 +231,12 @@ def table_topk(scores, lo, hi, k, *, out=None, host_check=True):
             idx, val = out
             if idx.shape != (n, k) or val.shape != (n, k) or idx.dtype != cp.int32 or val.dtype != cp.float32:
                 raise ValueError(f"argument 'out': expected int32 and float32 arrays of shape {(n, k)}")
-        launch_topk(s, cxx, lo_d, hi_d, k, cap, idx, val)
+        if fused:
+            if kw["count"] is None:
+                kw["count"] = cp.empty(n, cp.int32)
+            elif kw["count"].shape != (n,) or kw["count"].dtype != cp.int32:
+                raise ValueError(f"argument 'count': expected an int32 array of shape {(n,)}")
+        launch_topk(s, cxx, lo_d, hi_d, k, cap, idx, val, **kw)
         return idx, val
 
 
