@@ -8,7 +8,7 @@ from .candidates import stage_check, stage_filter
 from .dtypes import IndexerDtypes, check_indexer_args, check_indexer_dtypes
 from .fp8 import Fp8IndexerSource
 from .indexer import indexer_kl_loss, indexer_scores, indexer_source, replay_scores
-from .order import empty_selection, order_keys, rank_order, topk
+from .order import empty_selection, order_keys, rank_order, table_float32, topk
 from .pipeline import HyTopKResult, hytopk, hytopk_indexer, run_stages
 from .radix import exact_topk_of_entries, select_kth_key, select_positions, sort_rank_order
 from .sampling import num_samples, sample_plan, sample_positions, stage_threshold, threshold_rank
@@ -16,7 +16,7 @@ from .select import fallback_all, stage_recover, stage_select
 from .sources import IndexerSource, TableSource, indexer_score_block
 
 __all__ = [
-    "order_keys", "topk", "hytopk", "hytopk_indexer", "HyTopKResult",
+    "order_keys", "topk", "table_float32", "hytopk", "hytopk_indexer", "HyTopKResult",
     "indexer_scores", "replay_scores", "indexer_kl_loss", "default_capacity", "resolve_capacity",
     "TableSource", "IndexerSource", "Fp8IndexerSource", "indexer_source", "indexer_score_block",
     "IndexerDtypes", "check_indexer_args", "check_indexer_dtypes",

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .validate import check_k, check_ranges, check_scores
+from .validate import check_k, check_ranges, check_scores, dtype_name
 
 SIGN = np.uint32(0x80000000)
 PAD_IDX = -1
@@ -26,6 +26,17 @@ def order_keys(x) -> np.ndarray:
     return key
 
 
+def table_float32(scores) -> np.ndarray:
+    """A score table as float32 NumPy: float32 as is, bf16 (uint16 bits, torch.bfloat16)
+    widened exactly (bits << 16)."""
+    if dtype_name(scores) == "bfloat16":                 # a torch tensor (the widening is exact)
+        return scores.detach().cpu().float().numpy()
+    a = np.asarray(scores)
+    if a.dtype == np.uint16:
+        return (a.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    return a
+
+
 def rank_order(keys: np.ndarray, pos: np.ndarray) -> np.ndarray:
     """Permutation putting (pos, key) entries in rank order: key desc, then pos asc."""
     return np.lexsort((pos, ~keys.astype(np.uint32)))
@@ -44,7 +55,7 @@ def topk(scores, lo, hi, k):
     n, L = check_scores(scores)
     lo_h, hi_h = check_ranges(lo, hi, n, L)
     k = check_k(k)
-    scores = np.asarray(scores)
+    scores = table_float32(scores)
     idx, val = empty_selection(n, k)
     for t in range(n):
         a, b = int(lo_h[t]), int(hi_h[t])

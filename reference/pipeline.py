@@ -10,6 +10,7 @@ from . import validate as V
 from .candidates import stage_check, stage_filter
 from .capacity import resolve_capacity
 from .indexer import indexer_source
+from .order import table_float32
 from .sampling import sample_plan, stage_threshold
 from .select import fallback_all, stage_recover, stage_select
 from .sources import Source, TableSource
@@ -46,10 +47,10 @@ def run_stages(source: Source, lo, hi, k, capacity, oversample, max_failed) -> H
 
 
 def hytopk(scores, lo, hi, k, *, capacity=None, oversample=3.0, max_failed=64) -> HyTopKResult:
-    """HyTopK on a given [n, L] float32 score table (table source)."""
+    """HyTopK on a given [n, L] float32 (or bf16: widened exactly) score table (table source)."""
     shape = V.check_scores(scores)
     lo_h, hi_h = V.check_selection_args(shape, lo, hi, k, capacity, oversample, max_failed)
-    return run_stages(TableSource(np.asarray(scores)), lo_h, hi_h, k, capacity,
+    return run_stages(TableSource(table_float32(scores)), lo_h, hi_h, k, capacity,
                       oversample, max_failed)
 
 

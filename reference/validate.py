@@ -164,7 +164,7 @@ def check_contiguous(name, x):
         raise ValueError(f"argument '{name}' must be C-contiguous (call .contiguous()/ascontiguousarray first)")
 
 
-SCORE_DTYPES = ("float32",)
+SCORE_DTYPES = ("float32", "bfloat16", "uint16")     # uint16 = raw bf16 bits; bf16 = its exact float32 widening
 INPUT_DTYPES = ("float32", "bfloat16", "uint16")      # uint16 = raw bf16 bits (NumPy has no bf16)
 
 
@@ -175,20 +175,9 @@ def _check_L(name, L, what):
 
 
 def check_scores(scores):
-    """A [n, L] float32 score table with L <= 2**31 - 1. Returns (n, L)."""
+    """A [n, L] score table with L <= 2**31 - 1: float32, or bf16 (torch.bfloat16 / uint16 bits)
+    whose answer is that of the table widened exactly to float32. Returns (n, L)."""
     n, L = check_array("scores", scores, ndim=2, dtypes=SCORE_DTYPES)
-    _check_L("scores", L, "columns")
-    return n, L
-
-
-TABLE_DTYPES = ("float32", "bfloat16", "uint16")      # what the Backend's table entry points take
-
-
-def check_table(scores):
-    """A [n, L] score table for the Backend's table entry points: float32, or bf16
-    (torch.bfloat16 / uint16 bits) whose answer is that of the table widened exactly to
-    float32. Returns (n, L)."""
-    n, L = check_array("scores", scores, ndim=2, dtypes=TABLE_DTYPES)
     _check_L("scores", L, "columns")
     return n, L
 

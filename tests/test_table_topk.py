@@ -127,3 +127,18 @@ def test_dense_topk_baseline_falls_back_to_torch_topk_on_cpu():
     assert name == "torch.topk"
     idx, val = fn(tab, None, None, 5)
     assert torch.equal(val, torch.topk(tab, 5, dim=1).values)
+
+
+def test_reference_takes_bf16_tables_as_their_float32_widening():
+    rng = np.random.default_rng(10)
+    s = rng.standard_normal((3, 400)).astype(np.float32)
+    bits = float32_to_bf16_bits(s, np)
+    wide = bf16_bits_to_float32(bits)
+    lo, hi = np.array([0, 5, 100]), np.array([400, 395, 100])
+    want = R.topk(wide, lo, hi, 30)
+    for table in (bits, T(bits.view(np.int16)).view(torch.bfloat16)):
+        got = R.topk(table, lo, hi, 30)
+        assert np.array_equal(got[0], want[0]) and same_bits(got[1], want[1])
+        res = R.hytopk(table, lo, hi, 30)
+        assert np.array_equal(res.idx, want[0]) and same_bits(res.val, want[1])
+    assert R.table_float32(bits).dtype == np.float32

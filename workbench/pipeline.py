@@ -398,7 +398,7 @@ class Backend:
         """``query_chunk``: queries per pass (default: as many as keep the scratch within
         pipeline.SCRATCH_BYTES); the selection does not depend on it. ``scores``: float32, or
         bf16 (the answer of the table widened exactly to float32)."""
-        shape = V.check_table(scores)
+        shape = V.check_scores(scores)
         lo_h, hi_h = self._check_select(shape, lo, hi, k, capacity, oversample, max_failed, query_chunk)
         kind = common_kind(scores, lo, hi)
         (s,) = self._dev(("scores", self._table(scores)))
@@ -416,7 +416,7 @@ class Backend:
 
     def topk(self, scores, lo, hi, k):
         """Exact top-k of every query (the recovery path over all rows); float32 or bf16 scores."""
-        n, L = V.check_table(scores)
+        n, L = V.check_scores(scores)
         lo_h, hi_h = V.check_ranges(lo, hi, n, L)
         k = V.check_k(k)
         kind = common_kind(scores, lo, hi)
