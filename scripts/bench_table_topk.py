@@ -10,7 +10,7 @@ launches), also with plain shared atomics in its histograms; fused_hytopk (one k
 threshold, one collecting read, exact select, in-block fallback); table HyTopK (TableHyTopK:
 threshold -> streaming filter -> select -> check -> device-side radix recovery, planned once, no
 host work between launches); the streaming filter alone; backend("cupy").topk end to end (host
-checks included). Effective GB/s = table
+checks included); flashinfer.top_k(sorted=True) where FlashInfer is installed. Effective GB/s = table
 bytes / time. Times: CUDA events on the current stream after a warm-up, median of repeats.
 Memory: the 8192 x 1048576 float32 table is 34.4 GB (bf16: 17.2 GB), created on the GPU; the
 other buffers are < 2 GB; torch.topk's own workspace comes on top.
@@ -58,9 +58,14 @@ def main(argv=None):
     import workbench
     from workbench.families.cupy import table as tab
 
+    try:
+        import flashinfer
+    except Exception:                   # not installed here (the row is left out)
+        flashinfer = None
     torch.cuda.init()
     dev = torch.cuda.get_device_name()
     out = {"gpu": dev, "torch": torch.__version__, "cupy": cp.__version__,
+           "flashinfer": getattr(flashinfer, "__version__", None),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "note": "full contexts; torch.topk sorted=True; GB/s = table bytes / median time", "rows": []}
     backend = workbench.backend("cupy")
@@ -80,6 +85,12 @@ def main(argv=None):
                 res = {}
                 res["torch.topk"] = timed(lambda: torch.topk(scores, k, dim=1, sorted=True), args.repeats, torch)
                 tv = torch.topk(scores, k, dim=1, sorted=True).values.float()
+                if flashinfer is not None:         # where it is installed: its radix top-k, sorted like ours
+                    try:
+                        res["flashinfer.top_k"] = timed(lambda: flashinfer.top_k(scores, k, sorted=True),
+                                                        args.repeats, torch)
+                    except Exception as e:      # an unsupported shape or build: say so, keep going
+                        row["flashinfer_error"] = f"{type(e).__name__}: {e}"[:200]
                 res["table_topk"] = timed(lambda: tab.table_topk(scores, lo, hi, k, host_check=False,
                                                                  method="radix"), args.repeats, torch)
                 res["table_topk[plain atomics]"] = timed(
