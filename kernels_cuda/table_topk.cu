@@ -87,6 +87,7 @@ __host__ __device__ constexpr long long table_topk_smem_words(int k, int cap) {
 constexpr int TOPK_ROWS = 1, TOPK_FAILED = 2, TOPK_SAMPLED = 4, TOPK_PLAIN_ATOMICS = 8;
 // CONTRACT.md §3.1 (reference/sampling.py)
 constexpr long long SAMPLE_STRIDE = 128, MIN_SAMPLES = 4096, MAX_SAMPLES = 8192;
+constexpr int SAMPLE_BATCH = 8;      // sample loads in flight per thread
 
 struct TopkScalars {
     u32 digit, before, equal;
@@ -180,6 +181,7 @@ hytopk_table_topk(const void* __restrict__ table, long long L, int n, const int*
                   int* __restrict__ count_out, int* __restrict__ idx, float* __restrict__ val) {
     constexpr int P = TableVec<Src>::PER_VEC;
     constexpr int TOPK_U = TOPK_ELEMS / P;
+    constexpr int FUSED_STEP_U = 2 * TOPK_U;
     extern __shared__ __align__(16) u32 smem[];
     const int j = blockIdx.x;
     if (j >= nrows) return;
@@ -227,26 +229,37 @@ hytopk_table_topk(const void* __restrict__ table, long long L, int n, const int*
         rd = fmin((double)Ml, rd);
         const u32 r = (u32)max(1LL, min(Ml, (long long)fmax(rd, 1.0)));
         u32* skeys = cpos;                          // M <= 2 * cap words: cpos, then cbits
-        for (int q = threadIdx.x; q < M; q += blockDim.x)
-            skeys[q] = order_key_bits(TableVec<Src>::bits_at(table, g_lo + ((long long)q * c) / Ml));
+        for (int q0 = 0; q0 < M; q0 += SAMPLE_BATCH * TOPK_BLOCK) {   // a batch of loads in flight per thread
+            u32 sb[SAMPLE_BATCH];
+#pragma unroll
+            for (int i = 0; i < SAMPLE_BATCH; ++i) {
+                const int q = q0 + i * TOPK_BLOCK + (int)threadIdx.x;
+                sb[i] = q < M ? TableVec<Src>::bits_at(table, g_lo + ((long long)q * c) / Ml) : 0u;
+            }
+#pragma unroll
+            for (int i = 0; i < SAMPLE_BATCH; ++i) {
+                const int q = q0 + i * TOPK_BLOCK + (int)threadIdx.x;
+                if (q < M) skeys[q] = order_key_bits(sb[i]);
+            }
+        }
         __syncthreads();
         auto sample_key = [&](long long q, u32* out) { *out = skeys[q]; return true; };
         const u32 tkey = block_radix_select<true, true>(sample_key, M, r, hist, sc);
         // 3.5: one read, every key >= key(T) to shared memory (the true count, slots < cap)
         if (threadIdx.x == 0) ts->ncand = 0;
         __syncthreads();
-        for (long long vs = v_begin; vs < v_end; vs += step) {
-            VecTile<Src, TOPK_U, false> tl;
+        for (long long vs = v_begin; vs < v_end; vs += FUSED_STEP_U * blockDim.x) {
+            VecTile<Src, FUSED_STEP_U, false> tl;        // twice the loads in flight: this is the one read
             tl.load(table, total, aligned, vs + threadIdx.x, blockDim.x, v_end, g_lo, g_hi);
             int mine = 0;
 #pragma unroll
-            for (int u = 0; u < TOPK_U; ++u)
+            for (int u = 0; u < FUSED_STEP_U; ++u)
 #pragma unroll
                 for (int e = 0; e < P; ++e) mine += (tl.in(u, e, g_lo, g_hi) && order_key_bits(tl.bits[u][e]) >= tkey);
             int slot = warp_reserve(mine, &ts->ncand);
             if (mine) {
 #pragma unroll
-                for (int u = 0; u < TOPK_U; ++u)
+                for (int u = 0; u < FUSED_STEP_U; ++u)
 #pragma unroll
                     for (int e = 0; e < P; ++e) {
                         if (tl.in(u, e, g_lo, g_hi) && order_key_bits(tl.bits[u][e]) >= tkey) {
