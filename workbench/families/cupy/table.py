@@ -27,8 +27,8 @@ import reference as R
 from reference import validate as V
 
 from ...registry import register
-from ._launch import (BLOCK, bitonic_topk_smem_bytes, bind, check_k_fits, i32, kernel, launch, launch_stream,
-                      next_pow2, table_array)
+from ._launch import (BLOCK, as_device, bitonic_topk_smem_bytes, bind, check_k_fits, i32, kernel, launch,
+                      launch_stream, next_pow2, table_array)
 from . import filter as _filter
 from . import recover as _recover
 from .threshold import threshold_unchecked
@@ -234,7 +234,9 @@ def _table_select(scores, lo, hi, k, out, host_check, kw, fused=False):
         if fused:
             if kw["count"] is None:
                 kw["count"] = cp.empty(n, cp.int32)
-            elif kw["count"].shape != (n,) or kw["count"].dtype != cp.int32:
+            else:
+                kw["count"] = as_device(kw["count"])        # CuPy or torch CUDA int32: written in place
+            if kw["count"].shape != (n,) or kw["count"].dtype != cp.int32 or not kw["count"].flags.c_contiguous:
                 raise ValueError(f"argument 'count': expected an int32 array of shape {(n,)}")
         launch_topk(s, cxx, lo_d, hi_d, k, cap, idx, val, **kw)
         return idx, val
