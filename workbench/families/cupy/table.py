@@ -228,9 +228,10 @@ def _table_select(scores, lo, hi, k, out, host_check, kw, fused=False):
         if out is None:
             idx, val = cp.empty((n, k), cp.int32), cp.empty((n, k), cp.float32)
         else:
-            idx, val = out
-            if idx.shape != (n, k) or val.shape != (n, k) or idx.dtype != cp.int32 or val.dtype != cp.float32:
-                raise ValueError(f"argument 'out': expected int32 and float32 arrays of shape {(n, k)}")
+            idx, val = (as_device(x) for x in out)
+            if idx.shape != (n, k) or val.shape != (n, k) or idx.dtype != cp.int32 or val.dtype != cp.float32 \
+                    or not (idx.flags.c_contiguous and val.flags.c_contiguous):
+                raise ValueError(f"argument 'out': expected contiguous int32 and float32 arrays of shape {(n, k)}")
         if fused:
             if kw["count"] is None:
                 kw["count"] = cp.empty(n, cp.int32)
