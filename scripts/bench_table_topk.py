@@ -9,8 +9,9 @@ equal answer); table_topk (the exact radix top-k of every row, what backend("cup
 launches), also with plain shared atomics in its histograms; fused_hytopk (one kernel: sampled
 threshold, one collecting read, exact select, in-block fallback); table HyTopK (TableHyTopK:
 threshold -> streaming filter -> select -> check -> device-side radix recovery, planned once, no
-host work between launches); the streaming filter alone; backend("cupy").topk end to end (host
-checks included); flashinfer.top_k(sorted=True) where FlashInfer is installed. Effective GB/s = table
+host work between launches); the streaming filter alone; backend("cupy").plan(lo, hi, k).table
+(the pipeline driver's plan, capture-safe: device-side recovery); backend("cupy").topk end to end
+(host checks included); flashinfer.top_k(sorted=True) where FlashInfer is installed. Effective GB/s = table
 bytes / time. Times: CUDA events on the current stream after a warm-up, median of repeats.
 Memory: the 8192 x 1048576 float32 table is 34.4 GB (bf16: 17.2 GB), created on the GPU; the
 other buffers are < 2 GB; torch.topk's own workspace comes on top.
@@ -106,6 +107,8 @@ def main(argv=None):
                 res["table_hytopk"] = timed(lambda: plan(scores), args.repeats, torch)
                 i2, v2 = plan(scores)
                 res["filter_only"] = timed(lambda: plan.filter_only(scores), args.repeats, torch)
+                bplan = backend.plan(lo_h, hi_h, k)     # the pipeline driver's plan (issue 14), no host sync
+                res["backend.plan.table"] = timed(lambda: bplan.table(scores, capture_safe=True), args.repeats, torch)
                 res["backend.topk"] = timed(lambda: backend.topk(scores, lo, hi, k), max(2, args.repeats // 2), torch)
                 torch.cuda.synchronize()
                 row["values_equal_torch_topk"] = bool(torch.equal(torch.from_dlpack(v1).view(torch.int32),
@@ -129,7 +132,7 @@ def main(argv=None):
                     for name, r in res.items()) + f" | values==torch.topk {row['values_equal_torch_topk']}"
                     f" | idx==radix: staged {row['hytopk_idx_equals_table_topk']}, fused"
                     f" {row['fused_idx_equals_table_topk']}, plain {row['plain_idx_equals_table_topk']}", flush=True)
-                plan = i1 = v1 = i2 = v2 = i3 = i4 = tv = count = None          # free before the next k
+                plan = bplan = i1 = v1 = i2 = v2 = i3 = i4 = tv = count = None          # free before the next k
             scores = None
             torch.cuda.empty_cache()
             cp.get_default_memory_pool().free_all_blocks()

@@ -299,3 +299,27 @@ def test_bad_arguments_name_the_argument(tab):
         tab.fused_hytopk(s, lo, hi, 4, count=cp.zeros(2, cp.int32))
     with pytest.raises(ValueError, match="'oversample'"):
         tab.fused_hytopk(s, lo, hi, 4, oversample=-1.0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_pipeline_plan_on_tables_uses_the_table_variants(dtype):
+    """The pipeline driver's plan (Backend.plan(...).table) with the CuPy defaults on float32 and
+    bf16 tables, host and device-side (capture-safe) recovery: the streaming filter and the radix
+    recovery (empty recovery slots -1 are skipped) give the exact top-k."""
+    import workbench
+    b = workbench.backend("cupy")
+    rng = np.random.default_rng(11)
+    n, L, k = 24, 30000, 512
+    for family, lay, capacity in (("alias_between_samples", "varlen", None), ("relu_plateau", "causal_tail", k),
+                                  ("gaussian", "full", None)):
+        lo, hi = G.layout(lay, n, L, k, rng)
+        s = G.score_table(family, n, L, k, rng, lo, hi)
+        wide = s
+        if dtype == "bfloat16":
+            s, wide = bf16_table(s)
+        ri, rv = R.topk(wide, lo, hi, k)
+        plan = b.plan(lo, hi, k, capacity=capacity)
+        for capture_safe in (False, True):
+            res = plan.table(cp.asarray(s), capture_safe=capture_safe).host()
+            assert np.array_equal(cp.asnumpy(res.idx), ri), (family, capture_safe)
+            assert np.array_equal(cp.asnumpy(res.val).view(np.uint32), rv.view(np.uint32)), (family, capture_safe)

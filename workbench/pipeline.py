@@ -157,7 +157,7 @@ class SelectionPlan:
     def table(self, scores, *, capture_safe=None) -> "PlanResult":
         n, L = V.check_scores(scores)
         self._check_inputs(("scores", n), ("scores", L))
-        (s,) = self.backend._dev(("scores", scores))
+        (s,) = self.backend._dev(("scores", self.backend._table(scores)))      # bf16: as the family takes it
         return self.run(self.backend.stages, R.TableSource(s), capture_safe)
 
     def _check_inputs(self, rows, keys):
