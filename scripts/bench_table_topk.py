@@ -93,14 +93,15 @@ def main(argv=None):
                     except Exception as e:      # an unsupported shape or build: say so, keep going
                         row["flashinfer_error"] = f"{type(e).__name__}: {e}"[:200]
                 res["table_topk"] = timed(lambda: tab.table_topk(scores, lo, hi, k, host_check=False,
-                                                                 method="radix"), args.repeats, torch)
+                                                                 method="radix", hist_atomics="match"),
+                                          args.repeats, torch)
                 res["table_topk[plain atomics]"] = timed(
                     lambda: tab.table_topk(scores, lo, hi, k, host_check=False, method="radix",
                                            hist_atomics="plain"), args.repeats, torch)
                 count = cp.empty(n, cp.int32)
                 res["fused_hytopk"] = timed(lambda: tab.fused_hytopk(scores, lo, hi, k, count=count,
                                                                      host_check=False), args.repeats, torch)
-                i1, v1 = tab.table_topk(scores, lo, hi, k, host_check=False, method="radix")
+                i1, v1 = tab.table_topk(scores, lo, hi, k, host_check=False, method="radix", hist_atomics="match")
                 i3, _ = tab.fused_hytopk(scores, lo, hi, k, count=count, host_check=False)
                 i4, _ = tab.table_topk(scores, lo, hi, k, host_check=False, method="radix", hist_atomics="plain")
                 plan = tab.TableHyTopK(n, L, lo_h, hi_h, k)

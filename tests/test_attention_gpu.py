@@ -252,7 +252,7 @@ def test_torch_op_on_cuda_matches_cpu(mla):
     d_v = Dv if mla else -1
     res = {}
     for dev in ("cpu", "cuda"):
-        leaves = [x.to(dev).requires_grad_() for x in (q, kv) + ((v,) if v is not None else ())]
+        leaves = [x.detach().to(dev).requires_grad_() for x in (q, kv) + ((v,) if v is not None else ())]
         out, lse = torch.ops.hytopk.sparse_attention(leaves[0], leaves[1], leaves[2] if v is not None else None,
                                                      idx.to(dev), d_v, None, True)
         dout = torch.ones_like(out)

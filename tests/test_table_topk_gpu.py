@@ -188,8 +188,9 @@ def test_backend_defaults_use_the_table_variants():
     lo, hi = G.layout("varlen", n, L, k, rng)
     s = G.score_table("ties_at_kth", n, L, k, rng, lo, hi)
     ri, rv = R.topk(s, lo, hi, k)
-    assert same(*b.topk(cp.asarray(s), lo, hi, k), ri, rv)
-    res = b.hytopk(cp.asarray(s), lo, hi, k)
+    lo_d, hi_d = cp.asarray(lo), cp.asarray(hi)
+    assert same(*b.topk(cp.asarray(s), lo_d, hi_d, k), ri, rv)
+    res = b.hytopk(cp.asarray(s), lo_d, hi_d, k)
     assert same(res.idx, res.val, ri, rv)
 
 

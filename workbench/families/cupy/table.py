@@ -89,10 +89,13 @@ def _per_vec(cxx: str) -> int:
 TOPK_ROWS, TOPK_FAILED, TOPK_SAMPLED, TOPK_PLAIN_ATOMICS = 1, 2, 4, 8
 MAX_SAMPLES = 8192
 HIST_ATOMICS = ("match", "plain")
+# plain shared atomics won on the H200 (results/h200-2026-11-30-s2/run3-table_topk.json: 2.0-3.0x torch.topk
+# against 1.5-2.0x with __match_any_sync); the fused method won at every size (2.6x / 5.4x at k = 2048)
+DEFAULT_HIST_ATOMICS = "plain"
 
 
 def launch_topk(s, cxx, lo, hi, k, cap, idx, val, *, rows=None, failed=None, count=None, oversample=3.0,
-                hist_atomics="match"):
+                hist_atomics=DEFAULT_HIST_ATOMICS):
     """The radix top-k kernel: rows listed (rows) or all (output row t = table row t); failed:
     only rows with failed[t] != 0 are written; count (int32 [n]): the fused HyTopK (sampled
     threshold, one collecting read) writing each row's candidate count there."""
@@ -184,10 +187,10 @@ def _check_lo_hi(lo, hi, n, L, host_check):
 
 
 METHODS = ("radix", "fused")
-DEFAULT_METHOD = "radix"     # table_topk's default (what torch.ops.hytopk.topk runs): see the H200 bench
+DEFAULT_METHOD = "fused"     # table_topk's default (what torch.ops.hytopk.topk runs): see the H200 bench
 
 
-def table_topk(scores, lo, hi, k, *, out=None, host_check=True, hist_atomics="match", method=None):
+def table_topk(scores, lo, hi, k, *, out=None, host_check=True, hist_atomics=DEFAULT_HIST_ATOMICS, method=None):
     """Exact top-k (CONTRACT.md §2: rank order, -1 / -inf padding) of every row's context
     [lo, hi) of a float32 or bf16 table, on the current stream (PyTorch's when torch is in
     use), zero-copy for device inputs. Returns CuPy (idx int32 [n, k], val float32 [n, k]);
@@ -205,7 +208,7 @@ def table_topk(scores, lo, hi, k, *, out=None, host_check=True, hist_atomics="ma
 
 
 def fused_hytopk(scores, lo, hi, k, *, oversample=3.0, out=None, count=None, host_check=True,
-                 hist_atomics="match"):
+                 hist_atomics=DEFAULT_HIST_ATOMICS):
     """HyTopK over a table in one kernel and about one read per row: each row's threshold from
     its own samples (CONTRACT.md §3.1-3.4, oversample as there), one read collecting the keys
     at or above it into shared memory, the exact select among them; a row whose candidates
