@@ -7,7 +7,7 @@ f=${1:-wgmma.cu}; out=${2:-/tmp}; mkdir -p "$out"
 python3 - "$f" "$out" <<'PY'
 import subprocess, sys
 from pathlib import Path
-from kernels_cuda import instantiations as INST
+from workbench import instantiations as INST
 from workbench.compile_check import instantiation_unit
 f, out = sys.argv[1], Path(sys.argv[2])
 src = Path("kernels_cuda") / f

@@ -11,7 +11,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import reference as R                                              # noqa: E402
 from reference import generate as G                               # noqa: E402
-from kernels_cuda import instantiations as INST                    # noqa: E402
+from workbench import instantiations as INST                    # noqa: E402
 from workbench import loader                                       # noqa: E402
 from workbench.bf16 import float32_to_bf16_bits                    # noqa: E402
 from workbench.families.cupy.wgmma import WgInputs                 # noqa: E402

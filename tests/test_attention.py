@@ -351,7 +351,7 @@ def test_attention_stages_are_registered_outside_the_hytopk_pipeline():
 
 
 def test_shipped_attend_blocks_fit_shared_memory():
-    from kernels_cuda import instantiations as INST
+    from workbench import instantiations as INST
     for dqk, dv, shared in INST.ATTEND_SHIPPED:
         for mt in (1, 2, 4):
             for qpt in (1, 2):

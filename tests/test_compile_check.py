@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels_cuda import instantiations as INST
+from workbench import instantiations as INST
 from workbench import compile_check as CC
 from workbench import loader
 

@@ -32,3 +32,13 @@ def test_no_undefined_names():
     assert files
     api.checkRecursive(files, rep)
     assert not rep.found, "\n".join(rep.found)
+
+
+def test_kernels_cuda_holds_cpp_only():
+    """kernels_cuda/ ships CUDA C++ (and its README); Python about the kernels lives in workbench/
+    (the instantiation list is workbench/instantiations.py, next to the loader)."""
+    kdir = ROOT / "kernels_cuda"
+    others = sorted(p.name for p in kdir.iterdir()
+                    if p.name != "__pycache__" and p.suffix not in (".cu", ".cuh", ".md"))
+    assert not others, f"kernels_cuda/ should hold C++ only, found {others}"
+    assert (ROOT / "workbench" / "instantiations.py").exists()

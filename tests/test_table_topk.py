@@ -11,7 +11,7 @@ from hypothesis import given, settings
 
 import reference as R
 import workbench.torch as wt
-from kernels_cuda import instantiations as INST
+from workbench import instantiations as INST
 from workbench.bf16 import bf16_bits_to_float32, float32_to_bf16_bits
 from workbench.torch.table_topk import exact_topk_torch, order_keys_torch
 

@@ -1,7 +1,7 @@
 """CI compile check of kernels_cuda/ without a GPU (`python -m workbench compile-check`).
 
 Every .cu is compiled for sm_90 twice, with the template instantiations we
-ship (kernels_cuda/instantiations.py, the list the CuPy wrappers use):
+ship (workbench/instantiations.py, the list the CuPy wrappers use):
   1. nvcc -Xptxas -v: each kernel's registers, static shared memory, stack
      and spill bytes are printed; a kernel that spills fails the check unless
      ALLOWED_SPILLS names it with a reason;
@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernels_cuda import instantiations as INST
+from workbench import instantiations as INST
 
 from . import loader
 from .progress import Progress

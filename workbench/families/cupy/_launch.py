@@ -14,7 +14,7 @@ import numpy as np
 
 import reference as R
 from reference import validate as V
-from kernels_cuda import instantiations as INST
+from workbench import instantiations as INST
 
 from ... import loader
 from ...bf16 import float32_to_bf16_bits

@@ -22,7 +22,7 @@ import cupy as cp
 import numpy as np
 
 from reference import attention as RA
-from kernels_cuda import instantiations as INST
+from workbench import instantiations as INST
 
 from ... import loader
 from ...bf16 import float32_to_bf16_bits

@@ -11,7 +11,7 @@ import cupy as cp
 import numpy as np
 
 import reference as R
-from kernels_cuda import instantiations as INST
+from workbench import instantiations as INST
 
 from ...bf16 import float32_to_bf16_bits
 from ...registry import register

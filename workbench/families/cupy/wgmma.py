@@ -16,7 +16,7 @@ import numpy as np
 
 import reference as R
 from reference.fp8 import Fp8IndexerSource
-from kernels_cuda import instantiations as INST
+from workbench import instantiations as INST
 
 from ... import loader
 from ...registry import register
