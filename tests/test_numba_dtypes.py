@@ -44,8 +44,8 @@ def test_numba_backend_every_combination(kind, wd):
                                   bits(R.replay_scores(q, w, keys, want.idx)))
 
 
-def test_smem_dense_and_replay_take_key_scales():
-    """The shared-memory variants (gpu_only for speed, no warp intrinsics) with fp8 key scales."""
+def test_tiled_dense_and_replay_take_key_scales():
+    """The tiled scorer's dense and replay variants with fp8 key scales (packed beside the keys)."""
     rng = np.random.default_rng(12)
     n, L, H, D, k = 2, 40, 2, 3, 5
     q, w, keys = G.indexer_inputs(n, L, H, D, rng, exact=True)
@@ -53,8 +53,8 @@ def test_smem_dense_and_replay_take_key_scales():
     q8, w32, k8, ks = DT.encode_exact(q, w, keys, "fp8", "float32", rng)
     d = FAMILY.to_device
     qf, kf = (DT.decode(x, "fp8") for x in (q8, k8))
-    table = dense.dense_smem(d(qf), d(w32), d(kf), d(lo), d(hi), kscale=d(ks))
+    table = dense.dense_tiled(d(qf), d(w32), d(kf), d(lo), d(hi), kscale=d(ks))
     np.testing.assert_array_equal(bits(FAMILY.to_host(table)), bits(R.indexer_scores(q, w, keys, lo, hi)))
     idx, _ = R.topk(R.indexer_scores(q, w, keys, lo, hi), lo, hi, k)
-    out = replay.replay_smem(d(qf), d(w32), d(kf), d(idx), kscale=d(ks))
+    out = replay.replay_tiled(d(qf), d(w32), d(kf), d(idx), kscale=d(ks))
     np.testing.assert_array_equal(bits(FAMILY.to_host(out)), bits(R.replay_scores(q, w, keys, idx)))

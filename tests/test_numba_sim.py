@@ -1,49 +1,16 @@
-"""Numba variants registered gpu_only for speed that use no warp intrinsics
-(shared-memory staging only) still run in the simulator: check them there too,
-so CI covers their indexing. On a GPU, tests/test_variants.py covers them."""
+"""Simulator-only checks of the Numba family's helpers (its variants are covered by
+tests/test_variants.py, its tiled scorer by tests/test_numba_tile.py)."""
 from __future__ import annotations
 
 import os
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-
-import reference as R
-
-from strategies import indexer_cases
 
 if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
     pytest.skip("simulator-only checks (run with NUMBA_ENABLE_CUDASIM=1)", allow_module_level=True)
 
-from workbench.families.numba import FAMILY, dense, replay  # noqa: E402
-
-SMALL = dict(max_n=2, max_L=40, max_H=2, max_D=3, max_k=6)
-
-
-def bits(x):
-    return np.ascontiguousarray(x, np.float32).view(np.uint32)
-
-
-@settings(max_examples=4)
-@given(case=indexer_cases(**SMALL))
-def test_dense_smem_in_simulator(case):
-    d = FAMILY.to_device
-    out = dense.dense_smem(d(case.q), d(case.w), d(case.keys), d(case.lo.astype(np.int32)),
-                           d(case.hi.astype(np.int32)))
-    ref = R.indexer_scores(case.q, case.w, case.keys, case.lo, case.hi)
-    np.testing.assert_array_equal(bits(FAMILY.to_host(out)), bits(ref))
-
-
-@settings(max_examples=4)
-@given(case=indexer_cases(**SMALL))
-def test_replay_smem_in_simulator(case):
-    d = FAMILY.to_device
-    table = R.indexer_scores(case.q, case.w, case.keys, case.lo, case.hi)
-    idx, _ = R.topk(table, case.lo, case.hi, case.k)
-    out = replay.replay_smem(d(case.q), d(case.w), d(case.keys), d(idx))
-    np.testing.assert_array_equal(bits(FAMILY.to_host(out)), bits(R.replay_scores(case.q, case.w, case.keys, idx)))
-
+from workbench.families.numba import FAMILY  # noqa: E402
 
 def test_scatter_rows_writes_only_listed_rows():
     dst_i = FAMILY.to_device(np.full((4, 3), 7, np.int32))

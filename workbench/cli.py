@@ -93,7 +93,7 @@ def compare(
     record_winners: bool = typer.Option(True, "--winners/--no-winners", help="record the winners file"),
     family: Optional[List[str]] = typer.Option(None, help="only these families (reference, numba, cupy; repeatable)"),
     budget: Optional[float] = typer.Option(None, help="seconds for the per-stage rows; later ones are skipped "
-                                                     "(pipelines and baselines always run). Default: 120 on a "
+                                                     "(pipelines and baselines always run). Default: 60 on a "
                                                      "GPU preset, none on tiny; 'inf' for no limit"),
     exclude: Optional[List[str]] = typer.Option(None, help="skip stage variants and score-only floors whose name "
                                                            "contains this, or matches it as a regular expression "
@@ -131,6 +131,7 @@ def compare(
     for n in res.notes:
         console.print(f"[cyan]note:[/] {escape(n)}")
     wrong = [r for r in res.rows if r.correct is False]
+    console.print(f"compare took {res.wall_s:.1f} s (wall, inputs and oracle included)")
     try:                     # checked before the run; a file system that changed since still gets one line
         if json_path:
             console.print(f"results: {report.write_json(res.to_json(), json_path)}")

@@ -12,7 +12,7 @@ import numpy as np
 from numba import cuda
 
 from .. import Family
-from . import check, common, dense, filter, recover, replay, rows, select, threshold  # noqa: F401  (registers variants)
+from . import check, common, dense, filter, recover, replay, rows, select, threshold, tile  # noqa: F401  (registers variants)
 from .common import BLOCK, SIM
 
 
@@ -78,9 +78,9 @@ FAMILY = NumbaFamily()
 _FAST = {
     "threshold": "numba.threshold.warp", "filter": "numba.filter.warp",
     "check": "numba.check.warp", "select": "numba.select.warp",
-    "recover": "numba.recover.warp", "dense": "numba.dense.smem",
-    "replay": "numba.replay.smem",
+    "recover": "numba.recover.warp", "dense": "numba.dense.tiled",
+    "replay": "numba.replay.tiled",
 }
-_SIM = {stage: name.rsplit(".", 1)[0] + ".block" for stage, name in _FAST.items()}
+_SIM = {stage: name.replace(".warp", ".block") for stage, name in _FAST.items()}
 # The backend's variant per stage: block-level ones in the simulator, fast ones on a GPU.
 DEFAULTS = dict(_SIM if SIM else _FAST)

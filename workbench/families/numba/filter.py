@@ -1,20 +1,24 @@
 """Stage 5: fused score-and-filter into the capacity-bounded candidate buffer.
 
-Grid (query, span of its context); each round a thread scores ITEMS positions
+Grid (query, span of its context); each round a thread takes ITEMS positions
 and keeps those with key >= key(T), then reserves slots for them: one atomic
 add per block and round (`block` flavour: shared-memory counter) or per warp
 and round (`warp` flavour: shuffle scan). `count` is the true count (it keeps
 counting past capacity); a slot at or beyond capacity is never written.
+Table rows are read per position; indexer rows are scored a tile at a time by
+the family's tiled scorer (tile.score_tile), a round being one tile.
 """
 from __future__ import annotations
 
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda
+from numba import cuda, float32, int64
 
 from ...registry import register
 from . import common as C
+from . import tile as TL
+from .tile import KEY_SMEM, Q_SMEM
 from .common import BLOCK
 
 ITEMS = 4                      # positions per thread per round
@@ -23,7 +27,7 @@ MAX_GRID_Y = 65535
 
 @lru_cache(maxsize=None)
 def filter_kernel(kind: str, flavour: str):
-    """The fused score-and-filter kernel for a score source and a flavour."""
+    """The fused read-and-filter kernel for the table source and a flavour."""
     score_at = C.SCORE_FNS[kind]
     reserve = C.FLAVOURS[flavour].reserve
 
@@ -66,6 +70,55 @@ def filter_kernel(kind: str, flavour: str):
     return kernel
 
 
+@lru_cache(maxsize=None)
+def filter_tiled_kernel(flavour: str, hg: int):
+    """The fused score-and-filter kernel for indexer sources: a round scores one tile of TK keys."""
+    reserve = C.FLAVOURS[flavour].reserve
+    score = TL.score_tile(hg)
+    TK, ITEMS_T = TL.TK, TL.ITEMS
+
+    @cuda.jit
+    def kernel(q2, w, keys, scaled, lo, hi, T, span, cand_idx, cand_val, count):
+        key_s = cuda.shared.array(KEY_SMEM, float32)
+        q_s = cuda.shared.array(Q_SMEM, float32)
+        acc_s = cuda.shared.array(TK, float32)
+        pos_s = cuda.shared.array(TK, int64)
+        local = cuda.shared.array(2, np.int32)
+        hit = cuda.local.array(ITEMS_T, np.int32)
+        t = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        if t >= count.shape[0]:
+            return
+        lo_t = np.int64(lo[t])
+        hi_t = np.int64(hi[t])
+        start = lo_t + np.int64(cuda.blockIdx.y) * span
+        if start >= hi_t:
+            return
+        stop = min(hi_t, start + span)
+        tkey = C.order_key(T[t])
+        cap = cand_idx.shape[1]
+        for base in range(start, stop, TK):
+            for j in range(tid, TK, BLOCK):
+                pos_s[j] = base + j if base + j < stop else -1
+            score(q2, w, keys, scaled, t, pos_s, key_s, q_s, acc_s)
+            mine = 0
+            for it in range(ITEMS_T):
+                j = it * BLOCK + tid
+                hit[it] = 0
+                if j < TK and pos_s[j] >= 0 and C.order_key(acc_s[j]) >= tkey:
+                    hit[it] = 1
+                    mine += 1
+            slot = reserve(count, t, mine, local)     # count keeps counting past capacity
+            for it in range(ITEMS_T):
+                if hit[it] != 0:
+                    j = it * BLOCK + tid
+                    if slot < cap:
+                        cand_idx[t, slot] = pos_s[j]
+                        cand_val[t, slot] = acc_s[j]
+                    slot += 1
+    return kernel
+
+
 def run_filter(flavour, source, lo, hi, T, capacity):
     s = C.stream()
     a, b, c, kind = C.source_args(source)
@@ -80,11 +133,15 @@ def run_filter(flavour, source, lo, hi, T, capacity):
     c_max = int((hi_h.astype(np.int64) - lo_h).max())
     if c_max <= 0:
         return cand_idx, cand_val, count
-    span = BLOCK * ITEMS
+    span = BLOCK * ITEMS if kind == "table" else TL.TK
     while C.blocks(c_max, span) > MAX_GRID_Y:
         span *= 2
-    filter_kernel(kind, flavour)[(n, C.blocks(c_max, span)), BLOCK, s](
-        a, b, c, lo, hi, T, np.int64(span), cand_idx, cand_val, count)
+    grid = (n, C.blocks(c_max, span))
+    if kind == "table":
+        filter_kernel(kind, flavour)[grid, BLOCK, s](a, b, c, lo, hi, T, np.int64(span), cand_idx, cand_val, count)
+    else:
+        filter_tiled_kernel(flavour, TL.heads_per_warp(b.shape[1]))[grid, BLOCK, s](
+            a, b, c, np.int64(kind == "indexer_fp8"), lo, hi, T, np.int64(span), cand_idx, cand_val, count)
     return cand_idx, cand_val, count
 
 

@@ -3,17 +3,19 @@
 The listed rows are materialised (scores and positions of each context,
 len(rows) x max c entries: memory bounded by the rows passed, which the driver
 caps at max_failed or a fallback chunk), then the select engine of select.py
-runs over them. Scores come from the family's one scoring routine.
+runs over them. Indexer scores come from the family's tiled scorer (tile.score_tile).
 """
 from __future__ import annotations
 
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda
+from numba import cuda, float32, int64
 
 from ...registry import register
 from . import common as C
+from . import tile as TL
+from .tile import KEY_SMEM, Q_SMEM
 from .common import BLOCK
 from .select import select_rows
 
@@ -42,6 +44,37 @@ def materialise_kernel(kind):
     return kernel
 
 
+@lru_cache(maxsize=None)
+def materialise_tiled_kernel(hg: int):
+    """Indexer rows: block (listed row, tiles of its context) through the tiled scorer."""
+    score = TL.score_tile(hg)
+    TK = TL.TK
+
+    @cuda.jit
+    def kernel(q2, w, keys, scaled, lo, hi, rows, vals, pos, count):
+        key_s = cuda.shared.array(KEY_SMEM, float32)
+        q_s = cuda.shared.array(Q_SMEM, float32)
+        acc_s = cuda.shared.array(TK, float32)
+        pos_s = cuda.shared.array(TK, int64)
+        j = cuda.blockIdx.x
+        if j >= rows.shape[0]:
+            return
+        t = rows[j]
+        lo_t = np.int64(lo[t])
+        lim = min(np.int64(hi[t]) - lo_t, vals.shape[1])
+        if cuda.blockIdx.y == 0 and cuda.threadIdx.x == 0:
+            count[j] = lim
+        for i0 in range(np.int64(cuda.blockIdx.y) * TK, lim, np.int64(cuda.gridDim.y) * TK):
+            for e in range(cuda.threadIdx.x, TK, BLOCK):
+                pos_s[e] = lo_t + i0 + e if i0 + e < lim else -1
+            score(q2, w, keys, scaled, t, pos_s, key_s, q_s, acc_s)
+            for e in range(cuda.threadIdx.x, TK, BLOCK):
+                if i0 + e < lim:
+                    vals[j, i0 + e] = acc_s[e]
+                    pos[j, i0 + e] = lo_t + i0 + e
+    return kernel
+
+
 def run_recover(flavour, source, lo, hi, rows, k):
     s = C.stream()
     a, b, c, kind = C.source_args(source)
@@ -55,8 +88,13 @@ def run_recover(flavour, source, lo, hi, rows, k):
     vals = C.empty((nr, width), np.float32, s)
     pos = C.empty((nr, width), np.int32, s)
     count = C.empty((nr,), np.int32, s)
-    grid_y = min(C.blocks(width, BLOCK), 1024)
-    materialise_kernel(kind)[(nr, grid_y), BLOCK, s](a, b, c, lo, hi, rows, vals, pos, count)
+    if kind == "table":
+        grid_y = min(C.blocks(width, BLOCK), 1024)
+        materialise_kernel(kind)[(nr, grid_y), BLOCK, s](a, b, c, lo, hi, rows, vals, pos, count)
+    else:
+        grid_y = min(C.blocks(width, TL.TK), 1024)
+        materialise_tiled_kernel(TL.heads_per_warp(b.shape[1]))[(nr, grid_y), BLOCK, s](
+            a, b, c, np.int64(kind == "indexer_fp8"), lo, hi, rows, vals, pos, count)
     return select_rows(flavour, vals, pos, count, k, s)
 
 

@@ -1,7 +1,8 @@
 """Stages 1-4: sample the context, then T = the r-th best sample score.
 
-Two kernels: sample scoring (p_j = lo + (j*c)//M in 64-bit integers, one
-thread per sample, any score source) into a [n, max M] scratch, then a
+Two kernels: sample scoring (p_j = lo + (j*c)//M in 64-bit integers; table
+rows one thread per sample, indexer samples a tile at a time by the family's
+tiled scorer) into a [n, max M] scratch, then a
 per-query radix select of the r-th largest order key. T is returned as a
 float32 whose key is that key (the filter only ever compares keys); queries
 with M = 0 get NaN (key 0: every key passes).
@@ -11,10 +12,12 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda
+from numba import cuda, float32, int64
 
 from ...registry import register
 from . import common as C
+from . import tile as TL
+from .tile import KEY_SMEM, Q_SMEM
 from .common import BLOCK, RADIX
 
 
@@ -31,6 +34,36 @@ def sample_kernel(kind):
             cnt = np.int64(hi[t]) - lo_t
             s = lo_t + (np.int64(j) * cnt) // np.int64(M[t])
             out[t, j] = score_at(a, b, c, t, s)
+    return kernel
+
+
+@lru_cache(maxsize=None)
+def sample_tiled_kernel(hg: int):
+    """Indexer sample scores: block (query, tile of TK samples) through the tiled scorer."""
+    score = TL.score_tile(hg)
+    TK = TL.TK
+
+    @cuda.jit
+    def kernel(q2, w, keys, scaled, lo, hi, M, out):
+        key_s = cuda.shared.array(KEY_SMEM, float32)
+        q_s = cuda.shared.array(Q_SMEM, float32)
+        acc_s = cuda.shared.array(TK, float32)
+        pos_s = cuda.shared.array(TK, int64)
+        t = cuda.blockIdx.x
+        j0 = np.int64(cuda.blockIdx.y) * TK
+        if t >= out.shape[0]:
+            return
+        m = min(np.int64(M[t]), out.shape[1])
+        if j0 >= m:
+            return
+        lo_t = np.int64(lo[t])
+        cnt = np.int64(hi[t]) - lo_t
+        for j in range(cuda.threadIdx.x, TK, BLOCK):
+            pos_s[j] = lo_t + ((j0 + j) * cnt) // np.int64(M[t]) if j0 + j < m else -1
+        score(q2, w, keys, scaled, t, pos_s, key_s, q_s, acc_s)
+        for j in range(cuda.threadIdx.x, TK, BLOCK):
+            if j0 + j < m:
+                out[t, j0 + j] = acc_s[j]
     return kernel
 
 
@@ -66,8 +99,11 @@ def run_threshold(flavour, source, lo, hi, M, r):
         return T
     m_max = int(C.host(M, s).max())
     samples = C.empty((n, max(m_max, 1)), np.float32, s)
-    if m_max:
+    if m_max and kind == "table":
         sample_kernel(kind)[(n, C.blocks(m_max, BLOCK)), BLOCK, s](a, b, c, lo, hi, M, samples)
+    elif m_max:
+        sample_tiled_kernel(TL.heads_per_warp(b.shape[1]))[(n, C.blocks(m_max, TL.TK)), BLOCK, s](
+            a, b, c, np.int64(kind == "indexer_fp8"), lo, hi, M, samples)
     threshold_kernel(flavour)[n, BLOCK, s](samples, M, r, T)
     return T
 
