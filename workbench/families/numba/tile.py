@@ -20,6 +20,7 @@ only scalars in registers (a local array indexed in a loop would live in local m
 """
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 
 from numba import cuda, float32
@@ -27,7 +28,10 @@ from numba import cuda, float32
 from .common import BLOCK, SIM
 
 WARPS = BLOCK // 32
-KPT = 2 if SIM else 8              # keys per thread (a lane's register tile across keys)
+# keys per thread (a lane's register tile across keys); HYTOPK_NUMBA_KPT=4 trades reuse for occupancy
+KPT = 2 if SIM else int(os.environ.get("HYTOPK_NUMBA_KPT", "8"))
+if KPT not in (2, 4, 8):               # 16 would need more than 48 KiB of static shared memory
+    raise ValueError(f"HYTOPK_NUMBA_KPT must be 2, 4 or 8, got {KPT}")
 TK = 32 * KPT                      # keys per tile
 DT = 8 if SIM else 32              # key dims staged per step
 HG_MAX = 2 if SIM else 8           # heads per warp and round (registers: HG_MAX * KPT dots)
