@@ -1,5 +1,5 @@
 // Shared-memory addresses and cp.async (16-byte global -> shared copies), for
-// the tiled (hytopk_mma_tile.cuh) and wgmma (hytopk_wgmma_tile.cuh) cores.
+// the mma_sync (hytopk_mma_sync.cuh) and wgmma (hytopk_wgmma.cuh) cores.
 #pragma once
 #include "hytopk_order.cuh"
 

@@ -1,5 +1,5 @@
 // How the blocks along grid.y split the keys into runs of tiles_per_block tiles of
-// tile_keys keys, for the tiled and wgmma cores alike.
+// tile_keys keys, for the mma_sync and wgmma cores alike.
 #pragma once
 #include "hytopk_order.cuh"
 

@@ -1,10 +1,10 @@
-// The wgmma core (hytopk_wgmma_tile.cuh, sm_90a) with its epilogues: fused
+// The wgmma core (hytopk_wgmma.cuh, sm_90a) with its epilogues: fused
 // filter, dense table, recovery rows and the score-only checksum, for bf16
 // inputs (*_wgmma) and fp8 e4m3 inputs with per-key scales (*_wgmma_fp8).
 // Arguments: q[n,H,D], w[n,H] (bf16 bits; float32 for fp8), keys[L,D],
 // kscale[L] (fp8 only; ignored for bf16), all 16-byte aligned.
 // Every slot's scores come from Block::scores(): one score function per kind.
-#include "hytopk_wgmma_tile.cuh"
+#include "hytopk_wgmma.cuh"
 using namespace hytopk;
 using namespace hytopk::wg;
 
@@ -245,7 +245,7 @@ __device__ __forceinline__ void score_only_body(const typename In::elem* q, cons
 
 }  // namespace
 
-// One kernel per (stage, input kind); grids as the tiled core's (hytopk_mma_tile.cuh) with
+// One kernel per (stage, input kind); grids as the mma_sync core's (hytopk_mma_sync.cuh) with
 // QPB queries per block and KT * TILES_PER_BLOCK keys per block; smem: Shape::SMEM_BYTES.
 #define HYTOPK_WG_KERNELS(SUFFIX, IN)                                                                              \
     template <int H, int D>                                                                                        \

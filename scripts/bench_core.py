@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import reference as R                                              # noqa: E402
 from reference.fp8 import exact_fp8_source                         # noqa: E402
 from workbench.bf16 import float32_to_bf16_bits                    # noqa: E402
-from workbench.families.cupy import tiled as TL, wgmma as WG, wgmma_ws as WS   # noqa: E402
+from workbench.families.cupy import mma_sync as MS, wgmma as WG, wgmma_ws as WS   # noqa: E402
 from workbench.harness.presets import get as get_preset, make_inputs  # noqa: E402
 
 
@@ -51,7 +51,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", action="append", default=None)
     ap.add_argument("--json", default=None)
-    ap.add_argument("--cores", default="tiled,wgmma,wgmma_ws,wgmma_ws2")
+    ap.add_argument("--cores", default="mma_sync,wgmma,wgmma_ws,wgmma_ws2")
     ap.add_argument("--no-dense", action="store_true")
     args = ap.parse_args(argv)
     cores = args.cores.split(",")
@@ -87,9 +87,9 @@ def main(argv=None):
             cp.get_default_memory_pool().free_all_blocks()
 
         calls = {
-            "tiled": dict(score=lambda: TL.score_only_tiled(qb, wb, kb, lo_d, hi_d),
-                          filt=lambda: TL.filter_tiled(src, lo_d, hi_d, T, cap),
-                          dense=lambda: TL.dense_tiled(qb, wb, kb, lo_d, hi_d)),
+            "mma_sync": dict(score=lambda: MS.score_only_mma_sync(qb, wb, kb, lo_d, hi_d),
+                          filt=lambda: MS.filter_mma_sync(src, lo_d, hi_d, T, cap),
+                          dense=lambda: MS.dense_mma_sync(qb, wb, kb, lo_d, hi_d)),
             "wgmma": dict(score=lambda: WG.score_only_wgmma(src, lo_d, hi_d),
                           filt=lambda: WG.filter_wgmma(src, lo_d, hi_d, T, cap),
                           dense=lambda: WG.dense_wgmma_source(src, lo_d, hi_d),

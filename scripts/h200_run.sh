@@ -2,7 +2,7 @@
 # One H200 session (device tool): environment, then the named phases, each time-boxed,
 # logs under $OUT (tarred at the end so they fit the device tool's file limits).
 #   bash scripts/h200_run.sh env tests:330 compare:150 bench-train ...
-# Phases: env tests-plan bench-pipeline (BENCH_PIPELINE_ARGS) probe sass ncu tests-wgmma tests-ws tests-dtypes tests-args prefill bench-core compile-check tests tests-gpu tests-cupy tests-variants tests-torch tests-app tests-new tests-tiled
+# Phases: env tests-plan bench-pipeline (BENCH_PIPELINE_ARGS) probe sass ncu tests-wgmma tests-ws tests-dtypes tests-args prefill bench-core compile-check tests tests-gpu tests-cupy tests-variants tests-torch tests-app tests-new tests-mma-sync
 #         tests-attend bench-attend (BENCH_ATTEND_ARGS)
 #         tests-table bench-table (issue 21: the table top-k kernels)
 #         sanitize (JOBS=...) compare (PRESET, BUDGET, COMPARE_ARGS) bench-train cp-selftest cp-bench (WS, CP_ARGS)
@@ -36,7 +36,7 @@ for arg in "$@"; do      # NAME or NAME:SECONDS (time box for that phase)
     tests-cupy) phase tests-cupy ${CAP:-240} $PYT tests/test_cupy_gpu.py tests/test_loader.py tests/test_compile_check.py tests/test_cupy_bf16.py ;;
     tests-variants) phase tests-variants ${CAP:-300} $PYT tests/test_variants.py ;;
     tests-torch) phase tests-torch ${CAP:-120} $PYT tests/test_torch_*.py ;;
-    tests-new) phase tests-new ${CAP:-120} $PYT ${NEW_FILES:-tests/test_variants.py tests/test_cupy_gpu.py} -k "${NEW_K:-threshold or tiled}" ;;
+    tests-new) phase tests-new ${CAP:-120} $PYT ${NEW_FILES:-tests/test_variants.py tests/test_cupy_gpu.py} -k "${NEW_K:-threshold or mma_sync}" ;;
     probe) phase probe ${CAP:-120} python3 scripts/wgmma_probe.py ;;
     sass) phase sass ${CAP:-240} bash scripts/sass.sh wgmma.cu "$OUT/sass" ;;
     tests-wgmma) phase tests-wgmma ${CAP:-240} $PYT --durations=10 tests/test_wgmma.py tests/test_variants.py -k "wgmma" ;;
@@ -50,7 +50,7 @@ for arg in "$@"; do      # NAME or NAME:SECONDS (time box for that phase)
     ncu) phase ncu ${CAP:-240} ncu --clock-control none -k regex:"wgmma|_ws" --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy python3 scripts/profile_wgmma.py ;;
     tests-table) phase tests-table ${CAP:-300} $PYT --durations=10 tests/test_table_topk_gpu.py tests/test_table_topk.py tests/test_variants.py -k "table or topk or auto" ;;
     bench-table) phase bench-table ${CAP:-180} python3 scripts/bench_table_topk.py --json "$OUT/table_topk.json" ${BENCH_TABLE_ARGS:-} ;;
-    tests-tiled) phase tests-tiled ${CAP:-120} $PYT tests/test_cupy_gpu.py tests/test_variants.py tests/test_tiled_layout.py -k "tiled" ;;
+    tests-mma-sync) phase tests-mma-sync ${CAP:-120} $PYT tests/test_cupy_gpu.py tests/test_variants.py tests/test_mma_sync_layout.py -k "mma_sync" ;;
     tests-gpu) phase tests-gpu ${CAP:-300} $PYT --durations=15 tests/test_cupy_gpu.py tests/test_variants.py tests/test_torch_gpu.py tests/test_cli_gpu.py tests/test_example.py tests/test_distributed.py tests/test_loader.py tests/test_cupy_bf16.py tests/test_table_topk_gpu.py --junitxml="$OUT/logs/junit-gpu.xml" ;;
     tests-attend) phase tests-attend ${CAP:-420} $PYT --durations=10 tests/test_attention.py tests/test_attention_gpu.py ;;
     bench-attend) phase bench-attend ${CAP:-240} python3 scripts/bench_attention.py ${BENCH_ATTEND_ARGS:-} --json "$OUT/bench_attention.json" ;;

@@ -21,8 +21,8 @@ BIG=("$G::test_table_pipeline_matches_reference[full-relu_plateau]"
      "$G::test_score_only_checksum_is_sum_of_order_keys")
 # every registered CuPy variant (stage tests + pipelines) on small Hypothesis cases
 VARIANTS=(tests/test_variants.py -k "cupy and not big and not bad_input")
-# the tiled core at H=64 (4 queries per block), one case per dtype
-TILED64=("$G::test_indexer_exact_matches_reference[float32-cupy.filter.tiled_mma]")
+# the mma_sync core at H=64 (4 queries per block), one case per dtype
+MMA64=("$G::test_indexer_exact_matches_reference[float32-cupy.filter.mma_sync]")
 # the wgmma core (ping-pong named barriers, async-proxy fences): bf16 at H=8 (16 slots), fp8 at H=64
 W=tests/test_wgmma.py::test_wgmma_epilogues_agree_bitwise_on_random_inputs
 WGMMA=("$W[8-bf16]" "$W[64-fp8]")
@@ -55,16 +55,16 @@ job() {   # job TOOL NAME PYTEST-ARGS...
   echo "$tool $name: exit $rc | ${summary:-no sanitizer summary line} | ${tests:-no pytest summary}"
   [ $rc -ne 0 ] && status=1
 }
-for j in ${JOBS:-memcheck:big memcheck:variants racecheck:variants racecheck:tiled64 memcheck:table racecheck:table}; do
+for j in ${JOBS:-memcheck:big memcheck:variants racecheck:variants racecheck:mma64 memcheck:table racecheck:table}; do
   case "$j" in
     *:big) job "${j%%:*}" big "${BIG[@]}" ;;
     *:variants) job "${j%%:*}" variants "${VARIANTS[@]}" ;;
-    *:tiled64) job "${j%%:*}" tiled64 "${TILED64[@]}" ;;
+    *:mma64) job "${j%%:*}" mma64 "${MMA64[@]}" ;;
     *:wgmma) job "${j%%:*}" wgmma "${WGMMA[@]}" ;;
     *:ws) job "${j%%:*}" ws "${WSJOB[@]}" ;;
     *:attend) job "${j%%:*}" attend "${ATTEND[@]}" ;;
     *:table) job "${j%%:*}" table "${TABLEJOB[@]}" ;;
-    *) echo "unknown job $j (TOOL:big|variants|tiled64|wgmma|ws|attend|table)"; status=1 ;;
+    *) echo "unknown job $j (TOOL:big|variants|mma64|wgmma|ws|attend|table)"; status=1 ;;
   esac
 done
 echo "logs: $OUT/"

@@ -245,6 +245,6 @@ def usable_backend(family, *, real_gpu=False):
     ok, why = fam.available()
     if not ok:
         pytest.skip(f"backend {family!r} unavailable here: {why}")
-    if real_gpu and getattr(fam, "simulated", False):
+    if real_gpu and fam.simulated:
         pytest.skip(f"{family} runs in the CUDA simulator here (NUMBA_ENABLE_CUDASIM=1)")
     return workbench.backend(family)

@@ -186,5 +186,5 @@ def test_exclude_patterns_are_substrings_or_regular_expressions():
     from workbench.harness.compare import _matches
     assert _matches("simt", "cupy.filter.simt")
     assert _matches("wgmma$", "cupy.filter.wgmma") and not _matches("wgmma$", "cupy.filter.wgmma_ws")
-    assert _matches("score_only[tiled]", "cupy score_only[tiled] (checksum)")      # a substring, not a class
+    assert _matches("score_only[mma_sync]", "cupy score_only[mma_sync] (checksum)")      # a substring, not a class
     assert not _matches("(", "cupy.filter.simt")                                     # a bad expression matches nothing

@@ -115,11 +115,11 @@ def _needs_hopper(variant):
         pytest.skip(f"{variant} needs sm_90a (Hopper)")
 
 
-TILED = {"filter": "cupy.filter.tiled_mma", "recover": "cupy.recover.tiled_mma",
-         "dense": "cupy.dense.tiled_mma", "replay": "cupy.replay.tiled_mma"}
+TILED = {"filter": "cupy.filter.mma_sync", "recover": "cupy.recover.mma_sync",
+         "dense": "cupy.dense.mma_sync", "replay": "cupy.replay.mma_sync"}
 
 
-@pytest.mark.parametrize("filt", ["cupy.filter.simt", "cupy.filter.tiled_mma", "cupy.filter.wgmma_ws"])
+@pytest.mark.parametrize("filt", ["cupy.filter.simt", "cupy.filter.mma_sync", "cupy.filter.wgmma_ws"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_indexer_exact_matches_reference(cupy_family, filt, dtype):
     wb, _ = cupy_family
@@ -130,7 +130,7 @@ def test_indexer_exact_matches_reference(cupy_family, filt, dtype):
     lo, hi = G.layout("varlen", n, L, k, rng)
     table = R.indexer_scores(q, w, keys, lo, hi)
     idx, val = R.topk(table, lo, hi, k)
-    b = wb.backend("cupy", TILED if filt.endswith("tiled_mma") else {"filter": filt})
+    b = wb.backend("cupy", TILED if filt.endswith("mma_sync") else {"filter": filt})
     import torch
     if dtype == "bfloat16":     # torch in -> torch out, on torch's stream
         args = [torch.from_numpy(x).cuda().to(torch.bfloat16) for x in (q, w, keys)]
@@ -148,7 +148,7 @@ def test_indexer_exact_matches_reference(cupy_family, filt, dtype):
     np.testing.assert_array_equal(bits(rep.get()), bits(R.replay_scores(q, w, keys, idx)))
 
 
-@pytest.mark.parametrize("filt", ["cupy.filter.simt", "cupy.filter.tiled_mma", "cupy.filter.wgmma_ws"])
+@pytest.mark.parametrize("filt", ["cupy.filter.simt", "cupy.filter.mma_sync", "cupy.filter.wgmma_ws"])
 def test_big_indexer_exact_against_gpu_oracle(cupy_family, filt):
     """n = 4096, L = 131072, H = 64, D = 128, k = 2048, causal tail, exact bf16 inputs."""
     wb, fam = cupy_family
@@ -159,7 +159,7 @@ def test_big_indexer_exact_against_gpu_oracle(cupy_family, filt):
     q, w, keys = G.indexer_inputs(n, L, H, D, rng, exact=True)
     lo, hi = G.layout("causal_tail", n, L, k, rng)
     qt, wt, kt = (torch.from_numpy(x).cuda().to(torch.bfloat16) for x in (q, w, keys))
-    chosen = TILED if filt.endswith("tiled_mma") else {"filter": filt}
+    chosen = TILED if filt.endswith("mma_sync") else {"filter": filt}
     res = wb.backend("cupy", chosen).hytopk_indexer(qt, wt, kt, torch.from_numpy(lo).cuda(),
                                                               torch.from_numpy(hi).cuda(), k)
     for a in range(0, n, 512):                     # oracle: dense scores of a row block, stable sort
@@ -179,15 +179,15 @@ def test_random_bf16_validity(cupy_family):
     q32, w32, k32 = (bf16_bits_to_float32(x) for x in (qb, wb16, kb))    # the values the GPU sees
     lo, hi = G.layout("full", n, L, k, rng)
     table = R.indexer_scores(q32, w32, k32, lo, hi)
-    for filt in ("cupy.filter.simt", "cupy.filter.tiled_mma"):
+    for filt in ("cupy.filter.simt", "cupy.filter.mma_sync"):
         from workbench.families.cupy import filter as F, select as S, threshold as T_, check as C, recover as Rc
-        from workbench.families.cupy import tiled as TL
+        from workbench.families.cupy import mma_sync as MS
         src = R.IndexerSource(cp.asarray(qb), cp.asarray(wb16), cp.asarray(kb))
         M, r = R.sample_plan(lo, hi, k, 3.0)
         lo_d, hi_d = cp.asarray(lo.astype(np.int32)), cp.asarray(hi.astype(np.int32))
         T = T_.threshold(src, lo_d, hi_d, cp.asarray(M), cp.asarray(r))
         cap = R.default_capacity(k, lo, hi)
-        fn = F.filter_simt if filt.endswith("simt") else TL.filter_tiled
+        fn = F.filter_simt if filt.endswith("simt") else MS.filter_mma_sync
         ci, cv, cnt = fn(src, lo_d, hi_d, T, cap)
         idx, val = S.select(ci, cv, cnt, k)
         failed, rows = C.check(cnt, lo_d, hi_d, k, cap)
@@ -324,7 +324,7 @@ def test_hot_reload_header_edit(cupy_family, tmp_path, monkeypatch):
     assert e.value.last_good is not None
 
 
-# ------------------------------------------------------------------ the tiled core: one scoring routine
+# ------------------------------------------------------------------ the mma_sync core: one scoring routine
 def _random_bf16(n, L, H, D, seed):
     """Random (inexact) bf16 inputs on the device, as uint16 bits."""
     rng = np.random.default_rng(seed)
@@ -333,21 +333,21 @@ def _random_bf16(n, L, H, D, seed):
 
 
 @pytest.mark.parametrize("H", [64, 32, 8])
-def test_tiled_epilogues_agree_bitwise_on_random_bf16(cupy_family, H):
-    """filter, dense, recover, replay and score-only of the tiled core see the same
+def test_mma_sync_epilogues_agree_bitwise_on_random_bf16(cupy_family, H):
+    """filter, dense, recover, replay and score-only of the mma_sync core see the same
     bits on general float inputs (same core), including partial tiles and contexts."""
     _, fam = cupy_family
-    from workbench.families.cupy import tiled as TL
+    from workbench.families.cupy import mma_sync as MS
     n, L, D, k = 37, 9001, 128 if H != 8 else 40, 300
     (q, w, keys), rng = _random_bf16(n, L, H, D, 100 + H)
     lo, hi = G.layout("random", n, L, k, rng)
     lo_d, hi_d = cp.asarray(lo.astype(np.int32)), cp.asarray(hi.astype(np.int32))
-    dense = TL.dense_tiled(q, w, keys, lo_d, hi_d)
+    dense = MS.dense_mma_sync(q, w, keys, lo_d, hi_d)
     table = dense.get()
     inside = (np.arange(L)[None, :] >= lo[:, None]) & (np.arange(L)[None, :] < hi[:, None])
     assert np.all(bits(table)[~inside] == np.uint32(0xff800000)), "dense wrote a score outside a context"
     assert np.isfinite(table[inside]).all()
-    # filter against a per-row threshold: the 200th best of the tiled row (NaN: take everything)
+    # filter against a per-row threshold: the 200th best of the mma_sync row (NaN: take everything)
     T = np.full(n, np.nan, np.float32)
     for t in range(n):
         row = np.sort(table[t, lo[t]:hi[t]])[::-1]
@@ -356,7 +356,7 @@ def test_tiled_epilogues_agree_bitwise_on_random_bf16(cupy_family, H):
     tkeys = R.order_keys(T)
     cap = 256
     src = R.IndexerSource(q, w, keys)
-    ci, cv, cnt = (x.get() for x in TL.filter_tiled(src, lo_d, hi_d, cp.asarray(T), cap))
+    ci, cv, cnt = (x.get() for x in MS.filter_mma_sync(src, lo_d, hi_d, cp.asarray(T), cap))
     for t in range(n):
         passing = np.flatnonzero(inside[t] & (R.order_keys(table[t]) >= tkeys[t]))
         assert cnt[t] == passing.size
@@ -366,37 +366,37 @@ def test_tiled_epilogues_agree_bitwise_on_random_bf16(cupy_family, H):
         np.testing.assert_array_equal(bits(cv[t, :m]), bits(table[t, pos]))
         if passing.size <= cap:
             np.testing.assert_array_equal(np.sort(pos), passing)
-    # recover over every row = exact top-k of the tiled table
+    # recover over every row = exact top-k of the mma_sync table
     rows = cp.asarray(rng.permutation(n).astype(np.int32))
-    ri, rv = TL.recover_tiled(src, lo_d, hi_d, rows, k)
+    ri, rv = MS.recover_mma_sync(src, lo_d, hi_d, rows, k)
     idx, val = gpu_topk(dense, lo, hi, k)
     order = rows.get()
     assert_selection_equal(ri.get(), rv.get(), idx[order], val[order])
     # replay of those indices = the table's values
-    rep = TL.replay_tiled(q, w, keys, cp.asarray(idx)).get()
+    rep = MS.replay_mma_sync(q, w, keys, cp.asarray(idx)).get()
     want = np.where(idx >= 0, table[np.arange(n)[:, None], np.maximum(idx, 0)], np.float32(-np.inf))
     np.testing.assert_array_equal(bits(rep), bits(want))
     # score-only checksum = sum of the table's order keys
-    got = int(fam.score_only(q, w, keys, lo_d, hi_d, variant="tiled").get()[0])
+    got = int(fam.score_only(q, w, keys, lo_d, hi_d, variant="mma_sync").get()[0])
     want_sum = sum(int(R.order_keys(table[t, lo[t]:hi[t]]).astype(np.uint64).sum()) for t in range(n))
     assert got == want_sum % 2**64
 
 
-def test_tiled_pipeline_equals_bruteforce_of_tiled_dense(cupy_family):
-    """Random bf16, n=256, L=32768, H=64, D=128, k=2048: the tiled pipeline is exact on its own scores."""
+def test_mma_sync_pipeline_equals_bruteforce_of_its_dense(cupy_family):
+    """Random bf16, n=256, L=32768, H=64, D=128, k=2048: the mma_sync pipeline is exact on its own scores."""
     wb, _ = cupy_family
-    from workbench.families.cupy import tiled as TL
+    from workbench.families.cupy import mma_sync as MS
     n, L, H, D, k = 256, 32768, 64, 128, 2048
     (q, w, keys), rng = _random_bf16(n, L, H, D, 21)
     lo, hi = G.layout("causal_tail", n, L, k, rng)
     lo_d, hi_d = cp.asarray(lo.astype(np.int32)), cp.asarray(hi.astype(np.int32))
     res = wb.backend("cupy", TILED).hytopk_indexer(q, w, keys, lo_d, hi_d, k)
-    dense = TL.dense_tiled(q, w, keys, lo_d, hi_d)
+    dense = MS.dense_mma_sync(q, w, keys, lo_d, hi_d)
     idx, val = gpu_topk(dense, lo, hi, k)
     assert_selection_equal(res.idx.get(), res.val.get(), idx, val)
     rep = wb.backend("cupy", TILED).replay_scores(q, w, keys, res.idx)
     np.testing.assert_array_equal(bits(rep.get()), bits(res.val.get()))
-    # and the tiled scores are the SIMT ones within bf16-input tolerance
+    # and the mma_sync scores are the SIMT ones within bf16-input tolerance
     simt = wb.backend("cupy").indexer_scores(q, w, keys, lo_d, hi_d).get()[:8]
     fin = np.isfinite(simt)
     np.testing.assert_allclose(dense.get()[:8][fin], simt[fin], rtol=1e-4, atol=1e-3 * np.abs(simt[fin]).max())

@@ -16,7 +16,7 @@ every score is exact and every backend must equal the reference bit for bit:
   k = 2048) selects the unpatched set outside ties.
 
 The CuPy family takes float32 w beside bf16 / fp8 q and keys once its tensor-core core does
-(the dispatch passes them through unchanged) and runs fp8 through its DEFAULTS_FP8 stage set:
+(the dispatch passes them through unchanged) and runs fp8 through its fp8 stage set (Family.defaults["fp8"]):
 an Fp8IndexerSource (uint8 e4m3 bits, float32 w, float32 kscale) for threshold / filter / recover,
 ``dense(q, w, keys, lo, hi, kscale=...)`` and ``replay(q, w, keys, idx, kscale=...)``.
 """
@@ -135,10 +135,10 @@ def test_model_shapes_bit_for_bit(family, kind, wd, shape):
 
 def test_cupy_family_declares_its_fp8_stage_set():
     _family("cupy")
-    import workbench.families.cupy as fam
     from workbench import registry
-    assert hasattr(fam, "DEFAULTS_FP8"), "the CuPy family needs DEFAULTS_FP8 (its fp8 e4m3 stage set)"
-    for stage, name in fam.DEFAULTS_FP8.items():
+    fam = registry.record("cupy")
+    assert "fp8" in fam.defaults, "the CuPy family's record needs an fp8 stage set (its fp8 e4m3 stages)"
+    for stage, name in fam.defaults["fp8"].items():
         assert registry.get(name).stage == stage
 
 

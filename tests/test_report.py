@@ -18,11 +18,11 @@ def _render(rows):
     return c.export_text()
 
 
-def test_floor_column_uses_the_tiled_floor_when_the_simt_floor_was_excluded():
+def test_floor_column_uses_the_mma_sync_floor_when_the_simt_floor_was_excluded():
     rows = [Row("stage", "filter", "cupy.filter.x", "indexer", True, time_ms=30.0,
-                ratios={"score-only-tiled": 1.25, "flop-bound": 2.5}),
-            Row("baseline", "score-only-tiled", "cupy score_only[tiled] (checksum)", None, True, time_ms=24.0,
-                ratios={"score-only-tiled": 1.0})]
+                ratios={"score-only-mma_sync": 1.25, "flop-bound": 2.5}),
+            Row("baseline", "score-only-mma_sync", "cupy score_only[mma_sync] (checksum)", None, True, time_ms=24.0,
+                ratios={"score-only-mma_sync": 1.0})]
     text = _render(rows)
     line = next(ln for ln in text.splitlines() if "cupy.filter.x" in ln)
     assert "1.25" in line and "2.5" in line

@@ -69,7 +69,7 @@ def _variant(name):
     fam, why = _family_state(v.family)
     if fam is None:
         pytest.skip(why)
-    if v.gpu_only and getattr(fam, "simulated", False):
+    if v.gpu_only and fam.simulated:
         pytest.skip(f"{name} is gpu_only and {v.family} runs in the CUDA simulator here")
     return v, fam
 
@@ -405,7 +405,7 @@ def _gpu_family_or_skip(family):
     fam, why = _family_state(family)
     if fam is None:
         pytest.skip(why)
-    if getattr(fam, "simulated", False) or family == "reference":
+    if fam.simulated or family == "reference":
         pytest.skip(f"{family}: big fixed cases need a real GPU")
     return fam
 
@@ -450,7 +450,7 @@ def test_big_table_stages_all_variants(stage):
         if v.family == "reference":
             continue
         fam, _ = _family_state(v.family)
-        if fam is None or getattr(fam, "simulated", False):
+        if fam is None or fam.simulated:
             continue
         if stage in registry.SOURCE_STAGES and "table" not in v.sources:
             continue

@@ -207,7 +207,7 @@ def test_wgmma_fp8_is_close_to_the_float_scores():
 @gpu
 def test_wgmma_pipeline_equals_bruteforce_of_wgmma_dense():
     """bf16, n=256, L=32768, H=64, D=128, k=2048: wgmma filter + wgmma recover (threshold
-    from the tiled core) is exact on the wgmma core's own scores."""
+    from the mma_sync core) is exact on the wgmma core's own scores."""
     import cupy as cp
     import workbench as wb
     from workbench.families.cupy import wgmma as WG
@@ -216,7 +216,7 @@ def test_wgmma_pipeline_equals_bruteforce_of_wgmma_dense():
     src, _, rng, _ = _inputs("bf16", n, L, H, D, 21, exact=False)
     lo, hi = G.layout("causal_tail", n, L, k, rng)
     lo_d, hi_d = cp.asarray(lo.astype(np.int32)), cp.asarray(hi.astype(np.int32))
-    chosen = {"threshold": "cupy.threshold.tiled_mma", "filter": "cupy.filter.wgmma",
+    chosen = {"threshold": "cupy.threshold.mma_sync", "filter": "cupy.filter.wgmma",
               "recover": "cupy.recover.wgmma", "dense": "cupy.dense.wgmma"}
     for max_failed in (64, 0):                                           # 0: every query through recovery
         res = wb.backend("cupy", chosen).hytopk_indexer(src.q, src.w, src.keys, lo_d, hi_d, k, max_failed=max_failed)
@@ -241,12 +241,12 @@ def test_wgmma_bad_inputs_name_the_argument():
 
 
 @gpu
-@pytest.mark.parametrize("core", ["tiled", "wgmma", "wgmma_fp8"])
+@pytest.mark.parametrize("core", ["mma_sync", "wgmma", "wgmma_fp8"])
 def test_dense_never_writes_past_the_table(core):
     """Contexts far from a block's last key run: that run is filled with -inf up to L, not up
     to the end of the tile (regression: the fill ran up to 127 entries past the table)."""
     import cupy as cp
-    from workbench.families.cupy import tiled as TL
+    from workbench.families.cupy import mma_sync as MS
     from workbench.families.cupy import wgmma as WG
     from workbench.families.cupy._launch import chunks, launch
     n, L, H, D = 37, 9001, 8, 40
@@ -254,9 +254,9 @@ def test_dense_never_writes_past_the_table(core):
     lo, hi = cp.zeros(n, cp.int32), cp.full(n, 100, cp.int32)
     guard = cp.full(n * L + 4096, 12345.0, cp.float32)
     out = guard[:n * L].reshape(n, L)
-    if core == "tiled":
-        x = TL.TiledInputs(src.q, src.w, src.keys)
-        launch(x.fn("hytopk_dense_tiled"), (x.geo.groups(n), chunks(L, x.geo.block_keys)),
+    if core == "mma_sync":
+        x = MS.MmaSyncInputs(src.q, src.w, src.keys)
+        launch(x.fn("hytopk_dense_mma_sync"), (x.geo.groups(n), chunks(L, x.geo.block_keys)),
                (*x.head_args(), np.int32(n), lo, hi, out), x.geo.smem)
     else:
         x = WG.WgInputs(src)

@@ -19,8 +19,8 @@ TABLES = (TABLE, TABLE_BF16)
 
 # file -> (kernel, what it is instantiated over)
 #   "table+indexer": every source; "indexer": indexer sources only; "tables": the table sources only;
-#   "mma": (H, D) only (bf16 tensor-core path); "tiled" and "wgmma": (H, D) rounded up by
-#   tiled_shape (the tiled and wgmma bf16 cores); "wgmma_fp8": by fp8_shape; "plain": not a template
+#   "mma": (H, D) only (bf16 tensor-core path); "mma_sync" and "wgmma": (H, D) rounded up by
+#   tiled_shape (the tensor-core tile shape of the mma_sync and wgmma bf16 cores); "wgmma_fp8": by fp8_shape; "plain": not a template
 KERNELS = {
     "threshold.cu": (("hytopk_threshold", "table+indexer"), ("hytopk_sample_positions", "plain")),
     "filter.cu": (("hytopk_filter", "table+indexer"),),
@@ -32,9 +32,9 @@ KERNELS = {
     "dense.cu": (("hytopk_dense", "indexer"),),
     "replay.cu": (("hytopk_replay", "indexer"),),
     "score_only.cu": (("hytopk_score_only", "indexer"),),
-    "tiled.cu": (("hytopk_filter_tiled", "tiled"), ("hytopk_dense_tiled", "tiled"),
-                 ("hytopk_score_rows_tiled", "tiled"), ("hytopk_score_only_tiled", "tiled"),
-                 ("hytopk_replay_tiled", "tiled")),
+    "mma_sync.cu": (("hytopk_filter_mma_sync", "mma_sync"), ("hytopk_dense_mma_sync", "mma_sync"),
+                 ("hytopk_score_rows_mma_sync", "mma_sync"), ("hytopk_score_only_mma_sync", "mma_sync"),
+                 ("hytopk_replay_mma_sync", "mma_sync")),
     "wgmma.cu": tuple((f"hytopk_{k}_{kind}", kind) for kind in ("wgmma", "wgmma_fp8")
                       for k in ("filter", "dense", "score_rows", "score_only")),
     "wgmma_ws.cu": tuple((f"hytopk_{k}_{kind}", over) for kind, over in (("ws", "wgmma"), ("ws_fp8", "wgmma_fp8"))
@@ -55,7 +55,7 @@ def nvcc_target(file: str, arch: str) -> str:
             sm = opt.split("sm_", 1)[1]
             return f"-gencode=arch=compute_{sm},code=sm_{sm}"
     return f"-arch=sm_{arch}"
-TILED_HEADS = (16, 32, 64)                   # the tiled core's H (hytopk_mma_tile.cuh); fewer heads are zero-padded
+TILED_HEADS = (16, 32, 64)                   # the tensor-core cores' H (hytopk_mma_sync.cuh); fewer heads are zero-padded
 
 
 # ---- sparse attention (attend.cu): templates over (rows, key tile, head dims, queries per block, ...)
@@ -142,13 +142,13 @@ def mma_ok(H: int, D: int) -> bool:
 
 
 def tiled_shape(H: int, D: int) -> tuple[int, int]:
-    """The tiled core's (H, D) for inputs of H heads and D dims: H up to the next of
+    """The tensor-core cores' (H, D) for inputs of H heads and D dims: H up to the next of
     TILED_HEADS, D up to a multiple of 16 (zero heads and dims add exactly +0)."""
     H, D = int(H), int(D)
     if H < 1 or H > TILED_HEADS[-1]:
-        raise ValueError(f"argument 'q': the tiled core takes 1 to {TILED_HEADS[-1]} heads, got {H}")
+        raise ValueError(f"argument 'q': the tensor-core cores take 1 to {TILED_HEADS[-1]} heads, got {H}")
     if D < 1 or D > 256:
-        raise ValueError(f"argument 'q': the tiled core takes head dims 1 to 256, got {D}")
+        raise ValueError(f"argument 'q': the tensor-core cores take head dims 1 to 256, got {D}")
     return next(h for h in TILED_HEADS if h >= H), -(-D // 16) * 16
 
 
@@ -193,7 +193,7 @@ def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
         if over == "plain":
             out.append(name(kernel))
             continue
-        if over in ("tiled", "wgmma", "wgmma_fp8"):
+        if over in ("mma_sync", "wgmma", "wgmma_fp8"):
             rounded = fp8_shape if over == "wgmma_fp8" else tiled_shape
             tiled = dict.fromkeys(rounded(*s) for s in shapes)          # ordered, deduplicated
             out += [name(kernel, shape=s) for s in tiled]

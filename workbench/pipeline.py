@@ -36,15 +36,12 @@ class StageSet:
 
 
 def stage_set(family: str, chosen: dict | None = None, bf16: bool = False, kind: str | None = None) -> StageSet:
-    """The family's default variant per stage, overridden by ``chosen``: its module's DEFAULTS,
-    or for ``kind`` "bf16" (or ``bf16=True``) DEFAULTS_BF16 and for ``kind`` "fp8" DEFAULTS_FP8
-    when the module has them (reference.dtypes: the input kinds)."""
+    """The family's default variant per stage, overridden by ``chosen``: its record's stage set
+    for the input kind (``kind`` "float32" | "bf16" | "fp8", or ``bf16=True``; reference.dtypes:
+    the input kinds), the float32 one where it has none for that kind (Family.stage_defaults)."""
     fam = get_family(family)
-    import importlib
-    mod = importlib.import_module(registry.FAMILY_MODULES[family])
     kind = kind or ("bf16" if bf16 else "float32")
-    table = {"bf16": "DEFAULTS_BF16", "fp8": "DEFAULTS_FP8"}.get(kind)
-    defaults = dict(getattr(mod, table, None) if table and hasattr(mod, table) else getattr(mod, "DEFAULTS", {}))
+    defaults = fam.stage_defaults(kind)
     for stage, name in (chosen or {}).items():
         if stage not in registry.STAGES:
             raise ValueError(f"argument 'variants': unknown stage {stage!r}; stages are {sorted(registry.STAGES)}")

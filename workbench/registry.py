@@ -11,23 +11,109 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Callable
 
-# stage name -> signature (documentation; every variant of the stage obeys it)
-STAGES = {
-    "threshold": "(source, lo, hi, M, r) -> T float32[n]",
-    "filter": "(source, lo, hi, T, capacity) -> (cand_idx int32[n,cap], cand_val float32[n,cap], count int32[n])",
-    "check": "(count, lo, hi, k, capacity) -> (failed bool/uint8[n], rows int32[nf])",
-    "select": "(cand_idx, cand_val, count, k) -> (idx int32[n,k], val float32[n,k])",
-    "recover": "(source, lo, hi, rows, k) -> (idx int32[len(rows),k], val float32[len(rows),k])",
-    "dense": "(q, w, keys, lo, hi[, kscale]) -> scores float32[n, L] (-inf outside the context)",
-    "replay": "(q, w, keys, idx[, kscale]) -> scores float32[n, k] (-inf where idx = -1)",
-}
+@dataclass(frozen=True)
+class Work:
+    """The sizes a stage's work model reads (compare fills it from its workload)."""
+    n: int                  # queries
+    L: int                  # keys
+    H: int
+    D: int
+    k: int
+    elem_bytes: int         # bytes per q / keys element as given (bf16 2, float32 4)
+    sum_c: float            # context entries over all queries
+    sum_M: float            # samples over all queries
+    stored: float           # candidates stored (min(count, capacity) summed)
+    sum_c_rows: float       # context entries of the recovered rows
+
+    @property
+    def hd2(self) -> float:
+        """FLOPs of one score: 2 H D."""
+        return 2.0 * self.H * self.D
+
+    @property
+    def keys_bytes(self) -> float:
+        return float(self.L * self.D * self.elem_bytes)
+
+
+@dataclass(frozen=True)
+class StageCard:
+    """Everything about one stage, in one place. Its variants obey ``signature``; tests and
+    compare call them with the arguments named in ``args`` (``source``: a score source, one row
+    per kind in ``sources``), check them with ``check`` and rate them with ``work``. Adding a
+    stage is a card here plus its variants (and, for inputs compare does not have yet, an
+    ``inputs`` builder)."""
+    name: str
+    signature: str                          # documentation; every variant obeys it
+    args: tuple                             # argument names in call order
+    reference: str                          # "module:function", the NumPy stage (the executable spec)
+    check: str                              # "module:function", the harness check: (out, E, oracle, lo, hi, rows) -> (ok, why)
+    work: Callable = field(compare=False, repr=False)   # (Work, source) -> (flops, bytes) of one call
+    sources: tuple = ()                     # score sources when args has "source" ("table", "indexer")
+    inputs: str = ""                        # "module:function" (workload) -> {name: torch tensor}: extra inputs
+
+    def reference_fn(self) -> Callable:
+        return _resolve(self.reference)
+
+    def check_fn(self) -> Callable:
+        return _resolve(self.check)
+
+    def inputs_fn(self) -> Callable | None:
+        return _resolve(self.inputs) if self.inputs else None
+
+
+def _resolve(path: str) -> Callable:
+    mod, _, attr = path.partition(":")
+    return getattr(importlib.import_module(mod), attr)
+
+
+_CHECKS = "workbench.harness.checks"
+_SRC = ("table", "indexer")
+
+
+def _scores(flops_indexer, bytes_indexer, bytes_table):
+    """Work of a stage that scores: FLOPs and bytes for the indexer source, bytes for a table."""
+    return lambda w, source: ((flops_indexer(w), bytes_indexer(w)) if source == "indexer" else (0.0, bytes_table(w)))
+
+
+STAGES: dict[str, StageCard] = {c.name: c for c in (
+    StageCard("threshold", "(source, lo, hi, M, r) -> T float32[n]", ("source", "lo", "hi", "M", "r"),
+              "reference:stage_threshold", f"{_CHECKS}:threshold",
+              _scores(lambda w: w.hd2 * w.sum_M, lambda w: w.sum_M * w.D * w.elem_bytes, lambda w: 4 * w.sum_M),
+              sources=_SRC),
+    StageCard("filter", "(source, lo, hi, T, capacity) -> (cand_idx int32[n,cap], cand_val float32[n,cap], "
+              "count int32[n])", ("source", "lo", "hi", "T", "capacity"),
+              "reference:stage_filter", f"{_CHECKS}:filter_",
+              _scores(lambda w: w.hd2 * w.sum_c, lambda w: w.keys_bytes + 8 * w.stored,
+                      lambda w: 4 * w.sum_c + 8 * w.stored), sources=_SRC),
+    StageCard("check", "(count, lo, hi, k, capacity) -> (failed bool/uint8[n], rows int32[nf])",
+              ("count", "lo", "hi", "k", "capacity"), "reference:stage_check", f"{_CHECKS}:check",
+              lambda w, source: (0.0, 12.0 * w.n)),
+    StageCard("select", "(cand_idx, cand_val, count, k) -> (idx int32[n,k], val float32[n,k])",
+              ("cand_idx", "cand_val", "count", "k"), "reference:stage_select", f"{_CHECKS}:select",
+              lambda w, source: (0.0, 8 * w.stored + 8.0 * w.n * w.k)),
+    StageCard("recover", "(source, lo, hi, rows, k) -> (idx int32[len(rows),k], val float32[len(rows),k])",
+              ("source", "lo", "hi", "rows", "k"), "reference:stage_recover", f"{_CHECKS}:recover",
+              _scores(lambda w: w.hd2 * w.sum_c_rows, lambda w: w.keys_bytes, lambda w: 4 * w.sum_c_rows),
+              sources=_SRC),
+    StageCard("dense", "(q, w, keys, lo, hi[, kscale]) -> scores float32[n, L] (-inf outside the context)",
+              ("q", "w", "keys", "lo", "hi"), "reference:indexer_scores", f"{_CHECKS}:dense",
+              lambda w, source: (w.hd2 * w.sum_c, 4.0 * w.n * w.L + w.keys_bytes)),
+    StageCard("replay", "(q, w, keys, idx[, kscale]) -> scores float32[n, k] (-inf where idx = -1)",
+              ("q", "w", "keys", "idx"), "reference:replay_scores", f"{_CHECKS}:replay",
+              lambda w, source: (w.hd2 * w.n * w.k, float(w.n * w.k * w.D * w.elem_bytes))),
+)}
+SOURCE_STAGES = tuple(name for name, card in STAGES.items() if card.sources)   # take a score source
+
+
 # Sparse attention over the selected keys (docs/CONTRACT.md §8): stages of their own, outside the
-# HyTopK pipeline (pipeline.StageSet and the selection harness iterate over STAGES only).
+# HyTopK pipeline (pipeline.StageSet and the selection harness iterate over STAGES only;
+# a card per attention stage would let compare take them too).
 ATTENTION_STAGES = {
     "attend": "(q [n,Hq,Dqk], k [L,Hkv,Dqk], v [L,Hkv,Dv], idx int32[n,kk], scale) -> (out [n,Hq,Dv], lse float32[n,Hq])",
     "attend_backward": "(dout [n,Hq,Dv], q, k, v, idx, scale) -> (dq [n,Hq,Dqk], dk [L,Hkv,Dqk], dv [L,Hkv,Dv] | None)",
 }
-SOURCE_STAGES = ("threshold", "filter", "recover")     # take a TableSource / IndexerSource
+# where each family's record (families.Family: its stage sets, preference, stream adapter...) lives;
+# importing the module registers the family's variants
 FAMILY_MODULES = {
     "reference": "workbench.families.reference",
     "numba": "workbench.families.numba",
@@ -41,7 +127,7 @@ class Variant:
     name: str                       # unique, "<family>.<stage>.<what>", e.g. "numba.select.block"
     family: str
     fn: Callable = field(compare=False, repr=False)
-    sources: tuple = ("table", "indexer")   # for SOURCE_STAGES: which score sources it accepts
+    sources: tuple = ("table", "indexer")   # for stages that take a source (the card's sources): which it accepts
     gpu_only: bool = False          # needs a real GPU (warp intrinsics): never run in the simulator
     notes: str = ""
 
@@ -82,6 +168,21 @@ def load_family(family: str) -> bool:
 
 def load_error(family: str) -> str | None:
     return _LOAD_ERRORS.get(family)
+
+
+def record(family: str):
+    """The family's record (families.Family), or None when it cannot load here."""
+    if family not in FAMILY_MODULES or not load_family(family):
+        return None
+    return importlib.import_module(FAMILY_MODULES[family]).FAMILY
+
+
+def preference() -> tuple[str, ...]:
+    """The families the torch ops may launch, best first (their records' ``preference``);
+    a family that cannot load here is left out (load_error says why)."""
+    ranked = [(r.preference, f) for f in FAMILY_MODULES
+              if (r := record(f)) is not None and r.preference is not None]
+    return tuple(f for _, f in sorted(ranked))
 
 
 def variants(stage: str | None = None, family: str | None = None, *, load=True) -> list[Variant]:

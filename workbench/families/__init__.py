@@ -12,11 +12,33 @@ import numpy as np
 
 
 class Family:
+    """The one record of a family: its stage sets per input kind, where it runs, its place in the
+    order of preference, its availability (and why not), its stream adapter and its array moves.
+    The Backend, the harness and the torch ops read these; nothing else names a family's facts."""
     name = "?"
+    runs_on = "gpu"             # "host": NumPy on the CPU (the reference, the Numba simulator); "gpu"
+    simulated = False           # True: the Numba CUDA simulator (tests skip gpu_only variants there)
+    # the torch ops try families in this order (lower first), and compare runs their rows in it;
+    # None: never picked by the torch ops (compare runs its rows last)
+    preference: int | None = None
     takes_bf16_bits = False     # True: its kernels read uint16 bf16 bits; else the Backend widens them to float32
     # fp8 e4m3 q/keys: True = its stages read the uint8 bits (an Fp8IndexerSource of bits + float32 kscale);
     # False = the Backend decodes them to float32 values first (exact) and passes kscale beside
     takes_fp8_bits = True
+
+    def __init__(self, defaults: dict | None = None):
+        # input kind ("float32" | "bf16" | "fp8") -> {stage: variant name}; a kind it lacks runs "float32"'s
+        self.defaults = {kind: dict(st) for kind, st in (defaults or {}).items()}
+
+    def stage_defaults(self, kind: str = "float32") -> dict:
+        """{stage: variant name} for inputs of ``kind``: its own set, else the float32 one."""
+        return dict(self.defaults.get(kind) or self.defaults.get("float32", {}))
+
+    def stream_scope(self, ptr: int, device: int = 0):
+        """A context in which this family's launches go to the CUDA stream ``ptr`` (PyTorch's
+        current stream, read by the caller at every call), or None when they cannot: the caller
+        then orders the work by hand (waits for ``ptr`` before, synchronizes the family after)."""
+        return None
 
     def available(self) -> tuple[bool, str]:
         """(usable here, reason if not)."""

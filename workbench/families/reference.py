@@ -2,6 +2,8 @@
 so the harness and the tests treat the oracle like any other family."""
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 import reference as R
@@ -13,6 +15,11 @@ from . import Family
 
 class ReferenceFamily(Family):
     name = "reference"
+    runs_on = "host"
+
+    def stream_scope(self, ptr, device=0):
+        """NumPy on the host: nothing is launched on a stream."""
+        return contextlib.nullcontext()
 
     def to_device(self, x):
         from ..arrays import to_numpy
@@ -22,7 +29,10 @@ class ReferenceFamily(Family):
         dst_idx[rows], dst_val[rows] = src_idx, src_val
 
 
-FAMILY = ReferenceFamily()
+FAMILY = ReferenceFamily(defaults={"float32": {
+    "threshold": "reference.threshold", "filter": "reference.filter", "check": "reference.check",
+    "select": "reference.select", "recover": "reference.recover", "dense": "reference.dense",
+    "replay": "reference.replay"}})
 
 register("threshold", "reference.threshold")(R.stage_threshold)
 register("filter", "reference.filter")(R.stage_filter)

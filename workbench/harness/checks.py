@@ -3,6 +3,7 @@
 Scores are compared through the contract's order key (so -0.0 == +0.0 and
 every NaN is one value; nothing depends on flush-to-zero). Each check returns
 (ok, detail); a wrong variant is reported and never timed nor made a winner.
+Each stage's card (workbench.registry.STAGES) names its check here.
 """
 from __future__ import annotations
 
@@ -145,6 +146,3 @@ def topk_values(val, idx, E: Expected, lo, hi, rtol=0.0):
     out_ctx = fin & ((i < lo[:, None]) | (i >= hi[:, None]))
     return (False, f"topk index outside context: {_first_bad(out_ctx)}") if out_ctx.any() else (True, "")
 
-
-STAGE_CHECKS = {"threshold": threshold, "filter": filter_, "check": check, "select": select,
-                "recover": recover, "dense": dense, "replay": replay}

@@ -10,7 +10,6 @@ correct = false.
 from __future__ import annotations
 
 import difflib
-import os
 import re
 import time
 import tracemalloc
@@ -127,70 +126,53 @@ class Workload:
                  rows=self.rec_rows.to(self.device), idx=E.topk_idx.to(self.device))
         return d
 
-    # the work each row does, for the effective-rate columns
-    def work(self, stage: str, source: str | None) -> tuple[float, float]:
+    def dims(self) -> registry.Work:
+        """The sizes the stage cards' work models read."""
         p, E = self.p, self.E
-        eb = 2 if p.dtype == "bfloat16" else 4
-        hd2 = 2.0 * p.H * p.D
-        sumc, sumM = float(self.c.sum()), float(np.sum(E.M))
-        stored = float(torch.clamp(E.count, max=E.capacity).sum())
         rows = self.rec_rows.cpu().numpy()
-        sumc_rows = float(self.c[rows].sum()) if rows.size else 0.0
-        keys_b = p.L * p.D * eb
-        if stage == "threshold":
-            return (hd2 * sumM, sumM * p.D * eb) if source == "indexer" else (0.0, 4 * sumM)
-        if stage == "filter":
-            return (hd2 * sumc, keys_b + 8 * stored) if source == "indexer" else (0.0, 4 * sumc + 8 * stored)
-        if stage == "check":
-            return 0.0, 12.0 * p.n
-        if stage == "select":
-            return 0.0, 8 * stored + 8.0 * p.n * p.k
-        if stage == "recover":
-            return (hd2 * sumc_rows, keys_b) if source == "indexer" else (0.0, 4 * sumc_rows)
-        if stage == "replay":
-            return hd2 * p.n * p.k, float(p.n * p.k * p.D * eb)
-        if stage == "dense":
-            return hd2 * sumc, 4.0 * p.n * p.L + keys_b
+        return registry.Work(n=p.n, L=p.L, H=p.H, D=p.D, k=p.k, elem_bytes=2 if p.dtype == "bfloat16" else 4,
+                             sum_c=float(self.c.sum()), sum_M=float(np.sum(E.M)),
+                             stored=float(torch.clamp(E.count, max=E.capacity).sum()),
+                             sum_c_rows=float(self.c[rows].sum()) if rows.size else 0.0)
+
+    # the work each row does, for the effective-rate columns: a stage's from its card
+    def work(self, stage: str, source: str | None) -> tuple[float, float]:
+        w = self.dims()
+        if stage in registry.STAGES:
+            return registry.STAGES[stage].work(w, source)
         if stage == "dense+topk":
-            return hd2 * sumc, 8.0 * p.n * p.L + keys_b
-        return hd2 * sumc, keys_b + 8.0 * p.n * p.k         # pipelines, torch baseline, floor
+            return w.hd2 * w.sum_c, 8.0 * w.n * w.L + w.keys_bytes
+        return w.hd2 * w.sum_c, w.keys_bytes + 8.0 * w.n * w.k         # pipelines, torch baseline, floor
 
 
 def family_usable(fam: str, device: str, preset: Preset) -> tuple[bool, str]:
     if not registry.load_family(fam):
         return False, f"not loaded: {registry.load_error(fam)}"
-    if fam == "reference" and preset.gpu:
-        return False, "the NumPy reference runs on the tiny preset only (large presets use the torch oracle)"
-    if device == "cpu" and fam == "cupy":
-        return False, "needs a GPU and the CUDA driver"
-    if device == "cpu" and fam == "numba" and os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
-        return False, "needs a GPU or the simulator (start with NUMBA_ENABLE_CUDASIM=1)"
-    ok, why = get_family(fam).available()
-    return ok, why
+    rec = get_family(fam)
+    if rec.runs_on == "host" and not rec.simulated and preset.gpu:
+        return False, f"the {fam} family runs on the host: on the tiny preset only (large presets use the torch oracle)"
+    if device == "cpu" and rec.runs_on == "gpu":
+        why = "needs a GPU and the CUDA driver"
+        return False, why + (" (or the simulator: start with NUMBA_ENABLE_CUDASIM=1)" if fam == "numba" else "")
+    return rec.available()
 
 
 def stage_call(stage: str, v: registry.Variant, fam, X: dict, source: str | None, k: int, cap: int):
-    """(callable, args) for one stage variant on family-native inputs X."""
+    """(callable, args) for one stage variant on family-native inputs X: the card's arguments by
+    name (``source``: the score source of kind ``source`` over X's arrays)."""
+    card = registry.STAGES[stage]
+    named = dict(X, k=k, capacity=cap)
     if source == "table":
-        src = R.TableSource(X["table"])
+        named["source"] = R.TableSource(X["table"])
     elif source == "indexer":
-        src = R.IndexerSource(X["q"], X["w"], X["keys"])
-    args = {
-        "threshold": lambda: (src, X["lo"], X["hi"], X["M"], X["r"]),
-        "filter": lambda: (src, X["lo"], X["hi"], X["T"], cap),
-        "check": lambda: (X["count"], X["lo"], X["hi"], k, cap),
-        "select": lambda: (X["cand_idx"], X["cand_val"], X["count"], k),
-        "recover": lambda: (src, X["lo"], X["hi"], X["rows"], k),
-        "dense": lambda: (X["q"], X["w"], X["keys"], X["lo"], X["hi"]),
-        "replay": lambda: (X["q"], X["w"], X["keys"], X["idx"]),
-    }[stage]()
-    return v.fn, args
+        named["source"] = R.IndexerSource(X["q"], X["w"], X["keys"])
+    return v.fn, tuple(named[a] for a in card.args)
 
 
 def stage_gate(v: registry.Variant, fam, source, out, ctx) -> tuple[bool, str]:
-    """A stage row's check: its stage's gate on the workload's answer, then the stage's edge
+    """A stage row's check: its card's check on the workload's answer, then the stage's edge
     probes (harness/probes.py: the contract's boundaries the workload may not reach)."""
-    ok, why = C.STAGE_CHECKS[v.stage](out, **ctx)
+    ok, why = registry.STAGES[v.stage].check_fn()(out, **ctx)
     if ok:
         ok, why = probes.check_variant(v, fam, source if v.stage in registry.SOURCE_STAGES else None)
     return ok, why
@@ -221,7 +203,7 @@ class Runner:
         self.progress = progress or (lambda msg: None)
 
     def simulated(self, family: str) -> bool:
-        return family == "numba" and self.timer.device == "cpu"
+        return get_family(family).simulated and self.timer.device == "cpu"
 
     def _rotated(self, build: Callable[[int], tuple]) -> list:
         return [build(i) for i in range(self.rotations)]
@@ -274,6 +256,9 @@ class Runner:
         wl, E = self.wl, self.wl.E
         fam = get_family(v.family)
         base = wl.stage_inputs()
+        extra = registry.STAGES[stage].inputs_fn()
+        if extra is not None:                 # a stage whose inputs the workload does not hold yet
+            base.update(extra(wl))
         if source == "table":
             base["table"] = wl.table()
 
@@ -292,7 +277,7 @@ class Runner:
         return self.measure(row, v.fn, arg_sets, check, simulated=self.simulated(v.family))
 
     def pipeline_row(self, fam_name: str, entry: str, chosen: dict | None = None, one_pass: bool = False) -> Row:
-        """The family's pipeline: its DEFAULTS, or ``chosen`` = {stage: variant} (the fastest of this run);
+        """The family's pipeline: its default stages, or ``chosen`` = {stage: variant} (the fastest of this run);
         in passes of bounded scratch (the default) or ``one_pass`` over all n queries."""
         import workbench
         wl, p, E = self.wl, self.wl.p, self.wl.E
@@ -386,7 +371,7 @@ class Runner:
         lo, hi = (to_family(fam, {"x": wl.dev[k]}, wl.device)["x"] for k in ("lo", "hi"))
         T = to_family(fam, {"T": E.T.float().to(wl.device)}, wl.device)["T"]
         ctx = dict(E=E, oracle=wl.oracle, lo=wl.lo_t, hi=wl.hi_t, rows=wl.rec_rows.to(wl.device))
-        check = lambda res: C.STAGE_CHECKS["filter"](_as_torch_out(res, fam, wl.device), **ctx)
+        check = lambda res: registry.STAGES["filter"].check_fn()(_as_torch_out(res, fam, wl.device), **ctx)
         want = wl.oracle.key_checksum()
 
         def check_sum(res):
@@ -456,8 +441,7 @@ class Runner:
 def fp8_pipeline_jobs(families, device: str, skipped: list, excluded) -> list:
     """The end-to-end fp8 rows (Runner.fp8_pipeline_row), one per family with a pipeline row: every
     family but Numba in the simulator (one Numba pipeline row is enough there; tests/test_numba_dtypes.py
-    covers its fp8 path) and CuPy until its module lists DEFAULTS_FP8 (its fp8 stage set)."""
-    import importlib
+    covers its fp8 path) and a family whose record has no fp8 stage set (Family.defaults["fp8"])."""
     jobs = []
     for f in families:
         name = f"{f}.hytopk_indexer[indexer_fp8]"
@@ -466,9 +450,9 @@ def fp8_pipeline_jobs(families, device: str, skipped: list, excluded) -> list:
         elif f == "numba" and device == "cpu":
             skipped.append({"name": name, "stage": "hytopk_indexer",
                             "reason": "CUDA simulator: one Numba pipeline row is enough (tests cover fp8)"})
-        elif f == "cupy" and not hasattr(importlib.import_module(registry.FAMILY_MODULES[f]), "DEFAULTS_FP8"):
+        elif "fp8" not in get_family(f).defaults:
             skipped.append({"name": name, "stage": "hytopk_indexer",
-                            "reason": "the CuPy family has no fp8 stage set (DEFAULTS_FP8) yet"})
+                            "reason": f"the {f} family has no fp8 stage set yet"})
         else:
             jobs.append(("pipeline", "hytopk_indexer", f, "fp8"))
     return jobs
@@ -581,9 +565,10 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
                     skipped.append({"name": v.name, "stage": s, "reason": "table source: [n, L] table too large"})
                     continue
                 jobs.append(("stage", s, v, src))
-    # under a time budget the CUDA C++ family (the headline) goes first, then Numba, then the rest
-    order = {"cupy": 0, "numba": 1}
-    jobs.sort(key=lambda j: order.get(j[2].family, 2))
+    # under a time budget the families go in their records' order of preference (CuPy, the
+    # headline, first), then the rest
+    rank = {f: i for i, f in enumerate(registry.preference())}
+    jobs.sort(key=lambda j: rank.get(j[2].family, len(rank)))
     pipes = [f for f in registry.FAMILY_MODULES if usable[f]] if not variant_names else []
     if set(stages) != set(registry.STAGES):
         pipes = []                       # a stage subset compares stages only
@@ -640,7 +625,7 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
             else:
                 notes.append("baseline dense+topk: no correct dense variant here")
         elif s == "score-only":
-            for variant in ("simt", "tiled", "wgmma", "wgmma_ws", "wgmma_ws2"):
+            for variant in ("simt", "mma_sync", "wgmma", "wgmma_ws", "wgmma_ws2"):
                 if excluded(f"score_only[{variant}]"):
                     skipped.append({"name": f"cupy score_only[{variant}]", "stage": "score-only",
                                     "reason": "excluded (--exclude)"})
@@ -734,7 +719,7 @@ def wanted_variants(names, missing: dict) -> dict:
 
 def fastest_of_family(rows, family: str) -> dict:
     """{stage: fastest correct variant of ``family``} among this run's stage rows
-    (indexer source preferred for the source stages); {} if it adds nothing to DEFAULTS."""
+    (indexer source preferred for the source stages); {} if it adds nothing to the defaults."""
     best = {}
     for r in rows:
         if r.kind != "stage" or r.correct is not True or r.time_ms is None or not r.name.startswith(family + "."):

@@ -8,8 +8,8 @@ import tempfile
 from pathlib import Path
 
 BASE_COLS = (("torch", "×torch"), ("dense+topk", "×dense+topk"), ("score-only", "×floor"), ("flop-bound", "×bound"))
-# the floor column: the score-only run of the default bf16 core present (wgmma_ws on Hopper, else tiled)
-FLOORS = ("score-only-wgmma_ws", "score-only-tiled", "score-only")
+# the floor column: the score-only run of the default bf16 core present (wgmma_ws on Hopper, else mma_sync)
+FLOORS = ("score-only-wgmma_ws", "score-only-mma_sync", "score-only")
 
 
 def _fmt(x, spec="{:.3g}"):
@@ -50,7 +50,7 @@ def compare_table(res):
         ok = {True: "[green]yes[/]", False: "[bold red]NO[/]", None: "n/a"}[r.correct]
         tfl = f"{r.tflops:.3g} ({100 * r.tflops / ceil['gemm_tflops']:.0f}%)" if r.tflops else "–"
         gbs = f"{r.gbps:.4g} ({100 * r.gbps / ceil['copy_gbps']:.0f}%)" if r.gbps else "–"
-        keys = [floor if b == "score-only" else b for b, _ in BASE_COLS]     # the floor: tiled when it ran
+        keys = [floor if b == "score-only" else b for b, _ in BASE_COLS]     # the floor: mma_sync when it ran
         ratios = [_fmt(r.ratios.get(k)) if k in present else "–" for k in keys]
         t.add_row(r.stage if r.kind != "baseline" else "baseline", escape(r.label), ok, _fmt(r.time_ms, "{:.4g}"),
                   _iqr(getattr(r, "spread", None)), *ratios, tfl, gbs, _mem(r.peak_extra_bytes))

@@ -1,8 +1,8 @@
 """Which kernels the CUDA implementations of the ops launch.
 
-Preference: the winners file's variants of the "cupy" family, then "numba",
-then the pure-torch path (workbench.torch.scoring). ``HYTOPK_TORCH_BACKEND``
-(cupy | numba | torch) forces one. Families are handed torch CUDA tensors and
+Preference: the families in the order of their records' ``preference`` (CuPy, then Numba),
+each with the winners file's variants, then the pure-torch path (workbench.torch.scoring).
+``HYTOPK_TORCH_BACKEND`` (a family name or torch) forces one. Families are handed torch CUDA tensors and
 return torch tensors (zero-copy through DLPack / __cuda_array_interface__).
 """
 from __future__ import annotations
@@ -12,21 +12,20 @@ import os
 
 import torch
 
-PREFERENCE = ("cupy", "numba")
 _chosen: dict[str, object] = {}
 _reasons: dict[str, str] = {}
 
 
 def _winners(family: str, shape: dict | None) -> dict | None:
     """Variant names per stage for ``family`` from the winners file entry nearest
-    ``shape`` ({"L", "H", "D", "k"}), or None (the family's DEFAULTS)."""
+    ``shape`` ({"L", "H", "D", "k"}), or None (the family's default stages)."""
     try:
         from workbench.harness import winners
     except ImportError:
         return None
     try:
         table = winners.load(shape or {})
-    except Exception as e:          # unreadable winners file: say why, use DEFAULTS
+    except Exception as e:          # unreadable winners file: say why, use the default stages
         _reasons[f"winners:{family}"] = f"{type(e).__name__}: {e}"
         return None
     if not isinstance(table, dict):
@@ -71,10 +70,12 @@ def cuda_backend(purpose: str, shape: dict | None = None):
     key = (purpose, tuple(sorted((shape or {}).items())))
     if key in _chosen:
         return _chosen[key]
+    from workbench import registry
     forced = os.environ.get("HYTOPK_TORCH_BACKEND", "").strip().lower()
-    if forced and forced not in PREFERENCE + ("torch",):
-        raise ValueError(f"HYTOPK_TORCH_BACKEND must be one of {PREFERENCE + ('torch',)}, got {forced!r}")
-    order = () if forced == "torch" else ((forced,) if forced else PREFERENCE)
+    choices = tuple(f for f in registry.FAMILY_MODULES if f != "reference") + ("torch",)
+    if forced and forced not in choices:
+        raise ValueError(f"HYTOPK_TORCH_BACKEND must be one of {choices}, got {forced!r}")
+    order = () if forced == "torch" else ((forced,) if forced else registry.preference())
     b = None
     for fam in order:
         b = _load(fam, need_replay=(purpose == "replay"), shape=shape)
@@ -100,26 +101,12 @@ def reset():
     _reasons.clear()
 
 
-def _torch_allocator(device: torch.device):
-    """A CuPy allocator drawing from torch's caching allocator on torch's current stream: the
-    kernels' scratch is then stream-ordered with torch's work, counted in torch's memory stats,
-    and, during a CUDA-graph capture, taken from the graph's private pool (CuPy's own pool would
-    cudaMalloc in the capture, or hand the graph's memory to someone else after it)."""
-    import cupy
-    dev = device.index if device.index is not None else torch.cuda.current_device()
-
-    def alloc(size):
-        t = torch.empty(max(int(size), 1), dtype=torch.uint8, device=dev)
-        return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(t.data_ptr(), t.numel(), t, dev), 0)
-    return alloc
-
-
 def kernel_inputs(q, w, keys, kscale=None):
     """The op's tensors as the Backend takes them: detached (kernels take raw memory; CAI/DLPack
     refuse tensors that require grad) and contiguous, dtypes unchanged. float32 w beside bf16 /
     fp8 q and keys, fp8 e4m3 tensors and their kscale go through as they are: the Backend
     (workbench.pipeline.Backend._indexer_args) makes the exact widenings a family needs and
-    hands fp8 inputs to its DEFAULTS_FP8 stages as an Fp8IndexerSource."""
+    hands fp8 inputs to its fp8 stage set (Family.defaults["fp8"]) as an Fp8IndexerSource."""
     out = [x.detach().contiguous() for x in (q, w, keys)]
     return (*out, None if kscale is None else kscale.detach().contiguous())
 
@@ -129,21 +116,13 @@ def on_torch_stream(b, device: torch.device):
     """Run family launches on PyTorch's current stream of ``device``, read now (at every call)."""
     with torch.cuda.device(device):
         ptr = torch.cuda.current_stream(device).cuda_stream
-        if b.name == "cupy":
-            import cupy
-            with cupy.cuda.Device(device.index or 0), cupy.cuda.ExternalStream(ptr), \
-                    cupy.cuda.using_allocator(_torch_allocator(device)):
+        scope = b.family.stream_scope(ptr, device.index if device.index is not None else torch.cuda.current_device())
+        if scope is not None:
+            with scope:
                 yield
-        elif b.name == "numba":
-            hook = getattr(b.family, "use_stream", None)      # families may expose a stream hook
-            if hook is not None:
-                with hook(ptr):
-                    yield
-            elif ptr == 0:                                    # torch is on the legacy default stream too
-                yield
-            else:                                             # order by hand around numba's own stream
-                torch.cuda.current_stream(device).synchronize()
-                yield
-                b.family.synchronize()
-        else:
+        elif ptr == 0:                                    # torch is on the legacy default stream too
             yield
+        else:                                             # order by hand around the family's own stream
+            torch.cuda.current_stream(device).synchronize()
+            yield
+            b.family.synchronize()

@@ -15,15 +15,15 @@ import numpy as np
 from .. import Family
 from . import _scope
 from ._launch import BLOCK, as_device, chunks, gpu_status, kernel, launch, launch_stream
-from .recover import ROWS_PER_PASS
-from . import attend, check, dense, filter, recover, replay, select, table, threshold, tiled, wgmma, wgmma_ws  # noqa: F401  (register variants)
+from ._shared import ROWS_PER_PASS
+from . import attend, check, dense, filter, recover, replay, select, table, threshold, mma_sync, wgmma, wgmma_ws  # noqa: F401  (register variants)
 from .score_only import score_only
 from .table import TableHyTopK, fused_hytopk, table_hytopk, table_topk
-from .tiled import score_only_tiled
+from .mma_sync import score_only_mma_sync
 
 # filter and recover: the dispatching variants of table.py (a table source gets the streaming
 # filter and the radix top-k of whole rows, an indexer source the SIMT filter and materialise)
-DEFAULTS = {
+FLOAT32 = {
     "threshold": "cupy.threshold.block",
     "filter": "cupy.filter.auto",
     "check": "cupy.check.atomic",
@@ -34,11 +34,11 @@ DEFAULTS = {
 }
 # bf16 inputs (torch.bfloat16 / uint16 bits): a tensor-core core loses nothing there, so it is
 # the default (the threshold too: its samples get the filter's own bits). On Hopper (sm_90a)
-# the warp-specialised wgmma core, elsewhere the tiled mma.sync core; float32 inputs keep the
+# the warp-specialised wgmma core, elsewhere the mma_sync core; float32 inputs keep the
 # exact SIMT scorer above.
-TILED_BF16 = dict(DEFAULTS, threshold="cupy.threshold.tiled_mma", filter="cupy.filter.tiled_mma",
-                  recover="cupy.recover.tiled_mma", dense="cupy.dense.tiled_mma", replay="cupy.replay.tiled_mma")
-WS_BF16 = dict(DEFAULTS, threshold="cupy.threshold.wgmma_ws", filter="cupy.filter.wgmma_ws",
+MMA_SYNC_BF16 = dict(FLOAT32, threshold="cupy.threshold.mma_sync", filter="cupy.filter.mma_sync",
+                  recover="cupy.recover.mma_sync", dense="cupy.dense.mma_sync", replay="cupy.replay.mma_sync")
+WS_BF16 = dict(FLOAT32, threshold="cupy.threshold.wgmma_ws", filter="cupy.filter.wgmma_ws",
                recover="cupy.recover.wgmma_ws", dense="cupy.dense.wgmma_ws", replay="cupy.replay.wgmma_ws")
 
 
@@ -49,15 +49,15 @@ def _hopper() -> bool:
         return False
 
 
-DEFAULTS_BF16 = WS_BF16 if _hopper() else TILED_BF16
-# fp8 e4m3 q/keys with per-key scales (the Backend hands them over as uint8 bits + kscale): only the
-# wgmma_ws core computes them (off Hopper its inputs say so: it needs sm_90a)
-DEFAULTS_FP8 = WS_BF16
-
-
 class CupyFamily(Family):
     name = "cupy"
+    preference = 0              # the torch ops' first choice
     takes_bf16_bits = True
+
+    def stream_scope(self, ptr, device=0):
+        """CuPy launches on the current CuPy stream: make ``ptr`` that stream (and draw scratch
+        from torch's allocator on it)."""
+        return _on_stream(ptr, device)
 
     def available(self):
         return gpu_status()
@@ -210,7 +210,29 @@ class _on_lane:
         return self._stack.pop().__exit__(*exc)
 
 
-FAMILY = CupyFamily()
 
-__all__ = ["FAMILY", "DEFAULTS", "score_only", "score_only_tiled", "CupyFamily", "table_topk", "table_hytopk",
+@contextlib.contextmanager
+def _on_stream(ptr, device):
+    """CuPy's current stream is ``ptr`` (PyTorch's current stream), and the kernels' scratch comes
+    from torch's caching allocator on it: stream-ordered with torch's work, counted in torch's
+    memory stats, and during a CUDA-graph capture taken from the graph's private pool (CuPy's
+    own pool would cudaMalloc in the capture, or hand the graph's memory to someone else after it)."""
+    with cp.cuda.Device(device), cp.cuda.ExternalStream(ptr), cp.cuda.using_allocator(_torch_allocator(device)):
+        yield
+
+
+def _torch_allocator(device: int):
+    import torch
+
+    def alloc(size):
+        t = torch.empty(max(int(size), 1), dtype=torch.uint8, device=device)
+        return cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(t.data_ptr(), t.numel(), t, device), 0)
+    return alloc
+
+
+# fp8 e4m3 q/keys with per-key scales (the Backend hands them over as uint8 bits + kscale): only the
+# wgmma_ws core computes them (off Hopper its inputs say so: it needs sm_90a)
+FAMILY = CupyFamily(defaults={"float32": FLOAT32, "bf16": WS_BF16 if _hopper() else MMA_SYNC_BF16, "fp8": WS_BF16})
+
+__all__ = ["FAMILY", "score_only", "score_only_mma_sync", "CupyFamily", "table_topk", "table_hytopk",
            "fused_hytopk", "TableHyTopK"]

@@ -8,17 +8,21 @@ import cupy as cp
 import numpy as np
 
 from ...registry import register
-from . import _scope
-from ._launch import (CHUNK, bind, check_k_fits, chunks, exact_topk_smem_bytes, i32, kernel, launch,
-                      launch_stream)
-
-ROWS_PER_PASS = 64
+from ._launch import CHUNK, bind, check_k_fits, chunks, i32, kernel, launch, launch_stream
+from ._shared import recover_rows, select_rows
 
 
-def _select_rows(base, stride, by_query, rows, lo, hi, k, idx, val):
-    launch(kernel("recover.cu", "hytopk_select_rows"), (rows.shape[0],),
-           (base, np.int64(stride), np.int32(by_query), rows, np.int32(rows.shape[0]), lo, hi, np.int32(k),
-            idx, val), exact_topk_smem_bytes(k))
+class SimtRows:
+    """The SIMT rows kernel (recover.cu) in the shape recover_rows takes."""
+
+    def __init__(self, src):
+        self.src = src
+        self.fn = kernel("recover.cu", f"hytopk_score_rows<{src.cxx}>", src.shapes)
+
+    def score_rows(self, part, lo, hi, buf, stride):
+        launch(self.fn, (part.shape[0], chunks(stride, CHUNK)),
+               (*self.src.args, part, np.int32(part.shape[0]), lo, hi, np.int32(CHUNK), buf, np.int64(stride)),
+               4 * self.src.smem_floats)
 
 
 @register("recover", "cupy.recover.materialise", gpu_only=True)
@@ -27,26 +31,11 @@ def recover(source, lo, hi, rows, k):
     k = check_k_fits(k)
     with launch_stream():
         src = bind(source)
+        if src.kind != "table":
+            return recover_rows(SimtRows(src), lo, hi, rows, k)
         lo, hi, rows = i32(lo, "lo"), i32(hi, "hi"), i32(rows, "rows")
-        nr = rows.shape[0]
-        idx = cp.empty((nr, k), cp.int32)
-        val = cp.empty((nr, k), cp.float32)
-        if nr == 0:
-            return idx, val
-        if src.kind == "table":
-            _select_rows(src.args[0], src.L, 1, rows, lo, hi, k, idx, val)
-            return idx, val
-        fn = kernel("recover.cu", f"hytopk_score_rows<{src.cxx}>", src.shapes)
-        longest = _scope.longest_context()        # in a pipeline call: from its host ranges, no sync
-        lengths = (hi - lo)[rows] if longest is None else None
-        step = _scope.recovery_rows(ROWS_PER_PASS)
-        for s in range(0, nr, step):
-            part = rows[s:s + step]
-            stride = max(1, longest if longest is not None else int(lengths[s:s + step].max()))
-            buf = cp.empty((part.shape[0], stride), cp.float32)
-            launch(fn, (part.shape[0], chunks(stride, CHUNK)),
-                   (*src.args, part, np.int32(part.shape[0]), lo, hi, np.int32(CHUNK), buf, np.int64(stride)),
-                   4 * src.smem_floats)
-            _select_rows(buf, stride, 0, part, lo, hi, k, idx[s:s + step], val[s:s + step])
-            del buf
+        idx = cp.empty((rows.shape[0], k), cp.int32)
+        val = cp.empty((rows.shape[0], k), cp.float32)
+        if rows.shape[0]:
+            select_rows(src.args[0], src.L, 1, rows, lo, hi, k, idx, val)
         return idx, val

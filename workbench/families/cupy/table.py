@@ -31,7 +31,7 @@ from ._launch import (BLOCK, as_device, bitonic_topk_smem_bytes, bind, check_k_f
                       launch_stream, next_pow2, table_array)
 from . import filter as _filter
 from . import recover as _recover
-from .threshold import threshold_unchecked
+from ._shared import block_threshold, candidate_buffers, check_capacity
 
 TOPK_BLOCK = 512            # table_topk.cu TOPK_BLOCK
 FILTER_U = 4                # table_topk.cu FILTER_U
@@ -132,7 +132,7 @@ def launch_filter(s, cxx, lo, hi, T, capacity, cand_idx, cand_val, count):
 @register("filter", "cupy.filter.table_stream", sources=("table",), gpu_only=True,
           notes="persistent streaming filter: 16-byte loads, one atomic per warp per tile")
 def filter_table_stream(source, lo, hi, T, capacity):
-    capacity = _filter._capacity(capacity)
+    capacity = check_capacity(capacity)
     with launch_stream():
         src = bind(source)
         if src.kind != "table":
@@ -140,7 +140,7 @@ def filter_table_stream(source, lo, hi, T, capacity):
         s = src.args[0]
         lo, hi = i32(lo, "lo"), i32(hi, "hi")
         T = cp.ascontiguousarray(cp.asarray(T, cp.float32))
-        cand_idx, cand_val, count = _filter._buffers(src.n, capacity)
+        cand_idx, cand_val, count = candidate_buffers(src.n, capacity)
         launch_filter(s, src.cxx, lo, hi, T, capacity, cand_idx, cand_val, count)
         return cand_idx, cand_val, count
 
@@ -281,7 +281,7 @@ class TableHyTopK:
             s, cxx = table_array(scores)
             if s.shape != (self.n, self.L):
                 raise ValueError(f"argument 'scores': planned for shape {(self.n, self.L)}, got {s.shape}")
-            self.T = threshold_unchecked(R.TableSource(s), self.lo, self.hi, self.M, self.r)
+            self.T = block_threshold(R.TableSource(s), self.lo, self.hi, self.M, self.r)
             self.count.fill(0)
             self.nfailed.fill(0)
             launch_filter(s, cxx, self.lo, self.hi, self.T, self.capacity, self.cand_idx, self.cand_val, self.count)

@@ -1,4 +1,4 @@
-"""The wgmma core (kernels_cuda/hytopk_wgmma_tile.cuh + wgmma.cu, sm_90a) as
+"""The wgmma core (kernels_cuda/hytopk_wgmma.cuh + wgmma.cu, sm_90a) as
 variants: fused filter, dense table and recovery, plus the score-only floor.
 All call one scoring routine, so their scores agree bit for bit; a pipeline of
 wgmma filter + wgmma recover is exact on its own scores.
@@ -21,8 +21,8 @@ from workbench import instantiations as INST
 from ... import loader
 from ...registry import register
 from ._launch import as_device, check_k_fits, chunks, i32, kernel, launch, launch_stream
-from .filter import _buffers, _capacity
-from .tiled import BF16, TiledInputs, recover_rows
+from ._shared import candidate_buffers, check_capacity, recover_rows
+from .mma_sync import BF16, MmaSyncInputs
 
 KT = 128                  # keys per tile (64 per warpgroup)
 TILES_PER_BLOCK = 32      # keys per block: 4096
@@ -88,7 +88,7 @@ class WgInputs:
             if not isinstance(source, R.IndexerSource):
                 raise TypeError(f"argument 'source': the wgmma variants take an IndexerSource (bf16) or an "
                                 f"Fp8IndexerSource, got {type(source).__name__}")
-            x = TiledInputs(source.q, source.w, source.keys)
+            x = MmaSyncInputs(source.q, source.w, source.keys)
             self.kind = "wgmma"
             self.n, self.H, self.D = x.n, x.H, x.D
             self.q, self.w, self.keys = x.q, x.w, x.keys
@@ -109,7 +109,7 @@ class WgInputs:
         return (self.geo.groups(nq), chunks(self.L + KT, self.geo.block_keys))
 
     def score_rows(self, part, lo, hi, buf, stride):
-        """Recovery rows of the queries `part` into buf[len(part), stride] (tiled.recover_rows)."""
+        """Recovery rows of the queries `part` into buf[len(part), stride] (_shared.recover_rows)."""
         launch(self.fn("score_rows"), self.scan_grid(part.shape[0]),
                (*self.head_args(), part, np.int32(part.shape[0]), lo, hi, buf, np.int64(stride)), self.geo.smem)
 
@@ -126,12 +126,12 @@ def filter_wgmma(source, lo, hi, T, capacity):
 
 
 def _filter(source, lo, hi, T, capacity):
-    capacity = _capacity(capacity)
+    capacity = check_capacity(capacity)
     with launch_stream():
         x = WgInputs(source)
         lo, hi = i32(lo, "lo"), i32(hi, "hi")
         T = cp.ascontiguousarray(cp.asarray(T, cp.float32))
-        cand_idx, cand_val, count = _buffers(x.n, capacity)
+        cand_idx, cand_val, count = candidate_buffers(x.n, capacity)
         launch(x.fn("filter"), x.scan_grid(x.n),
                (*x.head_args(), np.int32(x.n), lo, hi, T, np.int32(capacity), cand_idx, cand_val, count), x.geo.smem)
         return cand_idx, cand_val, count

@@ -25,9 +25,7 @@ from ...geometry import WsGeometry, WsReplayGeometry, WsThresholdGeometry
 from ...registry import register
 from . import _scope
 from ._launch import as_device, check_k_fits, chunks, i32, input_dtype, kernel, launch, launch_stream, pad_inputs
-from .filter import _buffers, _capacity
-from .threshold import threshold_unchecked
-from .tiled import _sample_scores, recover_rows
+from ._shared import candidate_buffers, check_capacity, recover_rows, sample_scores, threshold_of_samples
 from .wgmma import require_sm90
 
 FILE = "wgmma_ws.cu"
@@ -168,7 +166,7 @@ class WsInputs:
                self.geo.smem, threads=self.geo.threads)
 
     def score_rows(self, part, lo, hi, buf, stride):
-        """Recovery rows of the queries `part` into buf[len(part), stride] (tiled.recover_rows)."""
+        """Recovery rows of the queries `part` into buf[len(part), stride] (_shared.recover_rows)."""
         self.launch_scan("score_rows", part.shape[0], (part, np.int32(part.shape[0]), lo, hi, buf, np.int64(stride)))
 
     def replay(self, idx):
@@ -203,12 +201,12 @@ def _indexer(source, name, consumers=4):
 
 
 def filter_source(source, lo, hi, T, capacity, consumers=4):
-    capacity = _capacity(capacity)
+    capacity = check_capacity(capacity)
     with launch_stream():
         x = _indexer(source, "cupy.filter.wgmma_ws", consumers)
         lo, hi = i32(lo, "lo"), i32(hi, "hi")
         T = cp.ascontiguousarray(cp.asarray(T, cp.float32))
-        cand_idx, cand_val, count = _buffers(x.n, capacity)
+        cand_idx, cand_val, count = candidate_buffers(x.n, capacity)
         x.launch_scan("filter", x.n, (np.int32(x.n), lo, hi, T, np.int32(capacity), cand_idx, cand_val, count))
         return cand_idx, cand_val, count
 
@@ -281,10 +279,8 @@ def threshold_ws(source, lo, hi, M, r):
             s = _shared_sample_scores(source, lo.shape[0], *shared)
             M = cp.full(lo.shape[0], s.shape[1], cp.int32)
         else:
-            s, M = _sample_scores(source, lo, hi, M, replay=replay_source)
-        if s.shape[1] == 0:
-            return cp.full(lo.shape[0], cp.nan, cp.float32)
-        return threshold_unchecked(R.TableSource(s), cp.zeros_like(M), M, M, r)
+            s, M = sample_scores(source, lo, hi, M, replay_source)
+        return threshold_of_samples(s, M, r)
 
 
 @register("threshold", "cupy.threshold.wgmma_ws_fused", sources=("indexer",), gpu_only=True,

@@ -8,6 +8,8 @@ arrive as float32 values (decoded by the Backend) with their float32 key scales.
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 from numba import cuda
 
@@ -18,8 +20,14 @@ from .common import BLOCK, SIM
 
 class NumbaFamily(Family):
     name = "numba"
+    preference = 1              # the torch ops' choice after CuPy
+    runs_on = "host" if SIM else "gpu"
     takes_fp8_bits = False      # fp8 e4m3 q/keys arrive decoded to float32 (the Backend widens them), kscale beside
     simulated = SIM             # tests skip gpu_only variants in the simulator
+
+    def stream_scope(self, ptr, device=0):
+        """Nothing to do: every launch reads PyTorch's current stream itself (common.stream)."""
+        return contextlib.nullcontext()
 
     def available(self):
         if SIM:
@@ -73,8 +81,6 @@ class NumbaFamily(Family):
             dst_idx, dst_val, rows, src_idx, src_val)
 
 
-FAMILY = NumbaFamily()
-
 _FAST = {
     "threshold": "numba.threshold.warp", "filter": "numba.filter.warp",
     "check": "numba.check.warp", "select": "numba.select.warp",
@@ -83,4 +89,4 @@ _FAST = {
 }
 _SIM = {stage: name.replace(".warp", ".block") for stage, name in _FAST.items()}
 # The backend's variant per stage: block-level ones in the simulator, fast ones on a GPU.
-DEFAULTS = dict(_SIM if SIM else _FAST)
+FAMILY = NumbaFamily(defaults={"float32": _SIM if SIM else _FAST})

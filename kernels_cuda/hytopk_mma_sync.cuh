@@ -1,5 +1,5 @@
-// THE tiled tensor-core scoring core (bf16 in, f32 accumulate), shared by the
-// tiled filter, dense, recovery, replay and score-only kernels (tiled.cu), so
+// THE mma_sync core: tensor-core tiles scored by mma.sync (bf16 in, f32 accumulate), shared by the
+// mma_sync filter, dense, recovery, replay and score-only kernels (mma_sync.cu), so
 // their scores agree bit for bit.
 //
 // A block scores a tile of QPB queries x NTILE keys: MMA rows are the QPB*H
@@ -23,15 +23,15 @@
 #include "hytopk_key_runs.cuh"
 
 namespace hytopk {
-namespace tiled {
+namespace mma_sync {
 
 // Compile-time tile geometry for H heads of dim D (256 threads = 8 warps).
 template <int H_, int D_>
 struct Shape {
     static constexpr int H = H_;
     static constexpr int D = D_;
-    static_assert(H == 16 || H == 32 || H == 64, "tiled core: H must be 16, 32 or 64 (pad heads with zeros)");
-    static_assert(D % 16 == 0 && D >= 16 && D <= 256, "tiled core: D must be a multiple of 16 in [16, 256]");
+    static_assert(H == 16 || H == 32 || H == 64, "mma_sync core: H must be 16, 32 or 64 (pad heads with zeros)");
+    static_assert(D % 16 == 0 && D >= 16 && D <= 256, "mma_sync core: D must be a multiple of 16 in [16, 256]");
     static constexpr int THREADS = 256;
     static constexpr int WARPS = 8;
     static constexpr int QPB = (256 / H < 8) ? 256 / H : 8;   // queries per block: 4 (H=64), 8 (32, 16)
@@ -253,5 +253,5 @@ struct Block {
     }
 };
 
-}  // namespace tiled
+}  // namespace mma_sync
 }  // namespace hytopk

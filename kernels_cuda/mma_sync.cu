@@ -1,10 +1,10 @@
-// The tiled tensor-core core (hytopk_mma_tile.cuh) with its epilogues: fused
+// The mma_sync core (hytopk_mma_sync.cuh) with its epilogues: fused
 // filter, dense table, recovery rows, score-only checksum and replay. All take
 // bf16 bits (q[n,H,D], w[n,H], keys[L,D], 16-byte aligned) and call the same
 // warp_scores(), so their scores agree bit for bit.
-#include "hytopk_mma_tile.cuh"
+#include "hytopk_mma_sync.cuh"
 using namespace hytopk;
-using namespace hytopk::tiled;
+using namespace hytopk::mma_sync;
 
 namespace {
 
@@ -129,7 +129,7 @@ struct ChecksumEpi {
 // smem: Shape::SMEM_BYTES. count must be zeroed.
 template <int H, int D>
 __global__ void __launch_bounds__(256, 2)
-hytopk_filter_tiled(const bf16_bits* __restrict__ q, const bf16_bits* __restrict__ w,
+hytopk_filter_mma_sync(const bf16_bits* __restrict__ q, const bf16_bits* __restrict__ w,
                     const bf16_bits* __restrict__ keys, long long L, int n,
                     const int* __restrict__ lo, const int* __restrict__ hi, const u32* __restrict__ T,
                     int capacity, int* __restrict__ cand_idx, u32* __restrict__ cand_val,
@@ -148,7 +148,7 @@ hytopk_filter_tiled(const bf16_bits* __restrict__ q, const bf16_bits* __restrict
 // Dense table over [0, L). grid: (ceil(n / QPB), ceil(L / (NTILE * TILES_PER_BLOCK))).
 template <int H, int D>
 __global__ void __launch_bounds__(256, 2)
-hytopk_dense_tiled(const bf16_bits* __restrict__ q, const bf16_bits* __restrict__ w,
+hytopk_dense_mma_sync(const bf16_bits* __restrict__ q, const bf16_bits* __restrict__ w,
                    const bf16_bits* __restrict__ keys, long long L, int n,
                    const int* __restrict__ lo, const int* __restrict__ hi, u32* __restrict__ out) {
     typedef Shape<H, D> S;
@@ -166,7 +166,7 @@ hytopk_dense_tiled(const bf16_bits* __restrict__ q, const bf16_bits* __restrict_
 // Recovery: buf[j, s - lo[rows[j]]] = score of (rows[j], s). grid as the filter's, over nrows.
 template <int H, int D>
 __global__ void __launch_bounds__(256, 2)
-hytopk_score_rows_tiled(const bf16_bits* __restrict__ q, const bf16_bits* __restrict__ w,
+hytopk_score_rows_mma_sync(const bf16_bits* __restrict__ q, const bf16_bits* __restrict__ w,
                         const bf16_bits* __restrict__ keys, long long L, const int* __restrict__ rows,
                         int nrows, const int* __restrict__ lo, const int* __restrict__ hi,
                         u32* __restrict__ buf, long long stride) {
@@ -184,7 +184,7 @@ hytopk_score_rows_tiled(const bf16_bits* __restrict__ q, const bf16_bits* __rest
 // Score-only floor. grid as the filter's. *checksum must be zeroed.
 template <int H, int D>
 __global__ void __launch_bounds__(256, 2)
-hytopk_score_only_tiled(const bf16_bits* __restrict__ q, const bf16_bits* __restrict__ w,
+hytopk_score_only_mma_sync(const bf16_bits* __restrict__ q, const bf16_bits* __restrict__ w,
                         const bf16_bits* __restrict__ keys, long long L, int n,
                         const int* __restrict__ lo, const int* __restrict__ hi,
                         unsigned long long* __restrict__ checksum) {
@@ -207,7 +207,7 @@ hytopk_score_only_tiled(const bf16_bits* __restrict__ q, const bf16_bits* __rest
 // per pass. grid: (ceil(n / QPB), ceil(k / (RJT * R_PASSES))); smem: R_SMEM_BYTES.
 template <int H, int D>
 __global__ void __launch_bounds__(256, 2)
-hytopk_replay_tiled(const bf16_bits* __restrict__ q, const bf16_bits* __restrict__ w,
+hytopk_replay_mma_sync(const bf16_bits* __restrict__ q, const bf16_bits* __restrict__ w,
                     const bf16_bits* __restrict__ keys, long long L, int n,
                     const int* __restrict__ idx, int k, u32* __restrict__ out) {
     typedef Shape<H, D> S;

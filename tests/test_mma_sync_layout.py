@@ -1,4 +1,4 @@
-"""CPU model of the tiled core's lane mapping (kernels_cuda/hytopk_mma_tile.cuh):
+"""CPU model of the mma_sync core's lane mapping (kernels_cuda/hytopk_mma_sync.cuh):
 ldmatrix row addresses, m16n8k16 fragment layouts (PTX ISA), the per-lane head
 sums and the xor butterfly, transcribed index for index from warp_scores() and
 owned_pair(). Checks that every key's score lands in the lanes the epilogues
