@@ -19,25 +19,12 @@ import numpy as np
 from numba import cuda
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import reference as R                                                   # noqa: E402
 from workbench.families.cupy import dense as cdense, filter as cfilter, threshold as cthreshold  # noqa: E402
 from workbench.families.numba import dense as ndense, filter as nfilter, tile  # noqa: E402
 from workbench.harness.presets import get as get_preset, make_inputs  # noqa: E402
-
-
-def timed(fn, budget_s=2.0, min_reps=3, max_reps=20):
-    """Median and min in ms over repeats (the first call compiles and warms up)."""
-    fn()
-    cp.cuda.Device().synchronize()
-    times, t_end = [], time.perf_counter() + budget_s
-    a, b = cp.cuda.Event(), cp.cuda.Event()
-    while len(times) < min_reps or (len(times) < max_reps and time.perf_counter() < t_end):
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(cp.cuda.get_elapsed_time(a, b))
-    return float(np.median(times)), float(np.min(times)), len(times)
+from bench_core import timed                                           # noqa: E402  (median ms of repeats)
 
 
 def main(argv=None):
@@ -79,7 +66,7 @@ def main(argv=None):
     }
     for label, fn in calls.items():
         try:
-            med, mn, reps = timed(fn)
+            med, mn, reps = timed(fn, budget_s=2.0, max_reps=20)
         except Exception as e:                                  # a broken row is a row, not a crash
             rows[label] = {"error": f"{type(e).__name__}: {e}"[:300]}
             print(f"  {label:22s} ERROR {rows[label]['error']}", flush=True)

@@ -115,7 +115,7 @@ def _needs_hopper(variant):
         pytest.skip(f"{variant} needs sm_90a (Hopper)")
 
 
-TILED = {"filter": "cupy.filter.mma_sync", "recover": "cupy.recover.mma_sync",
+MMA_SYNC = {"filter": "cupy.filter.mma_sync", "recover": "cupy.recover.mma_sync",
          "dense": "cupy.dense.mma_sync", "replay": "cupy.replay.mma_sync"}
 
 
@@ -130,7 +130,7 @@ def test_indexer_exact_matches_reference(cupy_family, filt, dtype):
     lo, hi = G.layout("varlen", n, L, k, rng)
     table = R.indexer_scores(q, w, keys, lo, hi)
     idx, val = R.topk(table, lo, hi, k)
-    b = wb.backend("cupy", TILED if filt.endswith("mma_sync") else {"filter": filt})
+    b = wb.backend("cupy", MMA_SYNC if filt.endswith("mma_sync") else {"filter": filt})
     import torch
     if dtype == "bfloat16":     # torch in -> torch out, on torch's stream
         args = [torch.from_numpy(x).cuda().to(torch.bfloat16) for x in (q, w, keys)]
@@ -159,7 +159,7 @@ def test_big_indexer_exact_against_gpu_oracle(cupy_family, filt):
     q, w, keys = G.indexer_inputs(n, L, H, D, rng, exact=True)
     lo, hi = G.layout("causal_tail", n, L, k, rng)
     qt, wt, kt = (torch.from_numpy(x).cuda().to(torch.bfloat16) for x in (q, w, keys))
-    chosen = TILED if filt.endswith("mma_sync") else {"filter": filt}
+    chosen = MMA_SYNC if filt.endswith("mma_sync") else {"filter": filt}
     res = wb.backend("cupy", chosen).hytopk_indexer(qt, wt, kt, torch.from_numpy(lo).cuda(),
                                                               torch.from_numpy(hi).cuda(), k)
     for a in range(0, n, 512):                     # oracle: dense scores of a row block, stable sort
@@ -390,11 +390,11 @@ def test_mma_sync_pipeline_equals_bruteforce_of_its_dense(cupy_family):
     (q, w, keys), rng = _random_bf16(n, L, H, D, 21)
     lo, hi = G.layout("causal_tail", n, L, k, rng)
     lo_d, hi_d = cp.asarray(lo.astype(np.int32)), cp.asarray(hi.astype(np.int32))
-    res = wb.backend("cupy", TILED).hytopk_indexer(q, w, keys, lo_d, hi_d, k)
+    res = wb.backend("cupy", MMA_SYNC).hytopk_indexer(q, w, keys, lo_d, hi_d, k)
     dense = MS.dense_mma_sync(q, w, keys, lo_d, hi_d)
     idx, val = gpu_topk(dense, lo, hi, k)
     assert_selection_equal(res.idx.get(), res.val.get(), idx, val)
-    rep = wb.backend("cupy", TILED).replay_scores(q, w, keys, res.idx)
+    rep = wb.backend("cupy", MMA_SYNC).replay_scores(q, w, keys, res.idx)
     np.testing.assert_array_equal(bits(rep.get()), bits(res.val.get()))
     # and the mma_sync scores are the SIMT ones within bf16-input tolerance
     simt = wb.backend("cupy").indexer_scores(q, w, keys, lo_d, hi_d).get()[:8]

@@ -25,11 +25,36 @@ ITEMS = 4                      # positions per thread per round
 MAX_GRID_Y = 65535
 
 
+@cuda.jit(device=True)
+def block_span(lo, hi, t, span):
+    """[start, stop) of query t's context that this block covers (start >= stop: none)."""
+    start = np.int64(lo[t]) + np.int64(cuda.blockIdx.y) * span
+    return start, min(np.int64(hi[t]), start + span)
+
+
+@lru_cache(maxsize=None)
+def appender(flavour: str):
+    """Append this thread's hits (hit[i] != 0: position pos[i], score val[i]) to query t's buffer:
+    the flavour reserves the slots, a slot at or past capacity is counted and never written."""
+    reserve = C.FLAVOURS[flavour].reserve
+
+    @cuda.jit(device=True)
+    def append(count, t, mine, hit, pos, val, local, cand_idx, cand_val):
+        j = reserve(count, t, mine, local)     # count keeps counting past capacity
+        for it in range(hit.shape[0]):
+            if hit[it] != 0:
+                if j < cand_idx.shape[1]:
+                    cand_idx[t, j] = pos[it]
+                    cand_val[t, j] = val[it]
+                j += 1
+    return append
+
+
 @lru_cache(maxsize=None)
 def filter_kernel(kind: str, flavour: str):
     """The fused read-and-filter kernel for the table source and a flavour."""
     score_at = C.SCORE_FNS[kind]
-    reserve = C.FLAVOURS[flavour].reserve
+    append = appender(flavour)
 
     @cuda.jit
     def kernel(a, b, c, lo, hi, T, span, cand_idx, cand_val, count):
@@ -38,17 +63,14 @@ def filter_kernel(kind: str, flavour: str):
         nt = cuda.blockDim.x
         local = cuda.shared.array(2, np.int32)
         hit = cuda.local.array(ITEMS, np.int32)
+        pos = cuda.local.array(ITEMS, np.int64)
         val = cuda.local.array(ITEMS, np.float32)
         if t >= count.shape[0]:
             return
-        lo_t = np.int64(lo[t])
-        hi_t = np.int64(hi[t])
-        start = lo_t + np.int64(cuda.blockIdx.y) * span
-        if start >= hi_t:
+        start, stop = block_span(lo, hi, t, span)
+        if start >= stop:
             return
-        stop = min(hi_t, start + span)
         tkey = C.order_key(T[t])
-        cap = cand_idx.shape[1]
         for base in range(start, stop, nt * ITEMS):
             mine = 0
             for it in range(ITEMS):
@@ -58,22 +80,17 @@ def filter_kernel(kind: str, flavour: str):
                     v = score_at(a, b, c, t, s)
                     if C.order_key(v) >= tkey:
                         hit[it] = 1
+                        pos[it] = s
                         val[it] = v
                         mine += 1
-            j = reserve(count, t, mine, local)     # count keeps counting past capacity
-            for it in range(ITEMS):
-                if hit[it] != 0:
-                    if j < cap:
-                        cand_idx[t, j] = base + it * nt + tid
-                        cand_val[t, j] = val[it]
-                    j += 1
+            append(count, t, mine, hit, pos, val, local, cand_idx, cand_val)
     return kernel
 
 
 @lru_cache(maxsize=None)
 def filter_tiled_kernel(flavour: str, hg: int):
     """The fused score-and-filter kernel for indexer sources: a round scores one tile of TK keys."""
-    reserve = C.FLAVOURS[flavour].reserve
+    append = appender(flavour)
     score = TL.score_tile(hg)
     TK, ITEMS_T = TL.TK, TL.ITEMS
 
@@ -85,18 +102,16 @@ def filter_tiled_kernel(flavour: str, hg: int):
         pos_s = cuda.shared.array(TK, int64)
         local = cuda.shared.array(2, np.int32)
         hit = cuda.local.array(ITEMS_T, np.int32)
+        pos = cuda.local.array(ITEMS_T, np.int64)
+        val = cuda.local.array(ITEMS_T, np.float32)
         t = cuda.blockIdx.x
         tid = cuda.threadIdx.x
         if t >= count.shape[0]:
             return
-        lo_t = np.int64(lo[t])
-        hi_t = np.int64(hi[t])
-        start = lo_t + np.int64(cuda.blockIdx.y) * span
-        if start >= hi_t:
+        start, stop = block_span(lo, hi, t, span)
+        if start >= stop:
             return
-        stop = min(hi_t, start + span)
         tkey = C.order_key(T[t])
-        cap = cand_idx.shape[1]
         for base in range(start, stop, TK):
             for j in range(tid, TK, BLOCK):
                 pos_s[j] = base + j if base + j < stop else -1
@@ -107,15 +122,10 @@ def filter_tiled_kernel(flavour: str, hg: int):
                 hit[it] = 0
                 if j < TK and pos_s[j] >= 0 and C.order_key(acc_s[j]) >= tkey:
                     hit[it] = 1
+                    pos[it] = pos_s[j]
+                    val[it] = acc_s[j]
                     mine += 1
-            slot = reserve(count, t, mine, local)     # count keeps counting past capacity
-            for it in range(ITEMS_T):
-                if hit[it] != 0:
-                    j = it * BLOCK + tid
-                    if slot < cap:
-                        cand_idx[t, slot] = pos_s[j]
-                        cand_val[t, slot] = acc_s[j]
-                    slot += 1
+            append(count, t, mine, hit, pos, val, local, cand_idx, cand_val)
     return kernel
 
 
