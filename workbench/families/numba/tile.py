@@ -39,11 +39,19 @@ KEY_STRIDE = TK + 1                # staged keys [DT, TK + 1]
 KEY_SMEM = DT * KEY_STRIDE
 Q_SMEM = WARPS * HG_MAX * DT
 ITEMS = max(1, TK // BLOCK)        # tile entries per thread in an epilogue
+STEP = BLOCK // DT                 # staging: key rows a block moves per load
+KEY_LOADS = TK * DT // BLOCK       # staged key values per thread and step
+assert BLOCK % DT == 0 and (TK * DT) % BLOCK == 0
 
 
 def heads_per_warp(H: int) -> int:
     """HG for H heads: the heads spread over the block's warps, at most HG_MAX per round."""
     return max(1, min(HG_MAX, -(-int(H) // WARPS)))
+
+
+def q_loads(hg: int) -> int:
+    """Staged q values per thread and step: [WARPS * hg heads, DT dims] over the block."""
+    return -(-WARPS * hg // STEP)
 
 
 def _source(hg: int) -> str:
@@ -58,6 +66,8 @@ def _source(hg: int) -> str:
         f"{ind}H = w.shape[1]",
         f"{ind}D = keys.shape[1] - scaled",
         f"{ind}L = keys.shape[0]",
+        f"{ind}sj = tid // DT                            # staging: this thread's first key row and its dim",
+        f"{ind}sd = tid % DT",
         f"{ind}cuda.syncthreads()                       # the previous tile's readers are done",
         f"{ind}for j in range(tid, TK, BLOCK):",
         f"{ind}    acc_s[j] = float32(0.0)",
@@ -68,22 +78,27 @@ def _source(hg: int) -> str:
     lines += [
         f"{ind}    for d0 in range(0, D, DT):",
         f"{ind}        nd = min(DT, D - d0)",
+        f"{ind}        live = sd < nd",
         f"{ind}        cuda.syncthreads()",
-        f"{ind}        for e in range(tid, TK * DT, BLOCK):",
-        f"{ind}            j = e // DT",
-        f"{ind}            dd = e % DT",
-        f"{ind}            s = pos_s[j]",
-        f"{ind}            v = float32(0.0)",
-        f"{ind}            if dd < nd and s >= 0 and s < L:",
-        f"{ind}                v = keys[s, d0 + dd]",
-        f"{ind}            key_s[dd * KEY_STRIDE + j] = v",
-        f"{ind}        for e in range(tid, WARPS * HG * DT, BLOCK):",
-        f"{ind}            h = h0 + e // DT",
-        f"{ind}            dd = e % DT",
-        f"{ind}            v = float32(0.0)",
-        f"{ind}            if dd < nd and h < H:",
-        f"{ind}                v = q2[t, h * D + d0 + dd]",
-        f"{ind}            q_s[e] = v",
+    ]
+    # staging, straight-line: a thread's loads are all issued before its first store (a loop would
+    # wait for each load in turn); thread (sj, sd) moves dim d0 + sd of keys sj, sj + STEP, ...
+    body = " " * 8
+    for r in range(KEY_LOADS):
+        lines += [f"{ind}{body}s_{r} = pos_s[sj + {r * STEP}]",
+                  f"{ind}{body}v_{r} = float32(0.0)",
+                  f"{ind}{body}if live and s_{r} >= 0 and s_{r} < L:",
+                  f"{ind}{body}    v_{r} = keys[s_{r}, d0 + sd]"]
+    for r in range(q_loads(hg)):          # the q rows of the heads in flight: [WARPS * HG, DT]
+        guard = f"sj + {r * STEP} < {WARPS * hg} and " if (r + 1) * STEP > WARPS * hg else ""
+        lines += [f"{ind}{body}u_{r} = float32(0.0)",
+                  f"{ind}{body}if {guard}live and h0 + sj + {r * STEP} < H:",
+                  f"{ind}{body}    u_{r} = q2[t, (h0 + sj + {r * STEP}) * D + d0 + sd]"]
+    lines += [f"{ind}{body}key_s[sd * KEY_STRIDE + sj + {r * STEP}] = v_{r}" for r in range(KEY_LOADS)]
+    for r in range(q_loads(hg)):
+        guard = f"if sj + {r * STEP} < {WARPS * hg}: " if (r + 1) * STEP > WARPS * hg else ""
+        lines += [f"{ind}{body}{guard}q_s[(sj + {r * STEP}) * DT + sd] = u_{r}"]
+    lines += [
         f"{ind}        cuda.syncthreads()",
         f"{ind}        if hw < H:",
         f"{ind}            qb = warp * (HG * DT)",
