@@ -6,7 +6,7 @@ Each family supplies stage variants (see `registry.STAGES`) and array moves
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -51,7 +51,7 @@ def stage_set(family: str, chosen: dict | None = None, bf16: bool = False, kind:
                              f"not a {family} {stage} variant")
     defaults.update(chosen or {})
     picked = {}
-    for stage in registry.STAGES:
+    for stage in (f.name for f in fields(StageSet) if f.name != "family"):   # the pipeline's stages only
         name = defaults.get(stage)
         if name is None:
             cands = [v for v in registry.variants(stage, family) if not v.gpu_only] or \
