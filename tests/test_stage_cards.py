@@ -70,3 +70,18 @@ def test_a_new_stage_is_one_card_and_its_variants(monkeypatch):
     np.testing.assert_array_equal(fn(*args), [[3.0, 2.0], [5.0, 4.0]])
     assert registry.STAGES["toy"].check_fn()(fn(*args)) == (True, "")
     assert [x.name for x in registry.variants("toy", load=False)] == ["reference.toy.sort"]
+
+
+def test_compare_plans_one_row_per_card_source():
+    usable = {"reference": True, "numba": False, "cupy": False}
+    missing = {"numba": "no GPU", "cupy": "no GPU"}
+    jobs, skipped = CMP.stage_jobs(["filter", "check"], {}, lambda name: False, usable, missing, "cpu", True)
+    rows = {(s, v.name, src) for _, s, v, src in jobs}
+    assert ("filter", "reference.filter", "table") in rows and ("filter", "reference.filter", "indexer") in rows
+    assert ("check", "reference.check", None) in rows
+    assert all(v.family == "reference" for _, _, v, _ in jobs)
+    assert {x["reason"] for x in skipped if x["name"].startswith("numba.")} <= {"no GPU"}
+    jobs, skipped = CMP.stage_jobs(["filter"], {}, lambda name: True, usable, missing, "cpu", False)
+    assert not jobs and {x["reason"] for x in skipped if x["name"] == "reference.filter"} == {"excluded (--exclude)"}
+    jobs, skipped = CMP.stage_jobs(["filter"], {}, lambda name: False, usable, missing, "cpu", False)
+    assert {src for _, _, _, src in jobs} == {"indexer"}                 # no room for the [n, L] table

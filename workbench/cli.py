@@ -93,7 +93,7 @@ def compare(
     record_winners: bool = typer.Option(True, "--winners/--no-winners", help="record the winners file"),
     family: Optional[List[str]] = typer.Option(None, help="only these families (reference, numba, cupy; repeatable)"),
     budget: Optional[float] = typer.Option(None, help="seconds for the per-stage rows; later ones are skipped "
-                                                     "(pipelines and baselines always run). Default: 60 on a "
+                                                     "(pipelines and baselines always run). Default: 50 on a "
                                                      "GPU preset, none on tiny; 'inf' for no limit"),
     exclude: Optional[List[str]] = typer.Option(None, help="skip stage variants and score-only floors whose name "
                                                            "contains this, or matches it as a regular expression "

@@ -34,7 +34,7 @@ from .timing import Timing, gemm_tflops, copy_gbps, gpu_available, make_timer
 BASELINES = ("torch", "dense+topk", "score-only", "flop-bound")
 TABLE_SOURCE_MAX_BYTES = 16 << 30     # table-source rows need the [n, L] table in memory
 SLOW_ROW_MS = 250.0          # a row slower than this per call is timed by one warm call (after its checked call)
-GPU_BUDGET_S = 60.0          # default time budget of the per-stage rows on GPU presets (main job <= 90 s)
+GPU_BUDGET_S = 50.0          # default time budget of the per-stage rows on GPU presets (main job <= 90 s)
 CHUNK_BYTES = 4 << 30                 # scratch per chunk of the chunked baselines
 
 
@@ -544,27 +544,7 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
     ceilings["flop_bound_ms"] = wl.work("flop-bound", None)[0] / (ceilings["gemm_tflops"] * 1e12) * 1e3
     runner = Runner(wl, timer, repeats)
 
-    jobs, skipped = [], []
-    for s in stages:
-        for v in registry.variants(s, load=False):
-            if wanted and v.name not in wanted:
-                continue
-            if excluded(v.name):
-                skipped.append({"name": v.name, "stage": s, "reason": "excluded (--exclude)"})
-                continue
-            if not usable.get(v.family, False):
-                skipped.append({"name": v.name, "stage": s, "reason": missing.get(v.family, "family unavailable")})
-                continue
-            if v.gpu_only and device == "cpu":
-                skipped.append({"name": v.name, "stage": s, "reason": "gpu_only: needs a real GPU (not the simulator)"})
-                continue
-            for src in (v.sources if s in registry.SOURCE_STAGES else (None,)):
-                if wanted.get(v.name) and src not in wanted[v.name]:
-                    continue                     # --variant name[source]: that row only
-                if src == "table" and not wl.table_ok:
-                    skipped.append({"name": v.name, "stage": s, "reason": "table source: [n, L] table too large"})
-                    continue
-                jobs.append(("stage", s, v, src))
+    jobs, skipped = stage_jobs(stages, wanted, excluded, usable, missing, device, wl.table_ok)
     # under a time budget the families go in their records' order of preference (CuPy, the
     # headline, first), then the rest
     rank = {f: i for i, f in enumerate(registry.preference())}
@@ -666,6 +646,32 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
     res.winners = pick_winners(rows)
     res.wall_s = time.perf_counter() - t_run
     return res
+
+
+def stage_jobs(stages, wanted: dict, excluded, usable: dict, missing: dict, device: str, table_ok: bool):
+    """(jobs, skipped): a ("stage", stage, variant, source) job per row to run, one per source the
+    stage's card lists and the variant takes; a {"name", "stage", "reason"} per row that cannot run
+    here (excluded, family unavailable, gpu_only in the simulator, a table too large)."""
+    jobs, skipped = [], []
+    for s in stages:
+        card = registry.STAGES[s]
+        for v in registry.variants(s, load=False):
+            if wanted and v.name not in wanted:
+                continue
+            why = ("excluded (--exclude)" if excluded(v.name)
+                   else missing.get(v.family, "family unavailable") if not usable.get(v.family, False)
+                   else "gpu_only: needs a real GPU (not the simulator)" if v.gpu_only and device == "cpu" else None)
+            if why:
+                skipped.append({"name": v.name, "stage": s, "reason": why})
+                continue
+            for src in ([x for x in v.sources if x in card.sources] if card.sources else [None]):
+                if wanted.get(v.name) and src not in wanted[v.name]:
+                    continue                     # --variant name[source]: that row only
+                if src == "table" and not table_ok:
+                    skipped.append({"name": v.name, "stage": s, "reason": "table source: [n, L] table too large"})
+                    continue
+                jobs.append(("stage", s, v, src))
+    return jobs, skipped
 
 
 def _matches(pattern: str, name: str) -> bool:

@@ -76,6 +76,9 @@ def cuda_backend(purpose: str, shape: dict | None = None):
     if forced and forced not in choices:
         raise ValueError(f"HYTOPK_TORCH_BACKEND must be one of {choices}, got {forced!r}")
     order = () if forced == "torch" else ((forced,) if forced else registry.preference())
+    for fam in choices[:-1]:
+        if not forced and registry.load_error(fam):            # cannot load here: no record, but say why
+            _reasons[fam] = registry.load_error(fam)
     b = None
     for fam in order:
         b = _load(fam, need_replay=(purpose == "replay"), shape=shape)
