@@ -114,8 +114,10 @@ def test_cuda_graph_capture_and_replay():
     qt, wt_, kt, lot, hit = cuda(q, w, keys, lo, hi)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):                    # warm up (allocator, lazy init) off the capture
-        wt.select(qt, wt_, kt, lot, hit, k)
+    with torch.cuda.stream(s):                    # warm up (allocator, lazy init, cuBLAS) off the capture
+        idx0, _ = wt.select(qt, wt_, kt, lot, hit, k)
+        rep0 = wt.replay_scores(qt, wt_, kt, idx0)
+        torch.ops.hytopk.replay_scores_backward(torch.ones_like(rep0), qt, wt_, kt, idx0, True)
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

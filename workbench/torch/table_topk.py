@@ -85,9 +85,12 @@ def _topk_cuda(scores, lo, hi, k):
     if n == 0:
         return idx, val
     import cupy
+    from workbench.families import get_family
+    dev = s.device.index if s.device.index is not None else torch.cuda.current_device()
     with torch.cuda.device(s.device):
         ptr = torch.cuda.current_stream(s.device).cuda_stream
-        with cupy.cuda.Device(s.device.index or 0), cupy.cuda.ExternalStream(ptr):
+        # PyTorch's stream, and scratch from torch's allocator (a CUDA-graph capture's private pool)
+        with get_family("cupy").stream_scope(ptr, dev):
             mod.table_topk(s, lo32, hi32, k, out=(cupy.from_dlpack(idx), cupy.from_dlpack(val)), host_check=False)
     return idx, val
 
