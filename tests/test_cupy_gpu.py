@@ -18,19 +18,9 @@ import reference as R
 from reference import generate as G
 from workbench.bf16 import bf16_bits_to_float32, float32_to_bf16_bits
 
-cp = pytest.importorskip("cupy", reason="CuPy is not installed")
+from tests._cupy_gpu import GPU_MARKS, cp  # noqa: E402  (skips the module without CuPy)
 
-
-def _gpu_reason():
-    try:
-        n = cp.cuda.runtime.getDeviceCount()
-        return None if n > 0 else "no CUDA device"
-    except Exception as e:
-        return f"no usable CUDA GPU ({type(e).__name__}: {e})"
-
-
-_REASON = _gpu_reason()
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_REASON is not None, reason=str(_REASON))]
+pytestmark = GPU_MARKS
 
 
 @pytest.fixture(scope="module")

@@ -365,7 +365,8 @@ def test_ws_threshold_shared_context_fast_path(dtype):
     want = R.stage_threshold(R.TableSource(table.get()), lo, hi, M, r)
     T = WS.threshold_ws(src, lo_d, hi_d, cp.asarray(M), cp.asarray(r)).get()
     np.testing.assert_array_equal(R.order_keys(T), R.order_keys(want))
-    with WS.call_scope(lo, hi, M):                                      # the pipeline's hint, no sync
+    from workbench.families.cupy import _scope
+    with _scope.call_scope(lo, hi, M):                                  # the pipeline's hint, no sync
         T2 = WS.threshold_ws(src, lo_d, hi_d, cp.asarray(M), cp.asarray(r)).get()
     np.testing.assert_array_equal(R.order_keys(T2), R.order_keys(want))
     if dtype == "bf16":

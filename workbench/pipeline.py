@@ -6,6 +6,7 @@ Each family supplies stage variants (see `registry.STAGES`) and array moves
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -250,7 +251,6 @@ class PlanResult:
 
 
 def _torch_capturing() -> bool:
-    import sys
     torch = sys.modules.get("torch")
     return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
                 and torch.cuda.is_current_stream_capturing())

@@ -16,6 +16,7 @@ from .. import Family
 from . import _scope
 from ._launch import BLOCK, as_device, chunks, gpu_status, kernel, launch, launch_stream
 from ._shared import ROWS_PER_PASS
+from .check import check_on_device
 from . import attend, check, dense, filter, recover, replay, select, table, threshold, mma_sync, wgmma, wgmma_ws  # noqa: F401  (register variants)
 from .score_only import score_only
 from .table import TableHyTopK, fused_hytopk, table_hytopk, table_topk
@@ -92,7 +93,7 @@ class CupyFamily(Family):
         """Keys put into the wgmma_ws core's layout once per pipeline call, not once per pass;
         whether every query shares one context (the wgmma_ws threshold's fast path); the longest
         context (recovery buffers without a sync); a plan's uploads (_scope.CallFacts)."""
-        return wgmma_ws.call_scope(lo_h, hi_h, M_h, uploads)
+        return _scope.call_scope(lo_h, hi_h, M_h, uploads)
 
     def release(self, x):
         """Drop the call's layout copy of ``x`` (a pass's q rows: 1/passes of q each, which would
@@ -132,12 +133,8 @@ class CupyFamily(Family):
         Returns device (failed bool[n], fell_back bool[1], nfailed int32[1])."""
         with launch_stream():
             n = int(count.shape[0])
-            failed = cp.zeros(n, cp.uint8)
-            rows = cp.empty(max(n, 1), cp.int32)
-            nfailed = cp.zeros(1, cp.int32)
+            failed, rows, nfailed = check_on_device(count, lo, hi, k, capacity)
             fell_back = cp.zeros(1, cp.uint8)
-            launch(kernel("check.cu", "hytopk_check"), (min(chunks(n, BLOCK), 1024),),
-                   (np.int32(n), count, lo, hi, np.int32(k), np.int32(capacity), failed, rows, nfailed))
             S = _recovery_chunk(n, _scope.longest_context())
             slots = cp.empty(S, cp.int32)
             facts = _scope.current()

@@ -34,15 +34,6 @@ NOTE = ("warp-specialised wgmma (sm_90a): a bulk-copy producer warp, 4 consumer 
 INPUTS = "(bf16 q/keys, float32 w; fp8 e4m3 from an Fp8IndexerSource)"
 
 
-def call_scope(lo_h=None, hi_h=None, M_h=None, uploads=None):
-    """One pipeline call (Family.call_scope, _scope.CallFacts). Inside: a source's keys are put
-    into the core-matrix layout once and reused by every stage (passes and recovery), since they
-    do not change during the call (entries hold their keys, so an id is never reused); and when
-    the host ranges show one context shared by every query, the threshold takes its fast path
-    with no device sync."""
-    return _scope.call_scope(lo_h, hi_h, M_h, uploads)
-
-
 def _f32_weights(w):
     """float32 weights: float32 as given, bf16 bits widened exactly."""
     if w.dtype == cp.float32:
