@@ -338,6 +338,16 @@ def test_bench_presets_are_the_issue_targets():
     assert c8["dtype"] == "fp8" and c8["target_speedup"] == 1.8 and B.TARGET_OVERLAP == 0.9
 
 
+def test_bench_targets_by_world_size():
+    from workbench.distributed import bench as B
+    c16 = B.resolve(B.PROBLEMS["causal1m-bf16"], 4)
+    assert c16["n"] == 4 * 8192                                 # n per rank stays 8192
+    assert B.target_speedup("causal1m-bf16", c16, 2) == 1.85    # issue 15
+    assert B.target_speedup("causal1m-bf16", c16, 4) == 3.5     # issue 16
+    assert B.target_speedup("causal1m-bf16", c16, 8) == 7.0
+    assert B.target_speedup("full128k-bf16", B.PROBLEMS["full128k-bf16"], 4) is None
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["bfloat16", "fp8"])
 def test_nccl_bench_small_problem_is_bit_identical(tmp_path, dtype):
