@@ -1,5 +1,5 @@
-// Device-side recovery (no host sync, so a selection can be captured in a CUDA graph):
-// the recovery slots of each fixed-size chunk, and the scatter of their results.
+// Device-side helpers with no host sync: the recovery slots of each fixed-size chunk and the
+// scatter of their results (CUDA-graph capture), and context parallel's candidate append.
 #include "hytopk_common.cuh"
 using namespace hytopk;
 
@@ -31,5 +31,37 @@ hytopk_scatter_slots(const int* __restrict__ slots, int S, int k, const int* __r
     for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < k; i += gridDim.y * blockDim.x) {
         dst_idx[(long long)t * k + i] = src_idx[(long long)j * k + i];
         dst_val[(long long)t * k + i] = src_val[(long long)j * k + i];
+    }
+}
+
+// Context parallel: append one shard piece's filter output to a query's running candidate
+// buffer (cp.py _Appender) in one launch, reading only the entries the piece stored.
+// Row t: m = min(count[t], src_width, dst_width - stored[t]) entries of src (positions
+// shifted by `offset`, -1 kept) go to dst slots stored[t] ..; stored[t] += m, total[t] +=
+// count[t] (the true count: overflow stays visible to the check). dst rows are dst_stride
+// apart (>= dst_width). One block per row: the row's counters have a single writer.
+extern "C" __global__ void __launch_bounds__(BLOCK, 1)
+hytopk_append_rows(int n, int src_width, const int* __restrict__ src_idx, const float* __restrict__ src_val,
+                   const int* __restrict__ count, int offset, int dst_width, int dst_stride,
+                   int* __restrict__ dst_idx, float* __restrict__ dst_val, long long* __restrict__ stored,
+                   long long* __restrict__ total) {
+    const int t = blockIdx.x;
+    if (t >= n) return;
+    const long long c = max(count[t], 0);
+    const long long s = min(max(stored[t], 0LL), (long long)dst_width);
+    const long long m = min(min(c, (long long)src_width), (long long)dst_width - s);
+    const int* si = src_idx + (long long)t * src_width;
+    const float* sv = src_val + (long long)t * src_width;
+    int* di = dst_idx + (long long)t * dst_stride + s;
+    float* dv = dst_val + (long long)t * dst_stride + s;
+    for (long long i = threadIdx.x; i < m; i += blockDim.x) {
+        const int p = si[i];
+        di[i] = p >= 0 ? p + offset : p;
+        dv[i] = sv[i];
+    }
+    __syncthreads();                                         // every thread has read stored[t]
+    if (threadIdx.x == 0) {
+        stored[t] = s + m;
+        total[t] += c;
     }
 }

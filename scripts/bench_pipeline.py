@@ -11,6 +11,7 @@ Ratios are within this run. The stage set is the CuPy family's bf16 defaults (Ba
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -111,7 +112,8 @@ def bench(name, args):
     ci, cv, cnt = st.filter(src, lo_d, hi_d, T, plan1.capacity)
     row("threshold", lambda: st.threshold(src, lo_d, hi_d, M_d, r_d))
     from workbench import registry
-    for variant in ("cupy.threshold.wgmma_ws", "cupy.threshold.wgmma_ws_fused"):
+    thr_variants = [v.name for v in registry.variants("threshold", "cupy") if "wgmma_ws" in v.name]
+    for variant in thr_variants:
         v = registry.get(variant)
         row(f"threshold {variant.rsplit('.', 1)[1]}", lambda v=v: v(src, lo_d, hi_d, M_d, r_d))
     f = row("filter", lambda: st.filter(src, lo_d, hi_d, T, plan1.capacity))
@@ -120,6 +122,14 @@ def bench(name, args):
     one = row("hytopk one pass", lambda: plan1(qt, wt_, kt))
     dflt = row("hytopk default passes", lambda: plan_d(qt, wt_, kt))
     row("hytopk default passes, one lane", lambda: plan_d1(qt, wt_, kt))
+    plan_pp = b.plan(lot, hit, k, L=L, thresholds_first=False)
+    out["passes_thresholds_per_pass"] = len(plan_pp.passes)
+    out["threshold_spans_default"] = len(plan_d.threshold_spans)
+    row("hytopk default passes, thresholds per pass", lambda: plan_pp(qt, wt_, kt))
+    for variant in thr_variants:                  # the default passes with each threshold variant
+        if variant != st.threshold.name:
+            st_v = dataclasses.replace(st, threshold=registry.get(variant))
+            row(f"hytopk default passes, threshold {variant.rsplit('.', 1)[1]}", lambda s_=st_v: plan_d.run(s_, src))
     row("hytopk default passes, capture-safe", lambda: plan_d(qt, wt_, kt, capture_safe=True))
     out["host_us_capture_safe_call"] = host_us(lambda: plan_d(qt, wt_, kt, capture_safe=True))
     if args.profile:

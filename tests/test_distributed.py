@@ -418,3 +418,34 @@ def test_appender_limit_and_offset_read_only_meaningful_columns():
         assert torch.equal(x, y)
     assert b.result()[0].tolist() == [[101, 102, -1, -1, -1], [103, -1, -1, -1, -1]]
     assert b.total.tolist() == [9, 1] and b.stored.tolist() == [2, 1]
+
+
+@pytest.mark.gpu
+def test_cupy_append_rows_matches_the_torch_append():
+    """The CuPy append kernel of the CP filter ring == _Appender's torch path: overflowing
+    rows (count past the piece's width and past the buffer), empty rows, the offset, -1 kept."""
+    torch = pytest.importorskip("torch")
+    if _gpus() < 1:
+        pytest.skip("needs a CUDA GPU")
+    pytest.importorskip("cupy")
+    from workbench.distributed.cp import _Appender
+    from workbench.families import get_family
+    fam = get_family("cupy")
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(3)
+    n, width, pw = 37, 50, 24
+    slow, fast = _Appender(n, width, dev), _Appender(n, width, dev, fam)
+    for piece, offset in enumerate((0, 1000, 77, 5)):
+        idx = torch.randint(0, 900, (n, pw), generator=g, dtype=torch.int32)
+        idx[:, -3:] = -1
+        val = torch.randn(n, pw, generator=g)
+        count = torch.randint(0, 2 * pw, (n,), generator=g, dtype=torch.int32)
+        count[::7] = 0
+        for buf in (slow, fast):
+            buf.append(idx.to(dev), val.to(dev), count.to(dev), offset=offset)
+    torch.cuda.synchronize()
+    assert torch.equal(slow.total, fast.total) and torch.equal(slow.stored, fast.stored)
+    si, sv = slow.result()
+    fi, fv = fast.result()
+    assert torch.equal(si, fi) and torch.equal(sv, fv)
+    assert int(fast.stored.max()) == width                     # some rows filled the buffer

@@ -21,6 +21,22 @@ def test_default_chunk_bounds_scratch_and_balances_passes():
     assert P.query_chunk_for(10**6, 10**9, 0) == 1     # a huge capacity still makes progress
 
 
+def test_pass_budget_grows_with_the_table_but_stays_under_a_32nd():
+    """Small problems keep SCRATCH_BYTES per pass; large ones get table / (40 lanes) so they run
+    a few passes, not hundreds (32768 x 256K: 127 passes with the fixed budget)."""
+    assert P.pass_scratch_bytes(4096, 131072) == P.SCRATCH_BYTES
+    for n, L, cap in ((32768, 262144, 9984), (8192, 1 << 20, 11520)):
+        table = 4 * n * L
+        for lanes in (1, 2):
+            sb = P.pass_scratch_bytes(n, L, lanes)
+            assert P.SCRATCH_BYTES <= sb <= P.SCRATCH_CAP and lanes * sb <= table / 32
+        m = int(R.num_samples(L))
+        fixed = -(-n // P.query_chunk_for(n, cap, m, k=2048))
+        grown = -(-n // P.query_chunk_for(n, cap, m, k=2048, scratch_bytes=P.pass_scratch_bytes(n, L)))
+        assert grown <= 10 < fixed
+    assert P.pass_scratch_bytes(10**6, 10**7) == P.SCRATCH_CAP
+
+
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True, "8"])
 def test_bad_query_chunk_names_the_argument(bad):
     with pytest.raises(ValueError, match="query_chunk"):

@@ -18,13 +18,15 @@ def _case(n=12, L=700, H=2, D=8, k=16, layout="varlen", seed=0):
     return q, w, keys, lo, hi, k
 
 
+@pytest.mark.parametrize("thresholds_first", [True, False])
 @pytest.mark.parametrize("query_chunk", [None, 5])
 @pytest.mark.parametrize("capacity, max_failed", [(None, 64), (20, 64), (20, 1)])
-def test_plan_equals_the_pipeline_and_is_reused(query_chunk, capacity, max_failed):
+def test_plan_equals_the_pipeline_and_is_reused(query_chunk, capacity, max_failed, thresholds_first):
     q, w, keys, lo, hi, k = _case()
     want = R.hytopk_indexer(q, w, keys, lo, hi, k, capacity=capacity, max_failed=max_failed)
     b = workbench.backend("reference")
-    plan = b.plan(lo, hi, k, capacity=capacity, max_failed=max_failed, query_chunk=query_chunk)
+    plan = b.plan(lo, hi, k, capacity=capacity, max_failed=max_failed, query_chunk=query_chunk,
+                  thresholds_first=thresholds_first)
     assert len(plan.passes) == (1 if query_chunk is None else 3)
     for _ in range(2):
         got = plan(q, w, keys).host()
@@ -32,6 +34,20 @@ def test_plan_equals_the_pipeline_and_is_reused(query_chunk, capacity, max_faile
         assert np.array_equal(got.count, want.count) and np.array_equal(got.failed, want.failed)
         assert got.fell_back == want.fell_back and got.capacity == want.capacity
     assert plan.table(R.indexer_scores(q, w, keys, lo, hi)).host().idx.tobytes() == want.idx.tobytes()
+
+
+def test_thresholds_first_in_spans_of_the_budget(monkeypatch):
+    """Thresholds before the passes, in spans when the sampled scores outgrow the budget: same bits."""
+    from workbench import pipeline as P
+    q, w, keys, lo, hi, k = _case()
+    want = R.hytopk_indexer(q, w, keys, lo, hi, k)
+    m = int(R.num_samples(int((hi - lo).max())))
+    monkeypatch.setattr(P, "SCRATCH_BYTES", 4 * (8 * m + 16))       # 4 queries' samples per span
+    plan = workbench.backend("reference").plan(lo, hi, k)
+    assert plan.thresholds_first and len(plan.threshold_spans) == 3
+    got = plan(q, w, keys).host()
+    assert got.idx.tobytes() == want.idx.tobytes() and got.val.tobytes() == want.val.tobytes()
+    assert got.threshold.tobytes() == want.threshold.tobytes() and np.array_equal(got.count, want.count)
 
 
 def test_backend_calls_reuse_one_plan_per_layout():

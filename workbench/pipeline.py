@@ -64,6 +64,17 @@ def stage_set(family: str, chosen: dict | None = None, bf16: bool = False, kind:
 
 
 SCRATCH_BYTES = 32 << 20      # default bound on one pass's selection scratch (see query_chunk_for)
+SCRATCH_PER_TABLE = 40        # ... or table / (40 x lanes) per pass where that is more (peak < table / 32)
+SCRATCH_CAP = 1 << 30         # ... but never more than this per pass
+
+
+def pass_scratch_bytes(n: int, L: int, lanes: int = 2) -> int:
+    """One pass's scratch budget: SCRATCH_BYTES, or more on large problems, where a fixed
+    budget means hundreds of passes (127 at 32768 x 256K) whose launches and host work add
+    up: the [n, L] float32 table's bytes / SCRATCH_PER_TABLE, split over the lanes that run
+    at once (so the peak stays under 1/32 of the table HyTopK never writes), at most SCRATCH_CAP."""
+    share = (4 * int(n) * int(L)) // (SCRATCH_PER_TABLE * max(1, int(lanes)))
+    return int(max(SCRATCH_BYTES, min(SCRATCH_CAP, share)))
 
 
 def check_query_chunk(query_chunk):
@@ -72,21 +83,26 @@ def check_query_chunk(query_chunk):
     return int(query_chunk)
 
 
-def query_chunk_for(n: int, capacity: int, m_max: int, query_chunk=None, k: int = 0) -> int:
+def query_chunk_for(n: int, capacity: int, m_max: int, query_chunk=None, k: int = 0, scratch_bytes=None) -> int:
     """Queries per pass. ``query_chunk`` if given; else as many as keep a pass's scratch
     (the candidate buffer, capacity x 8 B per query, the sampled scores and positions,
-    M x 8 B, and the pass's selection, k x 8 B) within SCRATCH_BYTES, spread evenly over
+    M x 8 B, and the pass's selection, k x 8 B) within ``scratch_bytes`` (default
+    SCRATCH_BYTES; see pass_scratch_bytes), spread evenly over
     the passes and rounded up to a multiple of 8 (the tiled kernels take 4 or 8 queries
     per block) where that still fits."""
     if query_chunk is not None:
         return check_query_chunk(query_chunk)
     per_query = 8 * int(capacity) + 8 * int(m_max) + 8 * int(k) + 16
-    fit = max(1, SCRATCH_BYTES // per_query)
+    fit = max(1, int(SCRATCH_BYTES if scratch_bytes is None else scratch_bytes) // per_query)
     if fit >= n:
         return max(1, n)
     passes = -(-n // fit)
     even = -(-n // passes)
     return min(fit, -(-even // 8) * 8) if fit >= 8 else fit
+
+
+def _spans(n: int, chunk: int) -> list:
+    return [(a, min(n, a + chunk)) for a in range(0, n, chunk)] or [(0, 0)]
 
 
 def _rows(source, a, b):
@@ -117,7 +133,7 @@ class SelectionPlan:
     """
 
     def __init__(self, backend: "Backend", lo, hi, k, *, L=None, capacity=None, oversample=3.0, max_failed=64,
-                 query_chunk=None, lanes=2):
+                 query_chunk=None, lanes=2, thresholds_first=True):
         lo_h, hi_h = V.check_ranges(lo, hi, None, L)
         self.n = int(lo_h.shape[0])
         self.max_hi = int(hi_h.max()) if self.n else 0
@@ -131,8 +147,15 @@ class SelectionPlan:
         self.capacity = R.resolve_capacity(capacity, self.k, lo_h, hi_h, self.oversample)
         self.M, self.r = R.sample_plan(lo_h, hi_h, self.k, self.oversample)
         c_max = int((hi_h - lo_h).max()) if self.n else 0
-        chunk = query_chunk_for(self.n, self.capacity, int(R.num_samples(c_max)), query_chunk, self.k)
-        self.passes = [(a, min(self.n, a + chunk)) for a in range(0, self.n, chunk)] or [(0, 0)]
+        budget, m_max = pass_scratch_bytes(self.n, self.L, lanes), int(R.num_samples(c_max))
+        # thresholds_first: every query's threshold before the passes (in chunks whose sampled
+        # scores fit the budget; one launch when the threshold keeps its samples on chip), so the
+        # passes hold only candidates and selections: larger passes, no threshold tail per pass
+        self.thresholds_first = bool(thresholds_first)
+        chunk = query_chunk_for(self.n, self.capacity, 0 if self.thresholds_first else m_max, query_chunk,
+                                self.k, budget)
+        self.passes = _spans(self.n, chunk)
+        self.threshold_spans = _spans(self.n, max(1, budget // (8 * max(1, m_max) + 16)))
         self.lanes = max(1, int(lanes)) if len(self.passes) > 1 else 1
         fam = self.family
         # host arrays go to the device once (a copy from pageable memory waits for the stream)
@@ -187,18 +210,21 @@ class SelectionPlan:
         """Threshold, filter and select of every pass, round-robin over the family's lanes
         (streams), no wait for the GPU; each pass's rows placed into the full outputs."""
         fam = st.family
+        T = self._thresholds(st, source) if self.thresholds_first else None
         if len(self.passes) == 1:
-            return _select_pass(st, source, self.lo_d, self.hi_d, self.M_d, self.r_d, self.k, self.capacity)
+            return _select_pass(st, source, self.lo_d, self.hi_d, self.M_d, self.r_d, self.k, self.capacity, T)
         n = self.n
         idx, val = fam.empty_selection(n, self.k)
-        T, count = fam.empty((n,), np.float32), fam.empty((n,), np.int32)
+        count = fam.empty((n,), np.int32)
+        T_all = fam.empty((n,), np.float32) if T is None else T
 
         def one(a, b):
             part_src = _rows(source, a, b)
             out = _select_pass(st, part_src, self.lo_d[a:b], self.hi_d[a:b], self.M_d[a:b],
-                               self.r_d[a:b], self.k, self.capacity)
-            for dst, part in zip((T, count, idx, val), out):
-                fam.place(dst, a, part)
+                               self.r_d[a:b], self.k, self.capacity, None if T is None else T[a:b])
+            for dst, part in zip((T_all, count, idx, val), out):
+                if dst is not T:
+                    fam.place(dst, a, part)
             del out                                # this pass's scratch goes back to the pool,
             fam.release(getattr(part_src, "q", None))    # and what the family prepared from its rows
         # the first pass on the launch stream: what it prepares for the whole call (keys in a core's
@@ -208,7 +234,20 @@ class SelectionPlan:
             for p, (a, b) in enumerate(self.passes[1:]):
                 with lanes[p % len(lanes)]:
                     one(a, b)
-        return T, count, idx, val
+        return T_all, count, idx, val
+
+    def _thresholds(self, st, source):
+        """Every query's threshold, in spans whose sampled scores fit one pass's budget
+        (one span when the threshold variant keeps its samples on chip)."""
+        spans = [(0, self.n)] if st.threshold.scratch_free else self.threshold_spans
+        if len(spans) == 1:
+            return st.threshold(source, self.lo_d, self.hi_d, self.M_d, self.r_d)
+        T = st.family.empty((self.n,), np.float32)
+        for a, b in spans:
+            part_src = _rows(source, a, b)
+            st.family.place(T, a, st.threshold(part_src, self.lo_d[a:b], self.hi_d[a:b], self.M_d[a:b], self.r_d[a:b]))
+            st.family.release(getattr(part_src, "q", None))
+        return T
 
     def _recover(self, st, source, count, idx, val):
         """The eager check (the one host sync) and the recovery of the failed queries, at most
@@ -256,11 +295,12 @@ def _torch_capturing() -> bool:
                 and torch.cuda.is_current_stream_capturing())
 
 
-def _select_pass(st, source, lo, hi, M, r, k, capacity):
-    """Threshold, filter and exact select of one pass's queries (the driver adds no wait):
-    (T, count, idx, val). The select of a query that failed the check is replaced
+def _select_pass(st, source, lo, hi, M, r, k, capacity, T=None):
+    """Threshold (unless given), filter and exact select of one pass's queries (the driver adds
+    no wait): (T, count, idx, val). The select of a query that failed the check is replaced
     by its recovery afterwards."""
-    T = st.threshold(source, lo, hi, M, r)
+    if T is None:
+        T = st.threshold(source, lo, hi, M, r)
     cand_idx, cand_val, count = st.filter(source, lo, hi, T, capacity)
     idx, val = st.select(cand_idx, cand_val, count, k)
     return T, count, idx, val
@@ -356,12 +396,14 @@ class Backend:
         return lo_h, hi_h
 
     def plan(self, lo, hi, k, *, L=None, capacity=None, oversample=3.0, max_failed=64, query_chunk=None,
-             lanes=2) -> SelectionPlan:
+             lanes=2, thresholds_first=True) -> SelectionPlan:
         """The host work of a selection layout, once (SelectionPlan): call the plan with
         (q, w, keys[, kscale]) or plan.table(scores) per step. ``L``: the key count the ranges
-        are checked against (default max(hi); a call takes any L >= max(hi))."""
+        are checked against (default max(hi); a call takes any L >= max(hi)). ``thresholds_first``:
+        every query's threshold before the passes (False: each pass samples its own; same result)."""
         return SelectionPlan(self, lo, hi, k, L=L, capacity=capacity, oversample=oversample,
-                             max_failed=max_failed, query_chunk=query_chunk, lanes=lanes)
+                             max_failed=max_failed, query_chunk=query_chunk, lanes=lanes,
+                             thresholds_first=thresholds_first)
 
     def _plan_for(self, lo_h, hi_h, L, k, capacity, oversample, max_failed, query_chunk) -> SelectionPlan:
         """A cached plan for host ranges (the last few layouts, keyed by their bytes)."""

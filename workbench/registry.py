@@ -130,6 +130,7 @@ class Variant:
     sources: tuple = ("table", "indexer")   # for stages that take a source (the card's sources): which it accepts
     gpu_only: bool = False          # needs a real GPU (warp intrinsics): never run in the simulator
     notes: str = ""
+    scratch_free: bool = False      # threshold: its samples stay on chip (no [n, M] scores in memory)
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)
@@ -139,7 +140,7 @@ _VARIANTS: dict[str, Variant] = {}
 _LOAD_ERRORS: dict[str, str] = {}
 
 
-def register(stage: str, name: str, *, sources=("table", "indexer"), gpu_only=False, notes=""):
+def register(stage: str, name: str, *, sources=("table", "indexer"), gpu_only=False, notes="", scratch_free=False):
     """Decorator: ``@register("select", "numba.select.block")``. The family is the name's prefix."""
     if stage not in STAGES and stage not in ATTENTION_STAGES:
         raise ValueError(f"unknown stage {stage!r}; stages are {sorted(STAGES) + sorted(ATTENTION_STAGES)}")
@@ -148,7 +149,8 @@ def register(stage: str, name: str, *, sources=("table", "indexer"), gpu_only=Fa
         raise ValueError(f"variant name {name!r} must start with a family: {sorted(FAMILY_MODULES)}")
 
     def deco(fn):
-        v = Variant(stage, name, family, fn, tuple(sources), gpu_only, notes or (fn.__doc__ or "").strip().split("\n")[0])
+        v = Variant(stage, name, family, fn, tuple(sources), gpu_only, notes or (fn.__doc__ or "").strip().split("\n")[0],
+                    bool(scratch_free))
         _VARIANTS[name] = v
         return fn
     return deco

@@ -62,6 +62,7 @@ from reference import dtypes as DT
 
 from .. import registry
 from ..arrays import kind_of
+from ..families import Family
 from ..pipeline import Backend
 from .comm import Comm, exchange, ring_pass
 from .sharding import Sharding
@@ -356,14 +357,18 @@ class ContextParallelHyTopK:
     def filter_ring(self, call, T, *, exchange_keys=True, shards=None, events=None):
         """Candidates of every local query over every shard: (idx, val [n, capacity], count int32 [n])."""
         n, cap, dev = len(self.rows), self.capacity, self.comm.device
-        buf = _Appender(n, cap, dev)
+        on_device = dev.type == "cuda" and type(self.family).append_rows is not Family.append_rows
+        buf = _Appender(n, cap, dev, self.family if on_device else None)
 
-        pending = []       # a piece's output is appended once the next piece's filter is queued
+        pending = []       # torch path: a piece's output is appended once the next piece's filter is queued
 
         def on_shard(owner, shard):
             with self._shard_sources(call, owner, shard) as sources:
                 for pc, src in sources:
                     ci, cv, cnt = call.stages.filter(src, pc.lo_dev, pc.hi_dev, T, cap)
+                    if on_device:           # the family's append kernel: no host sync, no torch temporaries
+                        buf.append(as_torch(ci, dev), as_torch(cv, dev), as_torch(cnt, dev), offset=pc.a)
+                        continue
                     pending.append(_Pending(as_torch(ci, dev), as_torch(cv, dev), as_torch(cnt, dev), pc.a))
                     while len(pending) > 1:
                         pending.pop(0).into(buf)
@@ -414,8 +419,8 @@ class _Appender:
     it lands in slot stored[t] + j, or in a trash column past the end when
     that is full (one scatter, no host sync)."""
 
-    def __init__(self, n, width, device):
-        self.width = width
+    def __init__(self, n, width, device, family=None):
+        self.width, self.family = width, family
         self.idx = torch.full((n, width + 1), -1, dtype=torch.int32, device=device)
         self.val = torch.full((n, width + 1), -np.inf, dtype=torch.float32, device=device)
         self.stored = torch.zeros(n, dtype=torch.int64, device=device)
@@ -425,6 +430,9 @@ class _Appender:
         """``offset`` is added to the stored indices; ``limit`` (a host int) bounds every row's
         meaningful entries, so only that many columns are read (the filter's capacity is
         mostly padding)."""
+        if self.family is not None and limit is None and \
+                self.family.append_rows(self.idx, self.val, self.width, self.stored, self.total, idx, val, count, offset):
+            return                          # one kernel, reading only the stored entries
         count = count.to(torch.int64)
         self.total = self.total + count
         cols = idx.shape[1] if limit is None else max(0, min(int(limit), idx.shape[1]))

@@ -70,6 +70,14 @@ class Family:
         """dst[rows[j]] = src[j] for the recovery results (in place)."""
         raise NotImplementedError
 
+    def append_rows(self, dst_idx, dst_val, width, stored, total, src_idx, src_val, count, offset) -> bool:
+        """Append a filter output (src_idx/val [n, w], count [n]) to running candidate buffers
+        (dst_idx/val: rows of at least ``width`` slots; stored, total: int64 [n], updated in
+        place), positions shifted by ``offset``, in one step on the device: context parallel's
+        per-piece append (torch tensors; cp._Appender says what each holds). False: this
+        family has no such kernel, and the caller does it with torch ops."""
+        return False
+
     def call_scope(self, lo_h=None, hi_h=None, M_h=None, uploads=None):
         """A context for the stages of one pipeline call (every pass and the recovery): inside it
         the inputs do not change, so a family may reuse per-input preparation across passes;

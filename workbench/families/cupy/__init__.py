@@ -154,11 +154,31 @@ class CupyFamily(Family):
                     facts.recovery_rows = saved
             return failed.astype(cp.bool_), fell_back.astype(cp.bool_), nfailed
 
+    def append_rows(self, dst_idx, dst_val, width, stored, total, src_idx, src_val, count, offset):
+        if dst_idx.device.type != "cuda":
+            return False
+        n, width = int(src_idx.shape[0]), int(src_idx.shape[1]) if src_idx.dim() == 2 else 0
+        if n == 0 or width == 0:
+            total += count.to(total.dtype)
+            return True
+        with launch_stream():
+            cnt = as_device(count if count.dtype == _torch().int32 else count.to(_torch().int32))
+            launch(kernel("device_recovery.cu", "hytopk_append_rows"), (n,),
+                   (np.int32(n), np.int32(width), as_device(src_idx.contiguous()), as_device(src_val.contiguous()),
+                    cnt, np.int32(offset), np.int32(width), np.int32(dst_idx.stride(0)),
+                    as_device(dst_idx), as_device(dst_val), as_device(stored), as_device(total)))
+        return True
+
     def scatter_rows(self, dst_idx, dst_val, rows, src_idx, src_val):
         with launch_stream():
             rows = as_device(rows)
             dst_idx[rows] = src_idx
             dst_val[rows] = src_val
+
+
+def _torch():
+    import torch
+    return torch
 
 
 RECOVERY_SCRATCH_BYTES = 128 << 20
