@@ -25,6 +25,7 @@ from reference import dtypes as DT                                 # noqa: E402
 import workbench                                                   # noqa: E402
 import workbench.torch  # noqa: E402,F401  (registers the ops)
 from workbench.harness.presets import get as get_preset, make_inputs  # noqa: E402
+from workbench.harness.kernel_profile import kernel_profile          # noqa: E402
 from workbench.torch import plans                                  # noqa: E402
 
 
@@ -53,27 +54,6 @@ def host_us(fn, reps=20):
         out.append((time.perf_counter() - t) * 1e6)
     torch.cuda.synchronize()
     return float(np.median(out))
-
-
-def kernel_profile(fn):
-    """GPU kernels of one call (torch.profiler / CUPTI): time and count per kernel name, the
-    summed kernel time and the call's span, so launch gaps and overlap show."""
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    per = {}
-    for e in kernels:
-        d = per.setdefault(e.name[:80], [0.0, 0])
-        d[0] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-        d[1] += 1
-    span = (max(e.time_range.end for e in kernels) - min(e.time_range.start for e in kernels)) if kernels else 0
-    top = sorted(per.items(), key=lambda kv: -kv[1][0])[:25]
-    return {"span_us": span, "kernel_us_sum": sum(v[0] for v in per.values()), "launches": len(kernels),
-            "kernels": {k: {"us": v[0], "count": v[1]} for k, v in top}}
 
 
 def bench(name, args):

@@ -56,6 +56,9 @@ def _parser():
                     help="custom: indexer input dtype (bfloat16 / fp8: the tensor-core stage sets)")
     be.add_argument("--sharding", default="zigzag", choices=("zigzag", "contiguous"))
     be.add_argument("--repeats", type=int, default=5)
+    be.add_argument("--profile", action="store_true",
+                    help="GPUs: add a kernel profile (torch.profiler) of one CP call on rank 0 and of one "
+                         "single-GPU pipeline call to each problem's record")
     be.add_argument("--timeout", type=float, default=600.0)
     be.add_argument("--force", action="store_true",
                     help=f"run gloo on shapes over {GLOO_MAX_GFLOP:.0f} GFLOP per scoring pass anyway (hours)")
@@ -182,7 +185,7 @@ def problems(args) -> list:
                 p = {k: getattr(args, k) for k in ("n", "L", "H", "D", "k", "layout", "sharding", "dtype")}
             else:
                 p = dict(PROBLEMS[one])
-            out.append(dict(p, name=one))
+            out.append(dict(p, name=one, **({"profile": True} if getattr(args, "profile", False) else {})))
     return out
 
 

@@ -244,6 +244,13 @@ def _problem(family, p, variants, reps, device, say) -> dict:
         say("single-GPU pipeline (after)")
         pipe_s.append(timed(pipeline, reps, everyone=False))
     dist.barrier()
+    profiles = None
+    if gpu and p.get("profile"):                             # where each call's time goes, by kernel
+        from ..harness.kernel_profile import kernel_profile
+        say("kernel profiles (rank 0: one CP call, one single-GPU pipeline call)")
+        mine = kernel_profile(lambda: cp(q, w, keys, ks))     # every rank runs the call (collectives)
+        profiles = dict(cp_rank0=mine, pipeline=kernel_profile(pipeline)) if me == 0 else None
+        dist.barrier()
     digests = [None] * P
     dist.all_gather_object(digests, digest)
     record = dict(name=p.get("name", "custom"), params={kk: v for kk, v in p.items() if kk != "name"},
@@ -252,6 +259,8 @@ def _problem(family, p, variants, reps, device, say) -> dict:
                   exposed_transfer_s=statistics.median(exposed) if exposed else None, phases=res.timings,
                   failed_total=res.failed_total, fell_back=res.fell_back, capacity=res.capacity, samples_fetched=cp.samples_fetched,
                   repeat_stable=stable, cp_digests=digests)
+    if profiles:
+        record["profile"] = profiles
     if me == 0:
         pipeline_s = min(pipe_s)
         want_digests = [result_digest(want, sh.query_rows[o]) for o in range(P)]

@@ -157,14 +157,14 @@ class CupyFamily(Family):
     def append_rows(self, dst_idx, dst_val, width, stored, total, src_idx, src_val, count, offset):
         if dst_idx.device.type != "cuda":
             return False
-        n, width = int(src_idx.shape[0]), int(src_idx.shape[1]) if src_idx.dim() == 2 else 0
-        if n == 0 or width == 0:
+        n, src_w = int(src_idx.shape[0]), int(src_idx.shape[1]) if src_idx.dim() == 2 else 0
+        if n == 0 or src_w == 0:
             total += count.to(total.dtype)
             return True
         with launch_stream():
             cnt = as_device(count if count.dtype == _torch().int32 else count.to(_torch().int32))
             launch(kernel("device_recovery.cu", "hytopk_append_rows"), (n,),
-                   (np.int32(n), np.int32(width), as_device(src_idx.contiguous()), as_device(src_val.contiguous()),
+                   (np.int32(n), np.int32(src_w), as_device(src_idx.contiguous()), as_device(src_val.contiguous()),
                     cnt, np.int32(offset), np.int32(width), np.int32(dst_idx.stride(0)),
                     as_device(dst_idx), as_device(dst_val), as_device(stored), as_device(total)))
         return True
