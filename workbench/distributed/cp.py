@@ -417,12 +417,18 @@ class _Appender:
 
     Entry j of row t of a batch is meaningful when j < min(count[t], its width);
     it lands in slot stored[t] + j, or in a trash column past the end when
-    that is full (one scatter, no host sync)."""
+    that is full (one scatter, no host sync). With a ``family`` whose append_rows
+    kernel does it (CuPy), one launch per batch and no trash column; then slots
+    past min(total, width) stay unset, and stored == min(total, width) per row."""
 
     def __init__(self, n, width, device, family=None):
         self.width, self.family = width, family
-        self.idx = torch.full((n, width + 1), -1, dtype=torch.int32, device=device)
-        self.val = torch.full((n, width + 1), -np.inf, dtype=torch.float32, device=device)
+        if family is not None:              # the family's kernel: no trash column, and slots past
+            self.idx = torch.empty((n, width), dtype=torch.int32, device=device)    # stored are never read
+            self.val = torch.empty((n, width), dtype=torch.float32, device=device)
+        else:
+            self.idx = torch.full((n, width + 1), -1, dtype=torch.int32, device=device)
+            self.val = torch.full((n, width + 1), -np.inf, dtype=torch.float32, device=device)
         self.stored = torch.zeros(n, dtype=torch.int64, device=device)
         self.total = torch.zeros(n, dtype=torch.int64, device=device)
 
@@ -448,6 +454,8 @@ class _Appender:
         self.stored = torch.clamp(self.stored + ok.sum(1), max=self.width)
 
     def result(self):
+        if self.family is not None:         # slots past min(total, width) unset: a select reads none
+            return self.idx, self.val
         return self.idx[:, :self.width].contiguous(), self.val[:, :self.width].contiguous()
 
 

@@ -24,7 +24,12 @@ def check_capacity(capacity) -> int:
 
 
 def candidate_buffers(n, capacity):
-    """A filter's outputs: positions -1, values -inf, counts 0."""
+    """A filter's outputs: counts 0; positions -1 and values -inf past the count, except inside a
+    pipeline call (a call scope), whose consumers (the select, context parallel's append) read
+    only the first min(count, capacity) slots: there the slots are left unset, saving two
+    fills of n x capacity x 4 bytes per pass (0.3 ms at 4096 x 8960)."""
+    if _scope.current() is not None:
+        return cp.empty((n, capacity), cp.int32), cp.empty((n, capacity), cp.float32), cp.zeros(n, cp.int32)
     return (cp.full((n, capacity), -1, cp.int32), cp.full((n, capacity), -np.inf, cp.float32),
             cp.zeros(n, cp.int32))
 
