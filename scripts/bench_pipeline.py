@@ -111,11 +111,15 @@ def bench(name, args):
     ci, cv, cnt = st.filter(src, lo_d, hi_d, T, plan1.capacity)
     row("threshold", lambda: st.threshold(src, lo_d, hi_d, M_d, r_d))
     from workbench import registry
-    for variant in ("cupy.threshold.wgmma_ws", "cupy.threshold.wgmma_ws_fused"):
+    for variant in ("cupy.threshold.wgmma_ws", "cupy.threshold.wgmma_ws_fused", "cupy.threshold.wgmma_ws_group",
+                    "cupy.threshold.wgmma_ws_group128"):
         v = registry.get(variant)
         row(f"threshold {variant.rsplit('.', 1)[1]}", lambda v=v: v(src, lo_d, hi_d, M_d, r_d))
     f = row("filter", lambda: st.filter(src, lo_d, hi_d, T, plan1.capacity))
     row("select", lambda: st.select(ci, cv, cnt, k))
+    for variant in ("cupy.select.radix_bitonic", "cupy.select.radix_smem"):
+        v = registry.get(variant)
+        row(f"select {variant.rsplit('.', 1)[1]}", lambda v=v: v(ci, cv, cnt, k))
     row("check", lambda: st.check(cnt, lo_d, hi_d, k, plan1.capacity))
     one = row("hytopk one pass", lambda: plan1(qt, wt_, kt))
     dflt = row("hytopk default passes", lambda: plan_d(qt, wt_, kt))
