@@ -481,8 +481,8 @@ struct GroupThresholdShape {
     static constexpr int OP_OFF = LIST_OFF + 4 * G * JC;                       // [G][JC + 1] int: owned prefix
     static constexpr int HC_OFF = OP_OFF + 4 * G * (JC + 1);                   // [2 G] int: owned per half list
     static constexpr int UPOS_OFF = HC_OFF + 8 * G;                            // [RING] int: union positions
-    static constexpr int QI_OFF = UPOS_OFF + 4 * RING;                         // [4][G] int: t, m, M, lo; [G] ll c
-    static constexpr int HIST_OFF = QI_OFF + 4 * 4 * G + 8 * G;                // RADIX u32 + SelectScalars
+    static constexpr int QI_OFF = (UPOS_OFF + 4 * RING + 7) / 8 * 8;           // [G] ll c; [4][G] int t, m, M, lo
+    static constexpr int HIST_OFF = QI_OFF + 8 * G + 4 * 4 * G;                // RADIX u32 + SelectScalars
     static constexpr int USLOT_OFF = HIST_OFF + 4 * RADIX + (int)sizeof(SelectScalars);   // [RING][G] short: j
     static constexpr int SSLOT_OFF = USLOT_OFF + 2 * RING * G;                 // [STAGES][64][G] short: j
     static constexpr int END = (SSLOT_OFF + 2 * 64 * G * STAGES + 15) / 16 * 16;
@@ -519,11 +519,11 @@ __device__ __forceinline__ void threshold_group_body(HYTOPK_WS_ARGS, int n, cons
     int* s_op = reinterpret_cast<int*>(smem + S::OP_OFF);
     int* s_hc = reinterpret_cast<int*>(smem + S::HC_OFF);
     int* s_upos = reinterpret_cast<int*>(smem + S::UPOS_OFF);
-    int* s_t = reinterpret_cast<int*>(smem + S::QI_OFF);
+    long long* s_c = reinterpret_cast<long long*>(smem + S::QI_OFF);
+    int* s_t = reinterpret_cast<int*>(s_c + G);
     int* s_m = s_t + G;                                            // samples scored (0: none)
     int* s_M = s_m + G;                                            // the M of the formula
     int* s_lo = s_M + G;
-    long long* s_c = reinterpret_cast<long long*>(s_lo + G);
     u32* hist = reinterpret_cast<u32*>(smem + S::HIST_OFF);
     SelectScalars* sc = reinterpret_cast<SelectScalars*>(hist + RADIX);
     short* s_uslot = reinterpret_cast<short*>(smem + S::USLOT_OFF);

@@ -98,8 +98,9 @@ class WsGroupThresholdGeometry:
         while ring < G * self.JC + 64:
             ring *= 2
         tile = 64 * row
-        end = (N * row + S * tile + 4 * N + 8 * 64 * S + 4 * G * self.JC + 4 * G * (self.JC + 1) + 8 * G
-               + 4 * ring + 16 * G + 8 * G + 4 * 256 + 16 + 2 * ring * G + 2 * 64 * G * S)
+        qi = N * row + S * tile + 4 * N + 8 * 64 * S + 4 * G * self.JC + 4 * G * (self.JC + 1) + 8 * G + 4 * ring
+        qi = (qi + 7) // 8 * 8                                    # the contexts c are 64-bit
+        end = qi + 8 * G + 16 * G + 4 * 256 + 16 + 2 * ring * G + 2 * 64 * G * S
         end = (end + 15) // 16 * 16
         self.smem = end if S * tile >= 4 * self.MAX_SAMPLES else end + 4 * self.MAX_SAMPLES
 
