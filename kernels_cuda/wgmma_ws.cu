@@ -451,7 +451,7 @@ __device__ __forceinline__ void threshold_body(HYTOPK_WS_ARGS, int n, const int*
 
 // ------------------------------------------------------------------ grouped threshold (issue 14)
 // G adjacent queries per block (N = G * H rows of one MMA, G = min(NROWS / H, 8)). Per chunk of
-// JC sample indices j, the G queries' positions p_j = lo + (j * c) // M (64-bit) are merged into
+// JC sample indices j (128 for G <= 2, else 64: a merge costs 4 barriers), the G queries' positions p_j = lo + (j * c) // M (64-bit) are merged into
 // their union (distinct positions, ascending; adjacent causal queries share most of them, a
 // shared context all of them) and appended to a ring of union rows; 64-row key tiles are cut from
 // the ring across chunk boundaries (no partial tiles but the last), gathered with cp.async STAGES
@@ -465,7 +465,8 @@ struct GroupThresholdShape {
     static constexpr int G = (NROWS / H) < 8 ? (NROWS / H) : 8;   // queries per block
     static constexpr int N = G * H;
     static_assert(N == 64 || N == 128 || N == 256, "grouped threshold: G * H must be 64, 128 or 256");
-    static constexpr int JC = 64;                                  // sample indices per chunk and query
+    static constexpr int JC = G <= 2 ? 128 : 64;                   // sample indices per chunk and query
+    static constexpr int NSEG = JC / 32;                           // warp-sized segments per list
     static constexpr int RING = next_pow2(G * JC + 64);           // a chunk's union + a partial tile
     static constexpr int ROW_BYTES = D * In::BYTES;
     static constexpr int CH = ROW_BYTES / 16;
@@ -479,8 +480,8 @@ struct GroupThresholdShape {
     static constexpr int SHS_OFF = SPOS_OFF + 4 * 64 * STAGES;                 // [STAGES][64] float: half scale
     static constexpr int LIST_OFF = SHS_OFF + 4 * 64 * STAGES;                 // [G][JC] int: a chunk's positions
     static constexpr int OP_OFF = LIST_OFF + 4 * G * JC;                       // [G][JC + 1] int: owned prefix
-    static constexpr int HC_OFF = OP_OFF + 4 * G * (JC + 1);                   // [2 G] int: owned per half list
-    static constexpr int UPOS_OFF = HC_OFF + 8 * G;                            // [RING] int: union positions
+    static constexpr int HC_OFF = OP_OFF + 4 * G * (JC + 1);                   // [G][NSEG] int: owned per segment
+    static constexpr int UPOS_OFF = HC_OFF + 4 * G * NSEG;                     // [RING] int: union positions
     static constexpr int QI_OFF = (UPOS_OFF + 4 * RING + 7) / 8 * 8;           // [G] ll c; [4][G] int t, m, M, lo
     static constexpr int HIST_OFF = QI_OFF + 8 * G + 4 * 4 * G;                // RADIX u32 + SelectScalars
     static constexpr int USLOT_OFF = HIST_OFF + 4 * RADIX + (int)sizeof(SelectScalars);   // [RING][G] short: j
@@ -586,7 +587,7 @@ __device__ __forceinline__ void threshold_group_body(HYTOPK_WS_ARGS, int n, cons
                 own[q] = o;
                 const u32 mask = __ballot_sync(0xffffffffu, o);
                 below[q] = __popc(mask & lanes_below_mask());
-                if (lane_id() == 0) s_hc[2 * d + (i >= 32)] = __popc(mask);
+                if (lane_id() == 0) s_hc[d * S::NSEG + i / 32] = __popc(mask);
             }
         }
         __syncthreads();
@@ -595,8 +596,15 @@ __device__ __forceinline__ void threshold_group_body(HYTOPK_WS_ARGS, int n, cons
             const int e = q * 128 + tid;
             if (e < G * JC) {
                 const int d = e / JC, i = e % JC;
-                s_op[d * (JC + 1) + i] = (i >= 32 ? s_hc[2 * d] : 0) + below[q];
-                if (i == JC - 1) s_op[d * (JC + 1) + JC] = s_hc[2 * d] + s_hc[2 * d + 1];
+                int before = 0, all = 0;                           // owned in the list's earlier segments, in all
+#pragma unroll
+                for (int sg = 0; sg < S::NSEG; ++sg) {
+                    const int h = s_hc[d * S::NSEG + sg];
+                    before += sg < i / 32 ? h : 0;
+                    all += h;
+                }
+                s_op[d * (JC + 1) + i] = before + below[q];
+                if (i == JC - 1) s_op[d * (JC + 1) + JC] = all;
             }
         }
         __syncthreads();
@@ -692,7 +700,14 @@ __device__ __forceinline__ void threshold_group_body(HYTOPK_WS_ARGS, int n, cons
             continue;
         }
         const u32* row = scratch + (long long)t * mcap;
-        for (int j = tid; j < m; j += 128) s_keys[j] = order_key_bits(__ldcg(row + j));
+        for (int base = 0; base < m; base += 128 * 16) {          // 16 loads in flight per thread, not one
+            u32 v[16];
+#pragma unroll
+            for (int q = 0; q < 16; ++q) v[q] = base + q * 128 + tid < m ? __ldcg(row + base + q * 128 + tid) : 0u;
+#pragma unroll
+            for (int q = 0; q < 16; ++q)
+                if (base + q * 128 + tid < m) s_keys[base + q * 128 + tid] = order_key_bits(v[q]);
+        }
         __syncthreads();
         const u32 rank = (u32)min(max(r[t], 1), m);
         auto sample_key = [&](long long j, u32* out) { *out = s_keys[j]; return true; };

@@ -363,9 +363,12 @@ def test_ws_group_threshold_non_contract_m_falls_back():
 
 
 @gpu
-def test_ws_pipeline_equals_bruteforce_of_its_dense():
+@pytest.mark.parametrize("threshold, select", [("wgmma_ws", "radix_bitonic"), ("wgmma_ws_group128", "radix_smem"),
+                                               ("wgmma_ws_group", "radix_smem")])
+def test_ws_pipeline_equals_bruteforce_of_its_dense(threshold, select):
     """bf16, n=256, L=32768, H=64, D=128, k=2048, float32 w: the core's threshold + filter +
-    recover in the backend's pipeline is exact on the core's own scores."""
+    recover in the backend's pipeline is exact on the core's own scores (and with the grouped
+    thresholds and the shared-memory select of issue 14)."""
     import cupy as cp
     import workbench as wb
     from workbench.families.cupy import wgmma_ws as WS
@@ -375,8 +378,8 @@ def test_ws_pipeline_equals_bruteforce_of_its_dense():
     src = R.IndexerSource(src.q, cp.asarray(float32_to_bf16_bits(src.w.get())), src.keys)   # the backend takes one dtype
     lo, hi = G.layout("causal_tail", n, L, k, rng)
     lo_d, hi_d = cp.asarray(lo.astype(np.int32)), cp.asarray(hi.astype(np.int32))
-    chosen = {"threshold": "cupy.threshold.wgmma_ws", "filter": "cupy.filter.wgmma_ws",
-              "recover": "cupy.recover.wgmma_ws", "dense": "cupy.dense.wgmma_ws"}
+    chosen = {"threshold": f"cupy.threshold.{threshold}", "filter": "cupy.filter.wgmma_ws",
+              "recover": "cupy.recover.wgmma_ws", "dense": "cupy.dense.wgmma_ws", "select": f"cupy.select.{select}"}
     idx, val = gpu_topk(WS.dense_source(src, lo_d, hi_d), lo, hi, k)
     for max_failed in (64, 0):                                           # 0: every query through recovery
         res = wb.backend("cupy", chosen).hytopk_indexer(src.q, src.w, src.keys, lo_d, hi_d, k, max_failed=max_failed)

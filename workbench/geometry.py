@@ -86,19 +86,19 @@ class WsGroupThresholdGeometry:
 
     KERNELS = {256: ("hytopk_threshold_group_ws", 6), 128: ("hytopk_threshold_group128_ws", 4)}
     MAX_SAMPLES = 8192
-    JC = 64
 
     def __init__(self, H: int, D: int, elem_bytes: int, nrows: int = 256):
         self.H, self.D, self.elem_bytes, self.nrows = H, D, elem_bytes, nrows
         self.name, self.stages = self.KERNELS[nrows]
         self.threads = 128
         self.G = min(nrows // H, 8)
-        G, S, N, row = self.G, self.stages, self.G * H, D * elem_bytes
+        self.JC = 128 if self.G <= 2 else 64                    # sample indices per merged chunk
+        G, S, N, row, JC = self.G, self.stages, self.G * H, D * elem_bytes, self.JC
         ring = 1
-        while ring < G * self.JC + 64:
+        while ring < G * JC + 64:
             ring *= 2
         tile = 64 * row
-        qi = N * row + S * tile + 4 * N + 8 * 64 * S + 4 * G * self.JC + 4 * G * (self.JC + 1) + 8 * G + 4 * ring
+        qi = N * row + S * tile + 4 * N + 8 * 64 * S + 4 * G * JC + 4 * G * (JC + 1) + 4 * G * (JC // 32) + 4 * ring
         qi = (qi + 7) // 8 * 8                                    # the contexts c are 64-bit
         end = qi + 8 * G + 16 * G + 4 * 256 + 16 + 2 * ring * G + 2 * 64 * G * S
         end = (end + 15) // 16 * 16
