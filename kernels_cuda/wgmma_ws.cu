@@ -451,9 +451,10 @@ __device__ __forceinline__ void threshold_body(HYTOPK_WS_ARGS, int n, const int*
 
 // ------------------------------------------------------------------ grouped threshold (issue 14)
 // G adjacent queries per block (N = G * H rows of one MMA, G = min(NROWS / H, 8)). Per chunk of
-// JC sample indices j (128 for G <= 2, else 64: a merge costs 4 barriers), the G queries' positions p_j = lo + (j * c) // M (64-bit) are merged into
-// their union (distinct positions, ascending; adjacent causal queries share most of them, a
-// shared context all of them) and appended to a ring of union rows; 64-row key tiles are cut from
+// JC sample indices j (128 for G <= 2, else 64: a merge costs 4 barriers), the G queries'
+// positions p_j = lo + (j * c) // M (64-bit) are merged into their union (distinct positions,
+// ascending; adjacent causal queries share most of them, a shared context all of them) and
+// appended to a ring of union rows; 64-row key tiles are cut from
 // the ring across chunk boundaries (no partial tiles but the last), gathered with cp.async STAGES
 // deep, and scored against all G queries by one MMA; query d keeps the score of row u where u holds
 // its own sample j. The score path is gather_scores' (mma_chain, partial_sums, quad_sums,
@@ -574,7 +575,7 @@ __device__ __forceinline__ void threshold_group_body(HYTOPK_WS_ARGS, int n, cons
         bool own[EPT];
         int below[EPT];
 #pragma unroll
-        for (int q = 0; q < EPT; ++q) {                            // owner: first occurrence in its list, in no list before
+        for (int q = 0; q < EPT; ++q) {                            // owner: first in its list, in no list before
             const int e = q * 128 + tid;
             own[q] = false;
             if (e < G * JC) {                                      // warp-uniform (G * JC is a multiple of 32)
@@ -638,13 +639,15 @@ __device__ __forceinline__ void threshold_group_body(HYTOPK_WS_ARGS, int n, cons
             s_spos[st * 64 + tid] = s;
             s_shs[st * 64 + tid] = s >= 0 ? half_scale_of<In>(kscale, s, L) : 0.0f;
 #pragma unroll
-            for (int d = 0; d < G; ++d) s_sslot[(st * 64 + tid) * G + d] = tid < rows ? s_uslot[row * G + d] : (short)-1;
+            for (int d = 0; d < G; ++d)
+                s_sslot[(st * 64 + tid) * G + d] = tid < rows ? s_uslot[row * G + d] : (short)-1;
         }
         const unsigned char* keys = reinterpret_cast<const unsigned char*>(kt);     // row-major here
         for (int i = tid; i < 64 * S::CH; i += 128) {
             const int rr = (i / (8 * S::CH)) * 8 + (i & 7), c = (i >> 3) % S::CH;
             const int s = rr < rows ? s_upos[(head + rr) & (RING - 1)] : -1;
-            cp_async16(sk + st * S::TILE_BYTES + 16u * i, keys + (s >= 0 ? (size_t)s * S::ROW_BYTES + c * 16 : 0), s >= 0);
+            cp_async16(sk + st * S::TILE_BYTES + 16u * i, keys + (s >= 0 ? (size_t)s * S::ROW_BYTES + c * 16 : 0),
+                       s >= 0);
         }
         head += rows;
         ++issued;
