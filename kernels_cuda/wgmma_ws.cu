@@ -448,6 +448,291 @@ __device__ __forceinline__ void threshold_body(HYTOPK_WS_ARGS, int n, const int*
     }
 }
 
+
+// ------------------------------------------------------------------ grouped threshold (issue 14)
+// G adjacent queries per block (N = G * H rows of one MMA, G = min(NROWS / H, 8)). Per chunk of
+// JC sample indices j (128 for G <= 2, else 64: a merge costs 4 barriers), the G queries'
+// positions p_j = lo + (j * c) // M (64-bit) are merged into their union (distinct positions,
+// ascending; adjacent causal queries share most of them, a shared context all of them) and
+// appended to a ring of union rows; 64-row key tiles are cut from
+// the ring across chunk boundaries (no partial tiles but the last), gathered with cp.async STAGES
+// deep, and scored against all G queries by one MMA; query d keeps the score of row u where u holds
+// its own sample j. The score path is gather_scores' (mma_chain, partial_sums, quad_sums,
+// finish_score), so every sample has the filter's bits whatever row or tile it lands in. Scores go
+// to scratch[t, j] (bits, [n, mcap]); then each query's r-th best by the in-shared-memory radix
+// select, and T = the first such sample in position order, as threshold_body.
+template <class In, int H, int D, int NROWS, int STAGES>
+struct GroupThresholdShape {
+    static constexpr int G = (NROWS / H) < 8 ? (NROWS / H) : 8;   // queries per block
+    static constexpr int N = G * H;
+    static_assert(N == 64 || N == 128 || N == 256, "grouped threshold: G * H must be 64, 128 or 256");
+    static constexpr int JC = G <= 2 ? 128 : 64;                   // sample indices per chunk and query
+    static constexpr int NSEG = JC / 32;                           // warp-sized segments per list
+    static constexpr int RING = next_pow2(G * JC + 64);           // a chunk's union + a partial tile
+    static constexpr int ROW_BYTES = D * In::BYTES;
+    static constexpr int CH = ROW_BYTES / 16;
+    static constexpr int KSTEPS = ROW_BYTES / 32;
+    static constexpr int GROUP_BYTES = CH * 128;
+    static constexpr int Q_BYTES = N * ROW_BYTES;
+    static constexpr int TILE_BYTES = 64 * ROW_BYTES;
+    static constexpr int TILE_OFF = Q_BYTES;
+    static constexpr int W_OFF = TILE_OFF + STAGES * TILE_BYTES;              // [N] float
+    static constexpr int SPOS_OFF = W_OFF + 4 * N;                             // [STAGES][64] int: position, -1 none
+    static constexpr int SHS_OFF = SPOS_OFF + 4 * 64 * STAGES;                 // [STAGES][64] float: half scale
+    static constexpr int LIST_OFF = SHS_OFF + 4 * 64 * STAGES;                 // [G][JC] int: a chunk's positions
+    static constexpr int OP_OFF = LIST_OFF + 4 * G * JC;                       // [G][JC + 1] int: owned prefix
+    static constexpr int HC_OFF = OP_OFF + 4 * G * (JC + 1);                   // [G][NSEG] int: owned per segment
+    static constexpr int UPOS_OFF = HC_OFF + 4 * G * NSEG;                     // [RING] int: union positions
+    static constexpr int QI_OFF = (UPOS_OFF + 4 * RING + 7) / 8 * 8;           // [G] ll c; [4][G] int t, m, M, lo
+    static constexpr int HIST_OFF = QI_OFF + 8 * G + 4 * 4 * G;                // RADIX u32 + SelectScalars
+    static constexpr int USLOT_OFF = HIST_OFF + 4 * RADIX + (int)sizeof(SelectScalars);   // [RING][G] short: j
+    static constexpr int SSLOT_OFF = USLOT_OFF + 2 * RING * G;                 // [STAGES][64][G] short: j
+    static constexpr int END = (SSLOT_OFF + 2 * 64 * G * STAGES + 15) / 16 * 16;
+    // the select's sample keys reuse the key tiles when they are large enough
+    static constexpr bool KEYS_IN_TILES = STAGES * TILE_BYTES >= 4 * WS_MAX_SAMPLES;
+    static constexpr int KEYS_OFF = KEYS_IN_TILES ? TILE_OFF : END;
+    static constexpr int SMEM_BYTES = KEYS_IN_TILES ? END : END + 4 * WS_MAX_SAMPLES;
+    static_assert(SMEM_BYTES <= 227 * 1024, "grouped threshold: shared memory over 227 KiB");
+};
+
+// entries of the sorted row P[0 .. JC) below p (entries past a list's end hold 0x7fffffff)
+template <int JC>
+__device__ __forceinline__ int lower_rank(const int* P, int p) {
+    int lb = 0;
+#pragma unroll
+    for (int step = JC / 2; step > 0; step >>= 1) lb += P[lb + step - 1] < p ? step : 0;
+    return (lb == JC - 1 && P[JC - 1] < p) ? JC : lb;
+}
+
+template <class In, int H, int D, int NROWS, int STAGES>
+__device__ __forceinline__ void threshold_group_body(HYTOPK_WS_ARGS, int n, const int* lo, const int* hi, const int* M,
+                                                     const int* r, int mcap, u32* scratch, u32* T) {
+    typedef GroupThresholdShape<In, H, D, NROWS, STAGES> S;
+    constexpr int G = S::G, JC = S::JC, RING = S::RING;
+    constexpr int EPT = (G * JC + 127) / 128;                      // merge elements per thread
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const int tid = (int)threadIdx.x;
+    const int t0 = (int)blockIdx.x * G;
+    if (t0 >= n) return;
+    float* s_w = reinterpret_cast<float*>(smem + S::W_OFF);
+    int* s_spos = reinterpret_cast<int*>(smem + S::SPOS_OFF);
+    float* s_shs = reinterpret_cast<float*>(smem + S::SHS_OFF);
+    int* s_list = reinterpret_cast<int*>(smem + S::LIST_OFF);
+    int* s_op = reinterpret_cast<int*>(smem + S::OP_OFF);
+    int* s_hc = reinterpret_cast<int*>(smem + S::HC_OFF);
+    int* s_upos = reinterpret_cast<int*>(smem + S::UPOS_OFF);
+    long long* s_c = reinterpret_cast<long long*>(smem + S::QI_OFF);
+    int* s_t = reinterpret_cast<int*>(s_c + G);
+    int* s_m = s_t + G;                                            // samples scored (0: none)
+    int* s_M = s_m + G;                                            // the M of the formula
+    int* s_lo = s_M + G;
+    u32* hist = reinterpret_cast<u32*>(smem + S::HIST_OFF);
+    SelectScalars* sc = reinterpret_cast<SelectScalars*>(hist + RADIX);
+    short* s_uslot = reinterpret_cast<short*>(smem + S::USLOT_OFF);
+    short* s_sslot = reinterpret_cast<short*>(smem + S::SSLOT_OFF);
+    u32* s_keys = reinterpret_cast<u32*>(smem + S::KEYS_OFF);
+    const u32 sq = smem_addr(smem), sk = sq + S::TILE_OFF;
+
+    if (tid < G) {
+        const int t = t0 + tid;
+        int Mt = 0, a = 0;
+        long long c = 0;
+        if (t < n) { Mt = M[t]; a = lo[t]; c = (long long)hi[t] - a; }
+        const bool on = t < n && Mt > 0 && c > 0;
+        s_t[tid] = t < n ? t : -1;
+        s_M[tid] = on ? Mt : 1;
+        s_m[tid] = on ? min(Mt, mcap) : 0;
+        s_lo[tid] = a;
+        s_c[tid] = on ? c : 0;
+    }
+    {   // q rows of the G queries (absent queries: zeros), then their weights
+        const unsigned char* qsrc = reinterpret_cast<const unsigned char*>(qt);
+        constexpr int QCH = H * S::ROW_BYTES / 16;                 // 16-byte chunks per query
+        for (int i = tid; i < G * QCH; i += 128) {
+            const int d = i / QCH;
+            const bool ok = t0 + d < n;
+            cp_async16(sq + 16u * i, qsrc + (ok ? ((size_t)(t0 + d) * QCH + i % QCH) * 16 : 0), ok);
+        }
+        for (int i = tid; i < S::N; i += 128) s_w[i] = t0 + i / H < n ? w[(long long)(t0 + i / H) * H + i % H] : 0.0f;
+    }
+    __syncthreads();
+    int nchunks = 0;
+#pragma unroll
+    for (int d = 0; d < G; ++d) nchunks = max(nchunks, (s_m[d] + JC - 1) / JC);
+
+    // the ring of union rows: [head, tail) merged and not yet issued
+    int head = 0, tail = 0, ci = 0, issued = 0;
+    const auto merge = [&]() {                                     // chunk ci's union to [tail, tail + U)
+        __syncthreads();                                           // every thread is done with the ring's last reads
+        const long long j0 = (long long)ci * JC;
+        for (int e = tid; e < G * JC; e += 128) {
+            const int d = e / JC;
+            const long long j = j0 + e % JC;
+            s_list[e] = j < s_m[d] ? (int)(s_lo[d] + (j * s_c[d]) / s_M[d]) : 0x7fffffff;
+        }
+        for (int e = tid; e < G * JC * G; e += 128) s_uslot[((tail + e / G) & (RING - 1)) * G + e % G] = -1;
+        __syncthreads();
+        bool own[EPT];
+        int below[EPT];
+#pragma unroll
+        for (int q = 0; q < EPT; ++q) {                            // owner: first in its list, in no list before
+            const int e = q * 128 + tid;
+            own[q] = false;
+            if (e < G * JC) {                                      // warp-uniform (G * JC is a multiple of 32)
+                const int d = e / JC, i = e % JC, p = s_list[e];
+                bool o = p != 0x7fffffff && (i == 0 || s_list[e - 1] != p);
+                for (int d2 = 0; d2 < d && o; ++d2) {
+                    const int lb = lower_rank<JC>(s_list + d2 * JC, p);
+                    o = !(lb < JC && s_list[d2 * JC + lb] == p);
+                }
+                own[q] = o;
+                const u32 mask = __ballot_sync(0xffffffffu, o);
+                below[q] = __popc(mask & lanes_below_mask());
+                if (lane_id() == 0) s_hc[d * S::NSEG + i / 32] = __popc(mask);
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < EPT; ++q) {
+            const int e = q * 128 + tid;
+            if (e < G * JC) {
+                const int d = e / JC, i = e % JC;
+                int before = 0, all = 0;                           // owned in the list's earlier segments, in all
+#pragma unroll
+                for (int sg = 0; sg < S::NSEG; ++sg) {
+                    const int h = s_hc[d * S::NSEG + sg];
+                    before += sg < i / 32 ? h : 0;
+                    all += h;
+                }
+                s_op[d * (JC + 1) + i] = before + below[q];
+                if (i == JC - 1) s_op[d * (JC + 1) + JC] = all;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < EPT; ++q) {                            // union rank = distinct positions below p
+            const int e = q * 128 + tid;
+            if (e < G * JC && s_list[e] != 0x7fffffff) {
+                const int d = e / JC, p = s_list[e];
+                int rank = 0;
+                for (int d2 = 0; d2 < G; ++d2) rank += s_op[d2 * (JC + 1) + lower_rank<JC>(s_list + d2 * JC, p)];
+                const int row = (tail + rank) & (RING - 1);
+                if (own[q]) s_upos[row] = p;
+                s_uslot[row * G + d] = (short)(j0 + e % JC);
+            }
+        }
+        int U = 0;
+#pragma unroll
+        for (int d = 0; d < G; ++d) U += s_op[d * (JC + 1) + JC];
+        tail += U;
+        ++ci;
+        __syncthreads();
+    };
+    const auto issue = [&]() -> bool {                             // every thread; block-uniform result
+        while (tail - head < 64 && ci < nchunks) merge();          // a chunk's union has >= 1 row
+        if (tail == head) return false;
+        const int st = issued % STAGES;
+        const int rows = min(64, tail - head);
+        if (tid < 64) {
+            const int row = (head + tid) & (RING - 1);
+            const int s = tid < rows ? s_upos[row] : -1;
+            s_spos[st * 64 + tid] = s;
+            s_shs[st * 64 + tid] = s >= 0 ? half_scale_of<In>(kscale, s, L) : 0.0f;
+#pragma unroll
+            for (int d = 0; d < G; ++d)
+                s_sslot[(st * 64 + tid) * G + d] = tid < rows ? s_uslot[row * G + d] : (short)-1;
+        }
+        const unsigned char* keys = reinterpret_cast<const unsigned char*>(kt);     // row-major here
+        for (int i = tid; i < 64 * S::CH; i += 128) {
+            const int rr = (i / (8 * S::CH)) * 8 + (i & 7), c = (i >> 3) % S::CH;
+            const int s = rr < rows ? s_upos[(head + rr) & (RING - 1)] : -1;
+            cp_async16(sk + st * S::TILE_BYTES + 16u * i, keys + (s >= 0 ? (size_t)s * S::ROW_BYTES + c * 16 : 0),
+                       s >= 0);
+        }
+        head += rows;
+        ++issued;
+        return true;
+    };
+
+#pragma unroll 1
+    for (int i = 0; i < STAGES - 1; ++i) {                         // q and the first STAGES - 1 tiles
+        issue();
+        cp_async_commit();
+    }
+    const int wi = tid >> 5, g = (int)(lane_id() >> 2), tig = (int)(lane_id() & 3);
+    for (int it = 0; it < issued; ++it) {
+        issue();                                                   // tile it + STAGES - 1, if any
+        cp_async_commit();
+        cp_async_wait<STAGES - 1>();
+        fence_proxy_async();
+        __syncthreads();                                           // tile it, its metadata, q and w landed
+        const int st = it % STAGES;
+        float d[S::N / 2];
+        mma_chain<In, S::KSTEPS, S::GROUP_BYTES>(d, sk + st * S::TILE_BYTES, sq);
+        wgmma_wait_all();
+        float x[G][2], v[(G + 3) / 4][2];
+        partial_sums<H, G>(d, reinterpret_cast<const float2*>(s_w), x);
+        quad_sums<G>(x, v);
+#pragma unroll
+        for (int u = 0; u < (G + 3) / 4; ++u) {
+            // the lane that speaks for query slot dq (quad_sums: G >= 4 slot 4u + tig; G = 2 slot tig & 1
+            // in lanes tig, tig ^ 2; G = 1 every lane)
+            const int dq = G >= 4 ? 4 * u + tig : (G == 2 ? (tig & 1) : 0);
+            const bool speaks = G >= 4 ? dq < G : (G == 2 ? tig < 2 : tig == 0);
+            if (!speaks) continue;
+            const int t = s_t[dq];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int row = 16 * wi + g + 8 * e;
+                const int j = s_sslot[(st * 64 + row) * G + dq];
+                if (j >= 0 && t >= 0) {
+                    const float sv = finish_score(v[u][e], s_shs[st * 64 + row]);
+                    __stcs(scratch + (long long)t * mcap + j, __float_as_uint(sv));
+                }
+            }
+        }
+        __syncthreads();                                           // buffer st is free for the refill
+    }
+    cp_async_wait<0>();
+    __syncthreads();                                               // the scratch rows are complete (block scope)
+    for (int dq = 0; dq < G; ++dq) {                               // block-uniform
+        const int t = s_t[dq], m = s_m[dq];
+        if (t < 0) continue;
+        if (m <= 0) {                                              // no sampling: NaN lets every key through
+            if (tid == 0) T[t] = 0x7fc00000u;
+            continue;
+        }
+        const u32* row = scratch + (long long)t * mcap;
+        for (int base = 0; base < m; base += 128 * 16) {          // 16 loads in flight per thread, not one
+            u32 v[16];
+#pragma unroll
+            for (int q = 0; q < 16; ++q) v[q] = base + q * 128 + tid < m ? __ldcg(row + base + q * 128 + tid) : 0u;
+#pragma unroll
+            for (int q = 0; q < 16; ++q)
+                if (base + q * 128 + tid < m) s_keys[base + q * 128 + tid] = order_key_bits(v[q]);
+        }
+        __syncthreads();
+        const u32 rank = (u32)min(max(r[t], 1), m);
+        auto sample_key = [&](long long j, u32* out) { *out = s_keys[j]; return true; };
+        const u32 kstar = block_radix_select<true, true>(sample_key, m, rank, hist, sc);
+        const u32 need = sc->remaining;
+        if (tid < 32) {                                            // the need-th sample (position order) with key K*
+            u32 seen = 0u;
+            for (int base = 0; base < m; base += 32) {
+                const int j = base + (int)lane_id();
+                const bool match = j < m && s_keys[j] == kstar;
+                const u32 mask = __ballot_sync(FULL, match);
+                if (seen + __popc(mask) >= need) {
+                    if (match && seen + __popc(mask & lanes_below_mask()) + 1u == need) T[t] = __ldcg(row + j);
+                    break;
+                }
+                seen += __popc(mask);
+            }
+        }
+        __syncthreads();                                           // s_keys and the select's scratch are reused
+    }
+}
+
 }  // namespace
 
 // Put rows of 16 * ch bytes into the core-matrix layout: chunk c of row r to
@@ -512,6 +797,20 @@ __global__ void hytopk_ws_pretile(const uint4* __restrict__ src, long long rows,
         u32* __restrict__ T) {                                                                                 \
         threshold_body<IN, H, D>(qt, w, keys, kscale, L, n, lo, hi, M, r, T);                                 \
     }
+
+// Grouped threshold (threshold_group_body): 128 threads, GroupThresholdShape::SMEM_BYTES; grid ceil(n / G).
+// N = 256 rows (G = 256 / H, at most 8) with 6 stages, or N = 128 with 4 (two blocks per SM).
+#define HYTOPK_WS_GROUP_KERNEL(NAME, IN, NROWS, STAGES)                                                          \
+    template <int H, int D>                                                                                    \
+    __global__ void __launch_bounds__(128) NAME(                                                               \
+        const IN::elem* __restrict__ qt, const float* __restrict__ w, const IN::elem* __restrict__ keys,       \
+        const float* __restrict__ kscale, long long L, int n, const int* __restrict__ lo,                      \
+        const int* __restrict__ hi, const int* __restrict__ M, const int* __restrict__ r, int mcap,            \
+        u32* __restrict__ scratch, u32* __restrict__ T) {                                                      \
+        threshold_group_body<IN, H, D, NROWS, STAGES>(qt, w, keys, kscale, L, n, lo, hi, M, r, mcap, scratch, T); \
+    }
+HYTOPK_WS_GROUP_KERNEL(hytopk_threshold_group_ws, Bf16, 256, 6)
+HYTOPK_WS_GROUP_KERNEL(hytopk_threshold_group128_ws, Bf16, 128, 4)
 
 HYTOPK_WS_KERNELS(ws, Bf16, 4)
 HYTOPK_WS_MORE_KERNELS(ws, Bf16)

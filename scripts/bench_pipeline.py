@@ -98,6 +98,9 @@ def bench(name, args):
         row(f"threshold {variant.rsplit('.', 1)[1]}", lambda v=v: v(src, lo_d, hi_d, M_d, r_d))
     f = row("filter", lambda: st.filter(src, lo_d, hi_d, T, plan1.capacity))
     row("select", lambda: st.select(ci, cv, cnt, k))
+    for variant in ("cupy.select.radix_bitonic", "cupy.select.radix_smem"):
+        v = registry.get(variant)
+        row(f"select {variant.rsplit('.', 1)[1]}", lambda v=v: v(ci, cv, cnt, k))
     row("check", lambda: st.check(cnt, lo_d, hi_d, k, plan1.capacity))
     one = row("hytopk one pass", lambda: plan1(qt, wt_, kt))
     dflt = row("hytopk default passes", lambda: plan_d(qt, wt_, kt))
@@ -110,6 +113,10 @@ def bench(name, args):
         if variant != st.threshold.name:
             st_v = dataclasses.replace(st, threshold=registry.get(variant))
             row(f"hytopk default passes, threshold {variant.rsplit('.', 1)[1]}", lambda s_=st_v: plan_d.run(s_, src))
+    for thr in ("cupy.threshold.wgmma_ws_group128", "cupy.threshold.wgmma_ws_group"):   # with the smem select
+        st_v = dataclasses.replace(st, threshold=registry.get(thr), select=registry.get("cupy.select.radix_smem"))
+        row(f"hytopk default passes, {thr.rsplit('.', 1)[1]} + radix_smem", lambda s_=st_v: plan_d.run(s_, src))
+        row(f"hytopk one pass, {thr.rsplit('.', 1)[1]} + radix_smem", lambda s_=st_v: plan1.run(s_, src))
     row("hytopk default passes, capture-safe", lambda: plan_d(qt, wt_, kt, capture_safe=True))
     out["host_us_capture_safe_call"] = host_us(lambda: plan_d(qt, wt_, kt, capture_safe=True))
     if args.profile:

@@ -20,7 +20,7 @@ import reference as R
 from reference import generate as G
 from reference.fp8 import Fp8IndexerSource, exact_fp8_source, quantize_indexer
 from workbench.bf16 import float32_to_bf16_bits
-from workbench.geometry import SMEM_LIMIT, WsGeometry, WsReplayGeometry
+from workbench.geometry import SMEM_LIMIT, WsGeometry, WsGroupThresholdGeometry, WsReplayGeometry
 
 
 def bits(x):
@@ -44,6 +44,20 @@ def test_ws_geometry_fits_and_has_staging(H, eb, consumers):
     assert g.smem <= SMEM_LIMIT and g.stage_entries >= 16
     assert g.threads == 128 * (consumers + 1) and g.qpb * H == 256
     assert WsReplayGeometry(H, 128, eb).smem < 64 * 1024
+
+
+@pytest.mark.parametrize("H", [16, 32, 64])
+@pytest.mark.parametrize("nrows", [256, 128])
+def test_ws_group_threshold_geometry(H, nrows):
+    """G queries of H heads fill N = G H <= nrows MMA rows (G <= 8); the shared memory fits a block,
+    and at the model shapes the N = 128 kernel leaves room for two blocks per SM (228 KiB, 1 KiB
+    reserved per block)."""
+    g = WsGroupThresholdGeometry(H, 128, 2, nrows)
+    assert g.G == min(nrows // H, 8) and g.G * H in (64, 128, 256) and g.threads == 128
+    assert g.smem <= SMEM_LIMIT
+    if nrows == 128 and H in (32, 64):
+        assert 2 * (g.smem + 1024) <= 228 * 1024
+    assert g.groups(4096) == -(-4096 // g.G)
 
 
 # ------------------------------------------------------------------ GPU (Hopper)
@@ -231,8 +245,11 @@ def test_ws_filter_flushes_full_staging_buffers():
         np.testing.assert_array_equal(np.sort(ci[t, :cnt[t]]), np.arange(lo[t], hi[t]))
 
 
+THRESHOLDS = ("threshold_ws", "threshold_ws_fused", "threshold_ws_group", "threshold_ws_group128")
+
+
 @gpu
-@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("fused", THRESHOLDS)
 @pytest.mark.parametrize("dtype, H, layout", [("bf16", 64, "causal_tail"), ("bf16", 32, "random"),
                                               ("fp8", 64, "random"), ("bf16", 8, "varlen")])
 def test_ws_threshold_is_the_rth_best_sample_of_its_own_scores(fused, dtype, H, layout):
@@ -248,7 +265,7 @@ def test_ws_threshold_is_the_rth_best_sample_of_its_own_scores(fused, dtype, H, 
     lo[0], hi[0] = 9, 9                                                   # empty: T = NaN
     table = WS.dense_source(src, cp.asarray(lo), cp.asarray(hi)).get()
     M, r = R.sample_plan(lo, hi, k, 3.0)
-    fn = WS.threshold_ws_fused if fused else WS.threshold_ws
+    fn = getattr(WS, fused)
     T = fn(src, cp.asarray(lo), cp.asarray(hi), cp.asarray(M), cp.asarray(r)).get()
     want = R.stage_threshold(R.TableSource(table), lo, hi, M, r)
     np.testing.assert_array_equal(R.order_keys(T), R.order_keys(want))
@@ -257,7 +274,8 @@ def test_ws_threshold_is_the_rth_best_sample_of_its_own_scores(fused, dtype, H, 
 
 
 @gpu
-def test_ws_fused_threshold_ties_take_the_first_sample():
+@pytest.mark.parametrize("fused", THRESHOLDS[1:])
+def test_ws_fused_threshold_ties_take_the_first_sample(fused):
     """Plateaus of equal scores (and -0.0 beside +0.0 after the ReLU): T's bits come from the
     first sample in position order among the ties, as the reference's rank order gives."""
     import cupy as cp
@@ -270,16 +288,87 @@ def test_ws_fused_threshold_ties_take_the_first_sample():
     lo, hi = lo.astype(np.int32), hi.astype(np.int32)
     table = WS.dense_source(src, cp.asarray(lo), cp.asarray(hi)).get()
     M, r = R.sample_plan(lo, hi, k, 3.0)
-    T = WS.threshold_ws_fused(src, cp.asarray(lo), cp.asarray(hi), cp.asarray(M), cp.asarray(r)).get()
+    T = getattr(WS, fused)(src, cp.asarray(lo), cp.asarray(hi), cp.asarray(M), cp.asarray(r)).get()
     want = R.stage_threshold(R.TableSource(table), lo, hi, M, r)
     sampled = M > 0
     assert T[sampled].view(np.uint32).tobytes() == want[sampled].view(np.uint32).tobytes()
 
 
+def _group_layout(n, L, k, rng):
+    """Contexts that stress the grouped threshold's union merge, in blocks of adjacent queries:
+    a causal tail (neighbours' positions differ by at most one per step), runs of one shared
+    context (identical positions), short contexts of different lengths (M = c: mixed M in a
+    group, including c <= k: no samples), empty ones, contexts ending at L, and random ones."""
+    lo, hi = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    for t in range(n):
+        kind = (t // 5) % 6
+        if kind == 0:                                             # causal tail
+            lo[t], hi[t] = 0, L - n + t + 1
+        elif kind == 1:                                           # one shared context per run
+            lo[t], hi[t] = 77, L - 3
+        elif kind == 2:                                           # short: M = c, differs per query
+            lo[t] = rng.integers(0, L - 5000)
+            hi[t] = lo[t] + rng.choice([0, 1, k - 1, k, k + 1, 4095, 4096, 4097, 3000 + t])
+        elif kind == 3:                                           # ends at L
+            lo[t], hi[t] = rng.integers(0, L // 2), L
+        else:                                                     # random
+            lo[t] = rng.integers(0, L - k - 2)
+            hi[t] = rng.integers(lo[t], L + 1)
+    return lo.astype(np.int32), hi.astype(np.int32)
+
+
 @gpu
-def test_ws_pipeline_equals_bruteforce_of_its_dense():
+@pytest.mark.parametrize("fused", THRESHOLDS[2:])
+@pytest.mark.parametrize("H, n", [(64, 37), (32, 45), (16, 30), (8, 29)])
+@pytest.mark.parametrize("kind", ["ints", "plateau"])
+def test_ws_group_threshold_mixed_groups(fused, H, n, kind):
+    """The grouped threshold on groups whose queries have unrelated, shared, causal, short
+    (mixed M, c <= k) and empty contexts, n not a multiple of G: T bit for bit the reference's
+    r-th best sample of the core's own table (exact inputs: the reference's table too)."""
+    import cupy as cp
+    from workbench.families.cupy import wgmma_ws as WS
+    L, D, k = 30000, 128, 256
+    rng = np.random.default_rng(H + n)
+    q, w, keys = _exact_inputs(kind, n, L, H, D, rng)
+    src, _ = _source(kind, q, w, keys, rng, "bf16")
+    lo, hi = _group_layout(n, L, k, rng)
+    table = WS.dense_source(src, cp.asarray(lo), cp.asarray(hi)).get()
+    M, r = R.sample_plan(lo, hi, k, 3.0)
+    T = getattr(WS, fused)(src, cp.asarray(lo), cp.asarray(hi), cp.asarray(M), cp.asarray(r)).get()
+    want = R.stage_threshold(R.TableSource(table), lo, hi, M, r)
+    np.testing.assert_array_equal(R.order_keys(T), R.order_keys(want))
+    sampled = M > 0
+    assert T[sampled].view(np.uint32).tobytes() == want[sampled].view(np.uint32).tobytes()
+    # and the reference's own scores (exact inputs: every summation order gives these bits)
+    ref = R.stage_threshold(R.IndexerSource(q, w, keys), lo, hi, M, r)
+    np.testing.assert_array_equal(R.order_keys(T), R.order_keys(ref))
+
+
+@gpu
+def test_ws_group_threshold_non_contract_m_falls_back():
+    """A direct call whose M exceeds c (positions repeat) takes the per-query kernel: same T."""
+    import cupy as cp
+    from workbench.families.cupy import wgmma_ws as WS
+    n, L, H, D = 9, 5000, 64, 128
+    rng = np.random.default_rng(3)
+    q, w, keys = _exact_inputs("ints", n, L, H, D, rng)
+    src, _ = _source("ints", q, w, keys, rng, "bf16")
+    lo = np.arange(n, dtype=np.int32) * 10
+    hi = lo + 1000
+    M = np.full(n, 1500, np.int32)
+    r = np.full(n, 7, np.int32)
+    args = (src, cp.asarray(lo), cp.asarray(hi), cp.asarray(M), cp.asarray(r))
+    np.testing.assert_array_equal(WS.threshold_ws_group(*args).get().view(np.uint32),
+                                  WS.threshold_ws_fused(*args).get().view(np.uint32))
+
+
+@gpu
+@pytest.mark.parametrize("threshold, select", [("wgmma_ws", "radix_bitonic"), ("wgmma_ws_group128", "radix_smem"),
+                                               ("wgmma_ws_group", "radix_smem")])
+def test_ws_pipeline_equals_bruteforce_of_its_dense(threshold, select):
     """bf16, n=256, L=32768, H=64, D=128, k=2048, float32 w: the core's threshold + filter +
-    recover in the backend's pipeline is exact on the core's own scores."""
+    recover in the backend's pipeline is exact on the core's own scores (and with the grouped
+    thresholds and the shared-memory select of issue 14)."""
     import cupy as cp
     import workbench as wb
     from workbench.families.cupy import wgmma_ws as WS
@@ -289,8 +378,8 @@ def test_ws_pipeline_equals_bruteforce_of_its_dense():
     src = R.IndexerSource(src.q, cp.asarray(float32_to_bf16_bits(src.w.get())), src.keys)   # the backend takes one dtype
     lo, hi = G.layout("causal_tail", n, L, k, rng)
     lo_d, hi_d = cp.asarray(lo.astype(np.int32)), cp.asarray(hi.astype(np.int32))
-    chosen = {"threshold": "cupy.threshold.wgmma_ws", "filter": "cupy.filter.wgmma_ws",
-              "recover": "cupy.recover.wgmma_ws", "dense": "cupy.dense.wgmma_ws"}
+    chosen = {"threshold": f"cupy.threshold.{threshold}", "filter": "cupy.filter.wgmma_ws",
+              "recover": "cupy.recover.wgmma_ws", "dense": "cupy.dense.wgmma_ws", "select": f"cupy.select.{select}"}
     idx, val = gpu_topk(WS.dense_source(src, lo_d, hi_d), lo, hi, k)
     for max_failed in (64, 0):                                           # 0: every query through recovery
         res = wb.backend("cupy", chosen).hytopk_indexer(src.q, src.w, src.keys, lo_d, hi_d, k, max_failed=max_failed)

@@ -80,6 +80,38 @@ class WsThresholdGeometry:
         return f"ThresholdShape<{kind}, {self.H}, {self.D}>"
 
 
+class WsGroupThresholdGeometry:
+    """GroupThresholdShape<In, H, D, NROWS, STAGES> of kernels_cuda/wgmma_ws.cu: G adjacent queries
+    per 128-thread block over the union of their sample positions (kernel name, NROWS, STAGES)."""
+
+    KERNELS = {256: ("hytopk_threshold_group_ws", 6), 128: ("hytopk_threshold_group128_ws", 4)}
+    MAX_SAMPLES = 8192
+
+    def __init__(self, H: int, D: int, elem_bytes: int, nrows: int = 256):
+        self.H, self.D, self.elem_bytes, self.nrows = H, D, elem_bytes, nrows
+        self.name, self.stages = self.KERNELS[nrows]
+        self.threads = 128
+        self.G = min(nrows // H, 8)
+        self.JC = 128 if self.G <= 2 else 64                    # sample indices per merged chunk
+        G, S, N, row, JC = self.G, self.stages, self.G * H, D * elem_bytes, self.JC
+        ring = 1
+        while ring < G * JC + 64:
+            ring *= 2
+        tile = 64 * row
+        qi = N * row + S * tile + 4 * N + 8 * 64 * S + 4 * G * JC + 4 * G * (JC + 1) + 4 * G * (JC // 32) + 4 * ring
+        qi = (qi + 7) // 8 * 8                                    # the contexts c are 64-bit
+        end = qi + 8 * G + 16 * G + 4 * 256 + 16 + 2 * ring * G + 2 * 64 * G * S
+        end = (end + 15) // 16 * 16
+        self.smem = end if S * tile >= 4 * self.MAX_SAMPLES else end + 4 * self.MAX_SAMPLES
+
+    def groups(self, n: int) -> int:
+        return -(-n // self.G)
+
+    def cxx(self) -> str:
+        kind = "hytopk::ws::Bf16" if self.elem_bytes == 2 else "hytopk::ws::E4m3"
+        return f"GroupThresholdShape<{kind}, {self.H}, {self.D}, {self.nrows}, {self.stages}>"
+
+
 def ws_static_asserts(shapes_bf16, shapes_fp8) -> list[str]:
     """C++ static_asserts tying WsGeometry / WsReplayGeometry to the header, per instantiated shape."""
     out = []
@@ -95,6 +127,11 @@ def ws_static_asserts(shapes_bf16, shapes_fp8) -> list[str]:
             r = WsReplayGeometry(H, D, eb)
             out.append(f'static_assert({r.cxx()}::SMEM_BYTES == {r.smem} && {r.cxx()}::RT == {r.TILES}, '
                        f'"workbench/geometry.py WsReplayGeometry({H}, {D}, {eb}) != {r.cxx()}");')
+            if eb == 2:
+                for nrows in WsGroupThresholdGeometry.KERNELS:
+                    gt = WsGroupThresholdGeometry(H, D, eb, nrows)
+                    out.append(f'static_assert({gt.cxx()}::SMEM_BYTES == {gt.smem} && {gt.cxx()}::G == {gt.G}, '
+                               f'"workbench/geometry.py WsGroupThresholdGeometry({H}, {D}, {eb}, {nrows}) != {gt.cxx()}");')
             th = WsThresholdGeometry(H, D, eb)
             out.append(f'static_assert({th.cxx()}::SMEM_BYTES_ALL == {th.smem}, '
                        f'"workbench/geometry.py WsThresholdGeometry({H}, {D}, {eb}) != {th.cxx()}");')

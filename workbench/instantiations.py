@@ -27,7 +27,8 @@ KERNELS = {
     "check.cu": (("hytopk_check", "plain"),),
     "device_recovery.cu": (("hytopk_recovery_slots", "plain"), ("hytopk_scatter_slots", "plain"),
                            ("hytopk_append_rows", "plain")),
-    "select.cu": (("hytopk_select", "plain"), ("hytopk_select_bitonic", "plain")),
+    "select.cu": (("hytopk_select", "plain"), ("hytopk_select_bitonic", "plain"))
+                 + tuple((f"hytopk_select_smem_e{e}", "plain") for e in (1, 2, 4, 8, 16)),
     "recover.cu": (("hytopk_score_rows", "indexer"), ("hytopk_select_rows", "plain")),
     "table_topk.cu": (("hytopk_table_filter", "tables"), ("hytopk_table_topk", "tables")),
     "dense.cu": (("hytopk_dense", "indexer"),),
@@ -40,7 +41,8 @@ KERNELS = {
                       for k in ("filter", "dense", "score_rows", "score_only")),
     "wgmma_ws.cu": tuple((f"hytopk_{k}_{kind}", over) for kind, over in (("ws", "wgmma"), ("ws_fp8", "wgmma_fp8"))
                          for k in ("filter", "dense", "score_rows", "score_only", "replay", "threshold"))
-                   + (("hytopk_filter_ws2", "wgmma"), ("hytopk_score_only_ws2", "wgmma"), ("hytopk_ws_pretile", "plain")),
+                   + (("hytopk_filter_ws2", "wgmma"), ("hytopk_score_only_ws2", "wgmma"), ("hytopk_ws_pretile", "plain"),
+                      ("hytopk_threshold_group_ws", "wgmma"), ("hytopk_threshold_group128_ws", "wgmma")),
     "attend.cu": (("hytopk_attend_fwd", "attend"), ("hytopk_attend_bwd", "attend"), ("hytopk_attend_delta", "attend"), ("hytopk_attend_pair_union", "attend"),
                   ("hytopk_attend_dkv_reduce", "attend")),
 }

@@ -21,7 +21,7 @@ import reference as R
 from reference.fp8 import Fp8IndexerSource
 from workbench import instantiations as INST
 
-from ...geometry import WsGeometry, WsReplayGeometry, WsThresholdGeometry
+from ...geometry import WsGeometry, WsGroupThresholdGeometry, WsReplayGeometry, WsThresholdGeometry
 from ...registry import register
 from . import _scope
 from ._launch import as_device, check_k_fits, chunks, i32, input_dtype, kernel, launch, launch_stream, pad_inputs
@@ -185,6 +185,24 @@ class WsInputs:
         return T
 
 
+    def threshold_group(self, lo, hi, M, r, nrows=256):
+        """T [n] by the grouped threshold kernel: G = nrows / H adjacent queries per block score the
+        union of their sample positions with one MMA; the samples' bits go to an [n, mcap] scratch
+        (mcap = num_samples(L): no contract query has more), then each query's r-th best. M must be
+        the contract's (at most c, so a query's positions strictly increase; clamped to mcap)."""
+        T = cp.empty(self.n, cp.float32)
+        mcap = min(int(R.num_samples(int(self.L))), WsGroupThresholdGeometry.MAX_SAMPLES)
+        if self.n and mcap > 0:
+            g = WsGroupThresholdGeometry(self.H, self.D, 2, nrows)
+            scratch = cp.empty((self.n, mcap), cp.uint32)
+            launch(kernel(FILE, f"{g.name}<{self.H}, {self.D}>", self.shapes), (g.groups(self.n),),
+                   (self.qt, self.w, self.keys, self.kscale, np.int64(self.L), np.int32(self.n), lo, hi, M, r,
+                    np.int32(mcap), scratch, T), g.smem, threads=g.threads)
+        elif self.n:
+            T.fill(cp.nan)
+        return T
+
+
 def _indexer(source, name, consumers=4):
     if not isinstance(source, (R.IndexerSource, Fp8IndexerSource)):
         raise TypeError(f"argument 'source': {name} takes the indexer source only (IndexerSource or Fp8IndexerSource)")
@@ -286,6 +304,42 @@ def threshold_ws_fused(source, lo, hi, M, r):
         if _shared_plan(source, lo, hi, M) is not None:
             return threshold_ws(source, lo, hi, M, r)
         return _indexer(source, "cupy.threshold.wgmma_ws_fused").threshold(lo, hi, M, r)
+
+
+def _threshold_group(source, lo, hi, M, r, nrows, name):
+    if not isinstance(source, (R.IndexerSource, Fp8IndexerSource)):
+        raise TypeError(f"argument 'source': {name} takes the indexer source only")
+    with launch_stream():
+        lo, hi, M, r = i32(lo, "lo"), i32(hi, "hi"), i32(M, "M"), i32(r, "r")
+        if isinstance(source, Fp8IndexerSource) or _shared_plan(source, lo, hi, M) is not None:
+            return threshold_ws_fused(source, lo, hi, M, r)    # fp8, or one context for all: as before
+        if _scope.current() is None and lo.shape[0]:
+            # a direct call (one sync): an M above c repeats positions (the union merge needs them distinct),
+            # one above num_samples(L) does not fit the scratch; neither is the contract's: the per-query kernel
+            mcap = min(int(R.num_samples(int(source.keys.shape[0]))), WsGroupThresholdGeometry.MAX_SAMPLES)
+            if bool((M > cp.minimum(cp.maximum(hi - lo, 0), mcap)).any()):
+                return threshold_ws_fused(source, lo, hi, M, r)
+        return _indexer(source, name).threshold_group(lo, hi, M, r, nrows)
+
+
+_GROUP_NOTE = ("adjacent queries per block (G = {g}): each 64-sample chunk's positions merged into their "
+               "union (causal neighbours share most), 64-row key tiles cut across chunks and gathered "
+               "with cp.async {st} deep, one m64n{n}k16 MMA per tile for all G queries (the filter's "
+               "score path: same bits), sample bits to an [n, num_samples(L)] scratch, then the r-th "
+               "best by the in-shared-memory radix select; bf16 (fp8 and a shared context: as "
+               "cupy.threshold.wgmma_ws_fused)")
+
+
+@register("threshold", "cupy.threshold.wgmma_ws_group", sources=("indexer",), gpu_only=True,
+          notes=_GROUP_NOTE.format(g="256 / H, at most 8", st=6, n=256) + "; one block per SM")
+def threshold_ws_group(source, lo, hi, M, r):
+    return _threshold_group(source, lo, hi, M, r, 256, "cupy.threshold.wgmma_ws_group")
+
+
+@register("threshold", "cupy.threshold.wgmma_ws_group128", sources=("indexer",), gpu_only=True,
+          notes=_GROUP_NOTE.format(g="128 / H, at most 8", st=4, n=128) + "; two blocks per SM")
+def threshold_ws_group128(source, lo, hi, M, r):
+    return _threshold_group(source, lo, hi, M, r, 128, "cupy.threshold.wgmma_ws_group128")
 
 
 def _shared_plan(source, lo, hi, M):
