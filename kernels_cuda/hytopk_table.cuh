@@ -1,0 +1,212 @@
+// Table reads shared by table_topk.cu and table_v2.cu (issue 21): how a 16-byte
+// vector of a float32 or bf16 table unpacks into float32 score bits, and a thread's
+// bounds-checked vector tile.
+#pragma once
+#include "hytopk_common.cuh"
+
+namespace hytopk {
+
+// CONTRACT.md §3.1 (reference/sampling.py)
+constexpr long long SAMPLE_STRIDE = 128, MIN_SAMPLES = 4096, MAX_SAMPLES = 8192;
+
+// How a table's 16-byte vector unpacks into float32 score bits.
+template <class Src> struct TableVec;
+template <> struct TableVec<TableSource> {
+    static constexpr int PER_VEC = 4;
+    __device__ static __forceinline__ u32 bits_at(const void* base, long long g) {
+        return static_cast<const u32*>(base)[g];
+    }
+    __device__ static __forceinline__ void unpack(const uint4& v, u32* out) {
+        out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
+    }
+};
+template <> struct TableVec<TableBf16Source> {
+    static constexpr int PER_VEC = 8;
+    __device__ static __forceinline__ u32 bits_at(const void* base, long long g) {
+        return ((u32) static_cast<const unsigned short*>(base)[g]) << 16;
+    }
+    __device__ static __forceinline__ void unpack(const uint4& v, u32* out) {   // little endian: low half first
+        out[0] = v.x << 16; out[1] = v.x & 0xffff0000u; out[2] = v.y << 16; out[3] = v.y & 0xffff0000u;
+        out[4] = v.z << 16; out[5] = v.z & 0xffff0000u; out[6] = v.w << 16; out[7] = v.w & 0xffff0000u;
+    }
+};
+
+// One thread's U vectors of a block-wide step over the flat table. Vectors are
+// numbered over the whole table (vector v holds flat elements v*P .. v*P+P-1), so
+// a row's [lo, hi) may start and end inside a vector: elements outside [g_lo, g_hi)
+// are loaded (when the vector is in bounds) but never count. A vector that would
+// reach past the table's end, or any vector of a table whose base is not 16-byte
+// aligned, is read element by element, inside [g_lo, g_hi) only.
+template <class Src, int U, bool STREAM>
+struct VecTile {
+    static constexpr int P = TableVec<Src>::PER_VEC;
+    u32 bits[U][P];
+    long long g0[U];        // flat index of the vector's first element; -1: no vector
+
+    __device__ __forceinline__ void load(const void* base, long long total, int aligned, long long first,
+                                         long long stride, long long v_end, long long g_lo, long long g_hi) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const long long v = first + u * stride;
+            const bool have = v < v_end;
+            g0[u] = have ? v * P : -1;
+            if (have && aligned && (v + 1) * P <= total) {
+                const uint4* p = static_cast<const uint4*>(base) + v;
+                const uint4 x = STREAM ? __ldcs(p) : __ldg(p);
+                TableVec<Src>::unpack(x, bits[u]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < P; ++e) {
+                    const long long g = v * P + e;
+                    bits[u][e] = (have && g >= g_lo && g < g_hi) ? TableVec<Src>::bits_at(base, g) : 0u;
+                }
+            }
+        }
+    }
+    __device__ __forceinline__ bool in(int u, int e, long long g_lo, long long g_hi) const {
+        const long long g = g0[u] + e;
+        return g0[u] >= 0 && g >= g_lo && g < g_hi;
+    }
+};
+
+// ---- The streaming pieces of table_v2.cu (issue 21, second design) ----
+
+// key(x) >= key(T) (CONTRACT.md §2) on raw float32 bits as at most two unsigned ranges,
+// (b - a1) <= s1 || (b - a2) <= s2: two adds and two compares per element instead of
+// the order key's six operations (the streaming filter is issue-bound without it).
+//   T > 0:     [Tb, +inf]                       (the second range repeats the first)
+//   T = +-0:   [+0, +inf] and {-0}
+//   T < 0:     [+0, +inf] and [-0, Tb]          (negative bits grow as the score falls)
+//   T NaN:     everything (key 0 lets every key through)
+// NaN bits (0x7f800001.. and 0xff800001..) lie outside every range but the last.
+struct KeyAtLeast {
+    u32 a1, s1, a2, s2;
+    __device__ static KeyAtLeast of(u32 tb) {
+        const u32 mag = tb & 0x7fffffffu;
+        KeyAtLeast r;
+        if (mag > 0x7f800000u) { r.a1 = 0u; r.s1 = 0xffffffffu; r.a2 = 0u; r.s2 = 0xffffffffu; }
+        else if (mag == 0u) { r.a1 = 0u; r.s1 = 0x7f800000u; r.a2 = 0x80000000u; r.s2 = 0u; }
+        else if (tb < 0x80000000u) { r.a1 = tb; r.s1 = 0x7f800000u - tb; r.a2 = tb; r.s2 = 0x7f800000u - tb; }
+        else { r.a1 = 0u; r.s1 = 0x7f800000u; r.a2 = 0x80000000u; r.s2 = tb - 0x80000000u; }
+        return r;
+    }
+    __device__ __forceinline__ bool operator()(u32 b) const { return (b - a1) <= s1 || (b - a2) <= s2; }
+};
+
+// The float32 bits of an order key (its canonical score: -0 -> +0, NaN -> 0xffffffff).
+__device__ __forceinline__ u32 bits_of_key(u32 key) { return key >= 0x80000000u ? key ^ 0x80000000u : ~key; }
+
+// One step of a block stream: this thread's U vectors v0 + u * B of the flat table, their
+// score bits, and the mask of elements (bit u * P + e) inside the row's [a, e_rel) (row-relative
+// positions) that pass. FULL: the caller knows every vector is inside the row and 16-byte
+// loadable (no checks at all: the hot path).
+template <class Src, int U, bool FULL>
+__device__ __forceinline__ u32 stream_tile(const void* table, long long total, int aligned, long long v0, int B,
+                                           long long v_stop, long long row0, int a_rel, int e_rel,
+                                           const KeyAtLeast& pass, u32 (&bits)[U][TableVec<Src>::PER_VEC]) {
+    constexpr int P = TableVec<Src>::PER_VEC;
+    u32 mask = 0u;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const long long v = v0 + (long long)u * B;
+        if (FULL) {
+            TableVec<Src>::unpack(__ldcs(static_cast<const uint4*>(table) + v), bits[u]);
+#pragma unroll
+            for (int e = 0; e < P; ++e) mask |= (u32)pass(bits[u][e]) << (u * P + e);
+        } else {
+            const bool have = v < v_stop;
+            const int p0 = (int)(v * P - row0);
+            if (have && aligned && (v + 1) * P <= total) {
+                TableVec<Src>::unpack(__ldcs(static_cast<const uint4*>(table) + v), bits[u]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < P; ++e) {
+                    const int p = p0 + e;
+                    bits[u][e] = (have && p >= a_rel && p < e_rel) ? TableVec<Src>::bits_at(table, row0 + p) : 0u;
+                }
+            }
+#pragma unroll
+            for (int e = 0; e < P; ++e) {
+                const int p = p0 + e;
+                mask |= (u32)(have && p >= a_rel && p < e_rel && pass(bits[u][e])) << (u * P + e);
+            }
+        }
+    }
+    return mask;
+}
+
+// Streams the block's vectors [v_first, v_stop) of row t (flat vector numbers; block-uniform
+// bounds) U vectors per thread per step and hands every element of the row's context that
+// passes to the sink: sink.reserve(mine) once per step by every lane of every warp, then
+// sink.put(pos, bits) for each of this lane's mine elements (pos row-relative). Steps wholly
+// inside the context take the unchecked path.
+template <class Src, int U, class Sink>
+__device__ __forceinline__ void stream_row(const void* table, long long total, int aligned, long long row0,
+                                           long long a, long long c, long long v_first, long long v_stop,
+                                           const KeyAtLeast& pass, Sink& sink) {
+    constexpr int P = TableVec<Src>::PER_VEC;
+    static_assert(U * P <= 32, "the pass mask is one 32-bit word");
+    const int B = blockDim.x;
+    const long long step = (long long)B * U;
+    const long long g_lo = row0 + a, g_hi = row0 + a + c;
+    for (long long vs = v_first; vs < v_stop; vs += step) {            // uniform over the block
+        const long long v0 = vs + threadIdx.x;
+        u32 bits[U][P];
+        const bool full = aligned && vs * P >= g_lo && (vs + step) * P <= g_hi && vs + step <= v_stop;
+        const u32 mask = full ? stream_tile<Src, U, true>(table, total, aligned, v0, B, v_stop, row0, (int)a,
+                                                          (int)(a + c), pass, bits)
+                              : stream_tile<Src, U, false>(table, total, aligned, v0, B, v_stop, row0, (int)a,
+                                                           (int)(a + c), pass, bits);
+        sink.reserve(__popc(mask));
+        if (mask) {
+            const int p0 = (int)(v0 * P - row0);
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+                for (int e = 0; e < P; ++e)
+                    if (mask & (1u << (u * P + e))) sink.put((u32)(p0 + u * B * P + e), bits[u][e]);
+        }
+    }
+}
+
+// A sink into shared memory: slots from one shared counter, those >= cap dropped (the
+// counter still counts them).
+struct SmemSink {
+    u32* pos;
+    u32* bits;
+    int* counter;
+    int cap;
+    int slot;
+    __device__ __forceinline__ void reserve(int mine) { slot = warp_reserve(mine, counter); }
+    __device__ __forceinline__ void put(u32 p, u32 b) {
+        if (slot < cap) { pos[slot] = p; bits[slot] = b; }
+        ++slot;
+    }
+};
+
+// The contract's M samples of a context (CONTRACT.md §3.2: p_j = a + (j * c) // Mdiv, 64-bit)
+// as order keys keys[0 .. m), PER loads in flight per thread. j * c // Mdiv is stepped by
+// quotient and remainder (one 64-bit division per thread instead of one per sample).
+template <class Src, int PER>
+__device__ __forceinline__ void gather_sample_keys(const void* table, long long g_a, long long c, long long Mdiv,
+                                                   int m, u32* keys) {
+    const long long B = blockDim.x;
+    const long long dq = (B * c) / Mdiv, dr = (B * c) % Mdiv;
+    for (long long q0 = 0; q0 < m; q0 += PER * B) {
+        const long long j0 = q0 + threadIdx.x;
+        long long Q = (j0 * c) / Mdiv, R = (j0 * c) % Mdiv;
+        u32 sb[PER];
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            sb[i] = j0 + i * B < m ? TableVec<Src>::bits_at(table, g_a + Q) : 0u;
+            Q += dq;
+            R += dr;
+            if (R >= Mdiv) { R -= Mdiv; ++Q; }
+        }
+#pragma unroll
+        for (int i = 0; i < PER; ++i)
+            if (j0 + i * B < m) keys[j0 + i * B] = order_key_bits(sb[i]);
+    }
+}
+
+}  // namespace hytopk

@@ -1,0 +1,88 @@
+"""Issue 21, the second table design (kernels_cuda/table_v2.cu) on the CPU: its kernels are
+instantiated for both table dtypes, and NumPy mirrors of the two pieces of integer arithmetic
+it relies on are exact: the two-range form of key(x) >= key(T) (KeyAtLeast, hytopk_table.cuh)
+against the contract's order keys on every special value and many random bit patterns, and the
+quotient/remainder stepping of the sample positions (gather_sample_keys) against
+lo + (j * c) // M. The kernels themselves: tests/test_table_topk_gpu.py."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import reference as R
+from workbench import instantiations as INST
+
+U32 = np.uint32
+
+
+def key_at_least_mirror(tb: int):
+    """hytopk_table.cuh KeyAtLeast::of, line for line."""
+    mag = tb & 0x7FFFFFFF
+    if mag > 0x7F800000:
+        return 0, 0xFFFFFFFF, 0, 0xFFFFFFFF
+    if mag == 0:
+        return 0, 0x7F800000, 0x80000000, 0
+    if tb < 0x80000000:
+        return tb, 0x7F800000 - tb, tb, 0x7F800000 - tb
+    return 0, 0x7F800000, 0x80000000, tb - 0x80000000
+
+
+def passes(tb: int, bits: np.ndarray) -> np.ndarray:
+    a1, s1, a2, s2 = (U32(x) for x in key_at_least_mirror(tb))
+    with np.errstate(over="ignore"):
+        return ((bits - a1) <= s1) | ((bits - a2) <= s2)     # uint32 wrap-around, as in CUDA
+
+
+SPECIAL = np.array([0x00000000, 0x80000000, 0x00000001, 0x80000001, 0x007FFFFF, 0x807FFFFF, 0x00800000,
+                    0x3F800000, 0xBF800000, 0x7F7FFFFF, 0xFF7FFFFF, 0x7F800000, 0xFF800000, 0x7F800001,
+                    0x7FC00000, 0x7FFFFFFF, 0xFF800001, 0xFFC00000, 0xFFFFFFFF, 0x40490FDB, 0xC0490FDB], U32)
+
+
+def test_range_test_is_the_order_key_comparison():
+    rng = np.random.default_rng(0)
+    bits = np.concatenate([SPECIAL, SPECIAL + U32(1), SPECIAL - U32(1),
+                           rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(U32)])
+    keys = R.order_keys(bits.view(np.float32)).astype(np.uint64)
+    thresholds = np.concatenate([SPECIAL, rng.integers(0, 2**32, 300, dtype=np.uint64).astype(U32)])
+    for tb in thresholds.tolist():
+        tkey = int(R.order_keys(np.array([tb], U32).view(np.float32))[0])
+        assert np.array_equal(passes(tb, bits), keys >= tkey), hex(tb)
+
+
+def test_bits_of_key_is_a_canonical_score_of_that_key():
+    """bits_of_key (hytopk_table.cuh): the threshold kernel's T has the selected key (the key
+    of a sample, so every key some score has)."""
+    rng = np.random.default_rng(1)
+    scores = np.concatenate([SPECIAL, rng.integers(0, 2**32, 100_000, dtype=np.uint64).astype(U32)])
+    keys = R.order_keys(scores.view(np.float32)).astype(U32)
+    bits = np.where(keys >= U32(0x80000000), keys ^ U32(0x80000000), ~keys).astype(U32)
+    assert np.array_equal(R.order_keys(bits.view(np.float32)), keys)
+
+
+@pytest.mark.parametrize("c", [4097, 8191, 8192, 131072, 1_000_003, 1 << 30, 2**31 - 1])
+def test_sample_position_stepping_is_exact(c):
+    """gather_sample_keys: thread j0 starts at (j0 * c) // M and steps by B samples with
+    quotient dq and remainder dr; every position equals the contract's lo + (j * c) // M."""
+    M = int(R.num_samples(np.array([c]))[0])
+    B, PER = 512, 16
+    dq, dr = divmod(B * c, M)
+    want = (np.arange(M, dtype=np.int64) * c) // M
+    got = np.empty(M, np.int64)
+    for j0 in range(0, B):
+        Q, Rm = divmod(j0 * c, M)
+        for i in range(PER):
+            j = j0 + i * B
+            if j < M:
+                got[j] = Q
+            Q, Rm = Q + dq, Rm + dr
+            if Rm >= M:
+                Q, Rm = Q + 1, Rm - M
+    assert np.array_equal(got, want)
+
+
+def test_table_v2_kernels_are_instantiated_for_both_table_dtypes():
+    names = INST.name_expressions("table_v2.cu")
+    for kern in ("hytopk_table_threshold", "hytopk_table_filter_pieces", "hytopk_table_fused"):
+        for src in (INST.TABLE, INST.TABLE_BF16):
+            assert f"{kern}<{src}>" in names
+    assert "hytopk_select_smem" in names
