@@ -20,9 +20,10 @@ using namespace hytopk;
 
 namespace hytopk {
 constexpr int STREAM_BLOCK = 256;        // threads of the filter
-// vectors per thread per step of the filter: 64 (float32) / 32 (bf16) bytes in flight, 16 elements;
-// at <= 40 registers six blocks (1536 threads) fit an SM: 96 / 48 KiB in flight per SM
-template <class Src> struct StreamU { static constexpr int U = 16 / TableVec<Src>::PER_VEC; };
+// vectors per thread per step of the filter: 64 (float32, 16 elements) / 48 (bf16, 24 elements)
+// bytes in flight; at <= 40 registers six blocks (1536 threads) fit an SM: 96 / 72 KiB in flight
+// per SM (table_v2.py STREAM_U)
+template <class Src> struct StreamU { static constexpr int U = TableVec<Src>::PER_VEC == 4 ? 4 : 3; };
 constexpr int STREAM_MIN_BLOCKS = 6;
 constexpr int SAMPLE_BLOCK = 512;        // threads of the threshold and the fused kernel
 constexpr int SAMPLE_PER = MAX_SAMPLES / SAMPLE_BLOCK;   // every sample load of a thread in flight at once

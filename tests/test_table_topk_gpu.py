@@ -169,10 +169,11 @@ def test_filter_stage_matches_reference_including_overflow(tab, design):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("design", ["v1", "v2"])
 def test_filter_stage_long_rows_pieces_and_every_threshold_kind(tab, design, dtype):
-    """Rows of several pieces (v2: 32768 elements each) with contexts starting and ending inside
-    16-byte vectors, an unaligned table base, and thresholds of every kind the range test
-    distinguishes: positive, +0, -0, negative, subnormal, +inf, -inf, NaN; plateaus larger than
-    the filter's shared-memory stage (its global spill path) and capacity overflow."""
+    """Rows of several pieces (v2: 32768 float32 / 49152 bf16 elements each) with contexts
+    starting and ending inside 16-byte vectors, an unaligned table base, and thresholds of every
+    kind the range test distinguishes: positive, +0, -0, negative, subnormal, +inf, -inf, NaN;
+    plateaus larger than the filter's shared-memory stage (its global spill path) and capacity
+    overflow."""
     filt = _filters()[design]
     rng = np.random.default_rng(41)
     n, L = 12, 100003                        # odd L: row starts fall anywhere in a vector

@@ -86,3 +86,52 @@ def test_table_v2_kernels_are_instantiated_for_both_table_dtypes():
         for src in (INST.TABLE, INST.TABLE_BF16):
             assert f"{kern}<{src}>" in names
     assert "hytopk_select_smem" in names
+
+
+def visits_mirror(L, P, n, t, a, c, pieces, piece_vecs, B, U, aligned):
+    """Every (position, full) the filter's blocks of row t hand on, mirroring
+    hytopk_table_filter_pieces + stream_row + stream_tile (flat vector numbering, pieces of the
+    row's vector range, block steps, the unchecked path's condition)."""
+    row0, total = t * L, n * L
+    g_lo, g_hi = row0 + a, row0 + a + c
+    v_row, v_row_end = g_lo // P, (g_hi + P - 1) // P
+    seen = []
+    for j in range(pieces):
+        v_first = v_row + j * piece_vecs
+        v_stop = min(v_row_end, v_first + piece_vecs)
+        vs, step = v_first, B * U
+        while vs < v_stop:
+            full = aligned and vs * P >= g_lo and (vs + step) * P <= g_hi and vs + step <= v_stop
+            for tid in range(B):
+                for u in range(U):
+                    v = vs + tid + u * B
+                    if full:
+                        assert v < v_stop and (v + 1) * P <= total
+                    for e in range(P):
+                        p = v * P + e - row0
+                        if full or (v < v_stop and a <= p < a + c):
+                            seen.append((p, full))
+            vs += step
+    return seen
+
+
+@pytest.mark.parametrize("P", [4, 8])
+def test_filter_pieces_visit_every_context_element_once(P):
+    """The (row, piece) decomposition and the unchecked steps: each position of [lo, hi) once,
+    nothing outside it, for contexts starting and ending anywhere in a vector, rows whose
+    starts are not vector aligned, and several pieces per row (small B, U, pieces here)."""
+    rng = np.random.default_rng(P)
+    B, U, steps = 4, 2, 3
+    piece_vecs = B * U * steps
+    for _ in range(300):
+        L = int(rng.integers(1, 400))
+        n = int(rng.integers(1, 4))
+        t = int(rng.integers(0, n))
+        a = int(rng.integers(0, L + 1))
+        c = int(rng.integers(0, L - a + 1))
+        aligned_base = bool(rng.integers(0, 2))
+        span = L // P if (aligned_base and L % P == 0) else (L - 1) // P + 2   # table_v2.filter_geometry
+        pieces = max(1, -(-span // piece_vecs))
+        got = visits_mirror(L, P, n, t, a, c, pieces, piece_vecs, B, U, aligned_base)
+        pos = sorted(p for p, _ in got)
+        assert pos == list(range(a, a + c)), (L, n, t, a, c, aligned_base)

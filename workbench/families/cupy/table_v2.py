@@ -24,8 +24,8 @@ from ._shared import candidate_buffers, check_capacity
 STREAM_BLOCK = 256          # table_v2.cu STREAM_BLOCK
 SAMPLE_BLOCK = 512          # table_v2.cu SAMPLE_BLOCK (threshold, fused, select_smem)
 PER_VEC = {"hytopk::TableSource": 4, "hytopk::TableBf16Source": 8}
-STREAM_ELEMS = 16           # elements per thread per step of the filter (StreamU * PER_VEC)
-PIECE_STEPS = 8             # steps per block: a piece is 256 x 16 x 8 = 32768 elements
+STREAM_U = {"hytopk::TableSource": 4, "hytopk::TableBf16Source": 3}   # table_v2.cu StreamU: vectors per thread per step
+PIECE_STEPS = 8             # steps per block: a piece is 256 x 16 x 8 = 32768 float32 / 256 x 24 x 8 bf16 elements
 STAGE_MAX = 4096            # shared-memory stage of the filter (32 KiB; six blocks per SM still fit)
 FUSED_SMEM_TARGET = 110 * 1024   # two 512-thread blocks per SM (the register bound) share its 228 KiB
 SELECT_CAP_MAX = 8192       # candidates select_smem holds in shared memory
@@ -68,7 +68,7 @@ def filter_geometry(s, cxx, capacity):
     """(pieces per row, vectors per piece, stage entries) of the filter for this table."""
     n, L = s.shape
     P = PER_VEC[cxx]
-    piece_vecs = STREAM_BLOCK * (STREAM_ELEMS // P) * PIECE_STEPS
+    piece_vecs = STREAM_BLOCK * STREAM_U[cxx] * PIECE_STEPS
     aligned_rows = s.data.ptr % 16 == 0 and L % P == 0
     span = L // P if aligned_rows else (L - 1) // P + 2       # vectors a context can touch
     pieces = max(1, -(-span // piece_vecs))
