@@ -209,4 +209,97 @@ __device__ __forceinline__ void gather_sample_keys(const void* table, long long 
     }
 }
 
+// ---- A bitonic sort with E words per thread in registers (the v2 selects) ----
+// block_bitonic_sort_desc moves every (word, bits) pair through shared memory at each of the
+// log2(P) (log2(P) + 1) / 2 stages (66 at P = 2048): ~19K cycles of shared-memory traffic per
+// row, the largest part of a select. Here thread tid holds words tid * E .. tid * E + E - 1:
+// strides below E are swaps inside the thread, strides below 32 E warp shuffles, and only the
+// 10 stages of strides >= 32 E (at P = 2048, 512 threads) go through shared memory.
+template <int E>
+struct RegBitonic {
+    u64 x[E];
+    u32 b[E];
+    __device__ __forceinline__ void swap_in(int e, int f, bool desc) {     // e < f: indices base + e, base + f
+        const bool sw = desc ? x[e] < x[f] : x[e] > x[f];
+        if (sw) {
+            const u64 t = x[e]; x[e] = x[f]; x[f] = t;
+            const u32 u = b[e]; b[e] = b[f]; b[f] = u;
+        }
+    }
+    template <int S>
+    __device__ __forceinline__ void in_thread(int base, int size) {
+#pragma unroll
+        for (int e = 0; e < E; ++e)
+            if ((e & S) == 0 && (e | S) < E) swap_in(e, (e | S) < E ? (e | S) : e, ((base + e) & size) == 0);
+    }
+    // index i's word against its partner's (y, yb) at i ^ stride: the lower index of a
+    // descending run keeps the larger word, of an ascending run the smaller
+    __device__ __forceinline__ void merge(int e, u64 y, u32 yb, int i, int stride, int size) {
+        const bool want_max = ((i & stride) == 0) == ((i & size) == 0);
+        const bool take = want_max ? y > x[e] : y < x[e];
+        if (take) { x[e] = y; b[e] = yb; }
+    }
+};
+
+// Sorts word[0 .. cnt) descending (bits[] rides along) over P = max(next_pow2(cnt),
+// blockDim.x) slots, padding with word 0 (sorts last): word and bits need P slots, and
+// blockDim.x * E == P. Same result as block_bitonic_sort_desc (the words are distinct where
+// the order matters). Block-wide; every thread must call it; ends with a barrier.
+template <int E>
+__device__ void bitonic_sort_desc_reg(u64* word, u32* bits, int cnt, int P) {
+    const int base = (int)threadIdx.x * E;
+    RegBitonic<E> r;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+        const int i = base + e;
+        r.x[e] = i < cnt ? word[i] : 0ull;
+        r.b[e] = i < cnt ? bits[i] : 0u;
+    }
+    for (int size = 2; size <= P; size <<= 1) {
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {        // uniform over the block
+            if (stride >= 32 * E) {
+                __syncthreads();                    // every read of the last contents is done
+#pragma unroll
+                for (int e = 0; e < E; ++e) { word[base + e] = r.x[e]; bits[base + e] = r.b[e]; }
+                __syncthreads();
+#pragma unroll
+                for (int e = 0; e < E; ++e) {
+                    const int i = base + e;
+                    r.merge(e, word[i ^ stride], bits[i ^ stride], i, stride, size);
+                }
+            } else if (stride >= E) {
+                const int m = stride / E;           // the partner's lane (same e)
+#pragma unroll
+                for (int e = 0; e < E; ++e) {
+                    const u64 y = __shfl_xor_sync(0xffffffffu, r.x[e], m);
+                    const u32 yb = __shfl_xor_sync(0xffffffffu, r.b[e], m);
+                    r.merge(e, y, yb, base + e, stride, size);
+                }
+            } else if (stride == 1) {
+                r.template in_thread<1>(base, size);
+            } else {                                // stride 2 (E = 4)
+                r.template in_thread<2>(base, size);
+            }
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int e = 0; e < E; ++e) { word[base + e] = r.x[e]; bits[base + e] = r.b[e]; }
+    __syncthreads();
+}
+
+// The v2 sort: bitonic_sort_desc_reg with E = P / blockDim.x in {1, 2, 4} (blockDim.x a
+// power of two >= 32; word and bits hold max(next_pow2(k), blockDim.x) slots), else (k > 2048
+// at 512 threads: E = 8 would spill in the fused kernel) block_bitonic_sort_desc. Ends with a
+// barrier.
+__device__ __forceinline__ void sort_desc_v2(u64* word, u32* bits, int cnt) {
+    const int P = max(next_pow2(max(cnt, 1)), (int)blockDim.x);
+    switch (P / (int)blockDim.x) {
+        case 1: bitonic_sort_desc_reg<1>(word, bits, cnt, P); break;
+        case 2: bitonic_sort_desc_reg<2>(word, bits, cnt, P); break;
+        case 4: bitonic_sort_desc_reg<4>(word, bits, cnt, P); break;
+        default: block_bitonic_sort_desc(word, bits, cnt);
+    }
+}
+
 }  // namespace hytopk

@@ -7,7 +7,9 @@
 //   - no global atomic on the critical path: one block per (row, piece) appends to a
 //     shared-memory stage with shared atomics and takes its slots in the row's buffer with
 //     one global atomic at the end (then a coalesced copy);
-//   - the threshold keeps all of a thread's sample loads in flight at once.
+//   - the threshold keeps all of a thread's sample loads in flight at once;
+//   - the selects sort the k kept with E words per thread in registers (sort_desc_v2): 10
+//     shared-memory stages instead of 66 at k = 2048.
 //   hytopk_table_threshold       stages 1-4 on a table: the r-th best of M samples
 //   hytopk_table_filter_pieces   stage 5 on a table: the streaming filter
 //   hytopk_table_fused           HyTopK in one kernel per row: samples, threshold, one
@@ -28,11 +30,20 @@ constexpr int STREAM_MIN_BLOCKS = 6;
 constexpr int SAMPLE_BLOCK = 512;        // threads of the threshold and the fused kernel
 constexpr int SAMPLE_PER = MAX_SAMPLES / SAMPLE_BLOCK;   // every sample load of a thread in flight at once
 
+// Sort slots of the v2 selects: sort_desc_v2 pads to at least one word per thread.
+__host__ __device__ constexpr int sort_slots_v2(int k) { return next_pow2(k) > SAMPLE_BLOCK ? next_pow2(k) : SAMPLE_BLOCK; }
+
 // Shared memory of hytopk_table_fused in u32 words: 256-bin histogram, select scalars (4),
-// candidate counter + pad (2), next_pow2(k) (u64 word, u32 bits) sort slots, cap (position,
+// candidate counter + pad (2), sort_slots_v2(k) (u64 word, u32 bits) sort slots, cap (position,
 // bits) candidates; the samples (<= MAX_SAMPLES keys) use the candidate area first.
 __host__ __device__ constexpr long long table_fused_smem_words(int k, int cap) {
-    return RADIX + 6 + 3LL * next_pow2(k) + 2LL * cap;
+    return RADIX + 6 + 3LL * sort_slots_v2(k) + 2LL * cap;
+}
+
+// Shared memory of hytopk_select_smem in u32 words: histogram, scalars, sort slots, cap
+// (position, bits) candidates.
+__host__ __device__ constexpr long long select_smem_words(int k, int cap) {
+    return RADIX + 4 + 3LL * sort_slots_v2(k) + 2LL * cap;
 }
 
 // The filter's sink: a shared-memory stage of stage_cap entries; entries past it go straight
@@ -149,6 +160,34 @@ struct SmemEntries {
     __device__ __forceinline__ u32 pos(long long i) const { return p[i]; }
     __device__ __forceinline__ u32 bits(long long i) const { return v[i]; }
 };
+
+// The sorted rank-order words word[0 .. kept) to one output row, -1 / -inf past kept.
+__device__ __forceinline__ void write_row(const u64* word, const u32* wbits, int kept, int k, int* out_idx,
+                                          float* out_val) {
+    for (int i = threadIdx.x; i < k; i += blockDim.x) {
+        if (i < kept) {
+            out_idx[i] = (int)~(u32)word[i];
+            out_val[i] = __uint_as_float(wbits[i]);
+        } else {
+            out_idx[i] = -1;
+            out_val[i] = __uint_as_float(0xff800000u);
+        }
+    }
+}
+
+// The exact top-k of m entries (block_keep_top's FAST key select and position select among
+// the ties at K*), sorted by sort_desc_v2, to one output row. word / wbits: sort_slots_v2(k) slots.
+template <class Entries>
+__device__ void select_row_v2(const Entries& e, long long m, int k, u32* hist, SelectScalars* sc, u64* word,
+                              u32* wbits, int* out_idx, float* out_val) {
+    auto put = [&](int slot, u32 key, u32 pos, u32 v) {
+        if (slot < k) { word[slot] = ((u64)key << 32) | (u64)(~pos); wbits[slot] = v; }
+    };
+    const int kept = min(k, block_keep_top<true>(e, m, k, hist, sc, put));
+    __syncthreads();
+    sort_desc_v2(word, wbits, kept);
+    write_row(word, wbits, kept, k, out_idx, out_val);
+}
 }
 
 // HyTopK over a table, one block of SAMPLE_BLOCK threads per row (grid: n blocks; smem:
@@ -166,17 +205,17 @@ hytopk_table_fused(const void* __restrict__ table, long long L, int n, const int
                    int* __restrict__ count_out, unsigned char* __restrict__ failed, int* __restrict__ idx,
                    float* __restrict__ val) {
     constexpr int P = TableVec<Src>::PER_VEC;
-    constexpr int U = P == 4 ? 6 : 2;             // 96 (float32) / 32 (bf16) bytes in flight per thread: 64 registers, no spill
+    constexpr int U = P == 4 ? 5 : 2;             // 80 (float32) / 32 (bf16) bytes in flight per thread: 64 registers, no spill
     extern __shared__ __align__(16) u32 smem[];
     const int t = blockIdx.x;
     if (t >= n) return;
     u32* hist = smem;
     SelectScalars* sc = reinterpret_cast<SelectScalars*>(smem + RADIX);
     int* ncand = reinterpret_cast<int*>(smem + RADIX + 4);
-    const int KP = next_pow2(k);
+    const int KW = sort_slots_v2(k);
     u64* word = reinterpret_cast<u64*>(smem + RADIX + 6);      // 262 words: 8-byte aligned
-    u32* wbits = reinterpret_cast<u32*>(word + KP);
-    u32* cpos = wbits + KP;
+    u32* wbits = reinterpret_cast<u32*>(word + KW);
+    u32* cpos = wbits + KW;
     u32* cbits = cpos + cap;
 
     const long long row0 = (long long)t * L;
@@ -185,7 +224,6 @@ hytopk_table_fused(const void* __restrict__ table, long long L, int n, const int
     int* out_idx = idx + (long long)t * k;
     float* out_val = val + (long long)t * k;
 
-    int kept;
     if (c <= k) {                                   // the whole context, sorted (nothing sampled)
         for (long long i = threadIdx.x; i < c; i += blockDim.x) {
             const u32 b = TableVec<Src>::bits_at(table, row0 + a + i);
@@ -193,8 +231,9 @@ hytopk_table_fused(const void* __restrict__ table, long long L, int n, const int
             wbits[i] = b;
         }
         if (threadIdx.x == 0) { count_out[t] = (int)c; failed[t] = 0; }
-        kept = (int)c;
         __syncthreads();
+        sort_desc_v2(word, wbits, (int)c);
+        write_row(word, wbits, (int)c, k, out_idx, out_val);
     } else {
         // CONTRACT.md §3.1-3.3: M samples at a + (j * c) // M, rank r (float64, that order).
         const long long Ml = min(c, min(max(c / SAMPLE_STRIDE, MIN_SAMPLES), MAX_SAMPLES));
@@ -218,21 +257,7 @@ hytopk_table_fused(const void* __restrict__ table, long long L, int n, const int
         if (threadIdx.x == 0) { count_out[t] = cnt; failed[t] = ok ? 0 : 1; }
         if (!ok) return;                            // uniform: hytopk_table_topk writes this row
         const SmemEntries ce = {cpos, cbits};
-        auto put = [&](int slot, u32 key, u32 pos, u32 v) {
-            if (slot < k) { word[slot] = ((u64)key << 32) | (u64)(~pos); wbits[slot] = v; }
-        };
-        kept = min(k, block_keep_top<true>(ce, cnt, k, hist, sc, put));
-        __syncthreads();
-    }
-    block_bitonic_sort_desc(word, wbits, kept);
-    for (int i = threadIdx.x; i < k; i += blockDim.x) {
-        if (i < kept) {
-            out_idx[i] = (int)~(u32)word[i];
-            out_val[i] = __uint_as_float(wbits[i]);
-        } else {
-            out_idx[i] = -1;
-            out_val[i] = __uint_as_float(0xff800000u);
-        }
+        select_row_v2(ce, cnt, k, hist, sc, word, wbits, out_idx, out_val);
     }
 }
 
@@ -248,9 +273,10 @@ struct GlobalEntries {
 // Stage 8 with the candidates in shared memory: each row's m = min(count, capacity) stored
 // candidates are read once, coalesced, into shared memory when m <= cap (else selected from
 // global memory, as hytopk_select_bitonic does), then the same exact select (FAST key
-// select, position select among the ties at K*, bitonic sort) reads only shared memory:
-// hytopk_select_bitonic reads the candidates from global memory once per radix level.
-// grid: n blocks of SAMPLE_BLOCK threads; smem: bitonic_topk_smem_words(k) + 2 * cap words.
+// select, position select among the ties at K*) reads only shared memory and the register
+// bitonic sort (sort_desc_v2) orders the k kept: hytopk_select_bitonic reads the candidates
+// from global memory once per radix level and sorts through shared memory at every stage.
+// grid: n blocks of SAMPLE_BLOCK threads; smem: select_smem_words(k, cap) words.
 extern "C" __global__ void __launch_bounds__(SAMPLE_BLOCK)
 hytopk_select_smem(int n, const int* __restrict__ cand_idx, const u32* __restrict__ cand_val,
                    const int* __restrict__ count, int capacity, int k, int cap, int* __restrict__ idx,
@@ -262,8 +288,13 @@ hytopk_select_smem(int n, const int* __restrict__ cand_idx, const u32* __restric
     const int m = min(max(count[t], 0), capacity);
     int* out_idx = idx + (long long)t * k;
     float* out_val = val + (long long)t * k;
+    u32* hist = smem;
+    SelectScalars* sc = reinterpret_cast<SelectScalars*>(smem + RADIX);
+    const int KW = sort_slots_v2(k);
+    u64* word = reinterpret_cast<u64*>(smem + RADIX + 4);      // 260 words: 8-byte aligned
+    u32* wbits = reinterpret_cast<u32*>(word + KW);
     if (m <= cap) {                                 // uniform over the block
-        u32* spos = smem + bitonic_topk_smem_words(k);
+        u32* spos = wbits + KW;
         u32* sbits = spos + cap;
         for (int i = threadIdx.x; i < m; i += blockDim.x) {
             spos[i] = (u32)cand_idx[row + i];
@@ -271,9 +302,9 @@ hytopk_select_smem(int n, const int* __restrict__ cand_idx, const u32* __restric
         }
         __syncthreads();
         const SmemEntries e = {spos, sbits};
-        block_exact_topk_bitonic(e, m, k, out_idx, out_val, smem);
+        select_row_v2(e, m, k, hist, sc, word, wbits, out_idx, out_val);
     } else {
         const GlobalEntries e = {cand_idx + row, cand_val + row};
-        block_exact_topk_bitonic(e, m, k, out_idx, out_val, smem);
+        select_row_v2(e, m, k, hist, sc, word, wbits, out_idx, out_val);
     }
 }

@@ -135,3 +135,41 @@ def test_filter_pieces_visit_every_context_element_once(P):
         got = visits_mirror(L, P, n, t, a, c, pieces, piece_vecs, B, U, aligned_base)
         pos = sorted(p for p, _ in got)
         assert pos == list(range(a, a + c)), (L, n, t, a, c, aligned_base)
+
+
+def reg_bitonic_mirror(words, B, E):
+    """hytopk_table.cuh bitonic_sort_desc_reg, stage by stage: index i = tid * E + e; strides
+    below E swap inside a thread, below 32 E exchange with lane tid ^ (stride / E) (same warp,
+    same e), the rest through shared memory; the lower index of a descending run keeps the
+    larger word. Every stage is one vectorised step over all indices (the data movement the
+    kernel does; the choice of path only says where the partner comes from)."""
+    P = B * E
+    x = np.zeros(P, np.uint64)
+    x[:words.size] = words
+    i = np.arange(P)
+    size = 2
+    while size <= P:
+        stride = size // 2
+        while stride > 0:
+            partner = i ^ stride
+            if E <= stride < 32 * E:          # the shuffle path stays inside a warp
+                assert ((partner // E) // 32 == (i // E) // 32).all() and (partner % E == i % E).all()
+            if stride < E:                    # the in-thread path stays inside a thread
+                assert (partner // E == i // E).all()
+            want_max = ((i & stride) == 0) == ((i & size) == 0)
+            y = x[partner]
+            x = np.where(want_max, np.maximum(x, y), np.minimum(x, y))
+            stride //= 2
+        size *= 2
+    return x
+
+
+@pytest.mark.parametrize("B,E", [(512, 1), (512, 2), (512, 4), (256, 4), (32, 2)])
+def test_register_bitonic_network_sorts_descending(B, E):
+    rng = np.random.default_rng(B * 10 + E)
+    P = B * E
+    for cnt in (0, 1, 2, P // 2 - 1, P // 2 + 1, P - 1, P):
+        words = rng.choice(2**62, size=cnt, replace=False).astype(np.uint64) + np.uint64(1)   # distinct, > padding
+        got = reg_bitonic_mirror(words, B, E)
+        assert np.array_equal(got[:cnt], np.sort(words)[::-1]), cnt
+        assert (got[cnt:] == 0).all()

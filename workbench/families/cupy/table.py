@@ -282,7 +282,7 @@ class TableHyTopK:
         M, r = R.sample_plan(lo_h, hi_h, self.k, oversample)
         check_k_fits(self.k, bitonic_topk_smem_bytes)
         if kernels == "v2":
-            check_k_fits(self.k, lambda kk: bitonic_topk_smem_bytes(kk) + 8 * _v2.select_cap(self.capacity))
+            check_k_fits(self.k, lambda kk: _v2.select_smem_bytes(kk, _v2.select_cap(self.capacity)))
         with launch_stream():
             self.lo, self.hi = cp.asarray(lo_h.astype(np.int32)), cp.asarray(hi_h.astype(np.int32))
             self.M, self.r = cp.asarray(M), cp.asarray(r)

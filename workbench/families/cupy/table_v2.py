@@ -35,9 +35,19 @@ def _file():
     return "table_v2.cu"
 
 
+def sort_slots(k: int) -> int:
+    """table_v2.cu sort_slots_v2: the register sort pads to at least one word per thread."""
+    return max(next_pow2(k), SAMPLE_BLOCK)
+
+
 def fused_smem_words(k: int, cap: int) -> int:
     """table_v2.cu table_fused_smem_words."""
-    return 256 + 6 + 3 * next_pow2(k) + 2 * cap
+    return 256 + 6 + 3 * sort_slots(k) + 2 * cap
+
+
+def select_smem_bytes(k: int, cap: int) -> int:
+    """table_v2.cu select_smem_words, in bytes."""
+    return 4 * (256 + 4 + 3 * sort_slots(k) + 2 * cap)
 
 
 def _limit() -> int:
@@ -47,7 +57,7 @@ def _limit() -> int:
 def fused_cap(k: int) -> int:
     """Candidates the fused kernel collects in shared memory: as many as keep two blocks per
     SM, else what the opt-in limit leaves; at least MAX_SAMPLES / 2 (its samples live there)."""
-    fixed = 256 + 6 + 3 * next_pow2(k)
+    fixed = 256 + 6 + 3 * sort_slots(k)
     cap = (FUSED_SMEM_TARGET // 4 - fixed) // 2 // 256 * 256
     if cap < MAX_SAMPLES // 2:
         cap = (_limit() // 4 - fixed) // 2
@@ -94,7 +104,7 @@ def launch_select(cand_idx, cand_val, count, k, idx, val):
     cap = select_cap(capacity)
     launch(kernel(_file(), "hytopk_select_smem"), (n,),
            (np.int32(n), cand_idx, cand_val, count, np.int32(capacity), np.int32(k), np.int32(cap), idx, val),
-           bitonic_topk_smem_bytes(k) + 8 * cap, threads=SAMPLE_BLOCK)
+           select_smem_bytes(k, cap), threads=SAMPLE_BLOCK)
 
 
 def launch_fused(s, cxx, lo, hi, k, cap, oversample, count, failed, idx, val):
@@ -148,7 +158,7 @@ def select_smem(cand_idx, cand_val, count, k):
         if cand_val.shape != (n, capacity) or count.shape != (n,):
             raise ValueError(f"arguments 'cand_val'/'count' must have shapes {(n, capacity)}/{(n,)}, "
                              f"got {cand_val.shape}/{count.shape}")
-        if bitonic_topk_smem_bytes(k) + 8 * select_cap(capacity) > _limit():
+        if select_smem_bytes(k, select_cap(capacity)) > _limit():
             raise ValueError(f"argument 'k' = {k}: its sort buffers and {select_cap(capacity)} candidates do not fit "
                              f"in shared memory; use cupy.select.radix_bitonic")
         idx = cp.empty((n, k), cp.int32)
