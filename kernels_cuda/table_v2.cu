@@ -9,7 +9,8 @@
 //     one global atomic at the end (then a coalesced copy);
 //   - the threshold keeps all of a thread's sample loads in flight at once;
 //   - the selects sort the k kept with E words per thread in registers (sort_desc_v2): 10
-//     shared-memory stages instead of 66 at k = 2048.
+//     shared-memory stages instead of 66 at k = 2048; their key selects use __match_any_sync
+//     at the top digit only (block_radix_select_keys).
 //   hytopk_table_threshold       stages 1-4 on a table: the r-th best of M samples
 //   hytopk_table_filter_pieces   stage 5 on a table: the streaming filter
 //   hytopk_table_fused           HyTopK in one kernel per row: samples, threshold, one
@@ -102,7 +103,7 @@ hytopk_table_threshold(const void* __restrict__ table, long long L, int n, const
     __syncthreads();
     const u32 rank = (u32)min(max(r[t], 1), m);
     auto sample_key = [&](long long j, u32* out) { *out = keys[j]; return true; };
-    const u32 kstar = block_radix_select<true, true>(sample_key, m, rank, hist, &sc);
+    const u32 kstar = block_radix_select_keys<true>(sample_key, m, rank, hist, &sc);
     if (threadIdx.x == 0) T[t] = bits_of_key(kstar);
 }
 
@@ -175,7 +176,7 @@ __device__ __forceinline__ void write_row(const u64* word, const u32* wbits, int
     }
 }
 
-// The exact top-k of m entries (block_keep_top's FAST key select and position select among
+// The exact top-k of m entries (block_keep_top_v2: the key select, the position select among
 // the ties at K*), sorted by sort_desc_v2, to one output row. word / wbits: sort_slots_v2(k) slots.
 template <class Entries>
 __device__ void select_row_v2(const Entries& e, long long m, int k, u32* hist, SelectScalars* sc, u64* word,
@@ -183,7 +184,7 @@ __device__ void select_row_v2(const Entries& e, long long m, int k, u32* hist, S
     auto put = [&](int slot, u32 key, u32 pos, u32 v) {
         if (slot < k) { word[slot] = ((u64)key << 32) | (u64)(~pos); wbits[slot] = v; }
     };
-    const int kept = min(k, block_keep_top<true>(e, m, k, hist, sc, put));
+    const int kept = min(k, block_keep_top_v2(e, m, k, hist, sc, put));
     __syncthreads();
     sort_desc_v2(word, wbits, kept);
     write_row(word, wbits, kept, k, out_idx, out_val);
@@ -244,7 +245,7 @@ hytopk_table_fused(const void* __restrict__ table, long long L, int n, const int
         gather_sample_keys<Src, SAMPLE_PER>(table, row0 + a, c, Ml, (int)Ml, skeys);
         __syncthreads();
         auto sample_key = [&](long long q, u32* out) { *out = skeys[q]; return true; };
-        const u32 kstar = block_radix_select<true, true>(sample_key, Ml, r, hist, sc);
+        const u32 kstar = block_radix_select_keys<true>(sample_key, Ml, r, hist, sc);
         if (threadIdx.x == 0) *ncand = 0;
         __syncthreads();                            // the samples are dead: the candidates overwrite them
         SmemSink sink = {cpos, cbits, ncand, cap, 0};
