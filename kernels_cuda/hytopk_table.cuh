@@ -96,6 +96,26 @@ struct KeyAtLeast {
 // The float32 bits of an order key (its canonical score: -0 -> +0, NaN -> 0xffffffff).
 __device__ __forceinline__ u32 bits_of_key(u32 key) { return key >= 0x80000000u ? key ^ 0x80000000u : ~key; }
 
+// Asks the L2 for bytes [p, p + bytes) of global memory: Hopper's bulk prefetch, one instruction
+// for a whole step, no registers, nothing to wait for (a hint). It raises the bytes in flight
+// per SM above what the registers hold (the fused kernel: 40 KB per block of 512 threads).
+// p 16-byte aligned, bytes a multiple of 16. A no-op below sm_90 and in the CPU emulation.
+__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
+// The vectors [v, min(v + count, v_stop, total / P)) to the L2 (16 bytes each), by one thread.
+__device__ __forceinline__ void prefetch_vectors(const void* table, long long v, long long count, long long v_stop,
+                                                 long long total_vecs) {
+    const long long e = min(min(v + count, v_stop), total_vecs);
+    if (v < e) prefetch_l2(static_cast<const uint4*>(table) + v, (unsigned)((e - v) * 16));
+}
+
 // One step of a block stream: this thread's U vectors v0 + u * B of the flat table, their
 // score bits, and the mask of elements (bit u * P + e) inside the row's [a, e_rel) (row-relative
 // positions) that pass. FULL: the caller knows every vector is inside the row and 16-byte
@@ -139,17 +159,30 @@ __device__ __forceinline__ u32 stream_tile(const void* table, long long total, i
 // bounds) U vectors per thread per step and hands every element of the row's context that
 // passes to the sink: sink.reserve(mine) once per step by every lane of every warp, then
 // sink.put(pos, bits) for each of this lane's mine elements (pos row-relative). Steps wholly
-// inside the context take the unchecked path.
-template <class Src, int U, class Sink>
+// inside the context take the unchecked path. PF and ahead > 0 (and a 16-byte aligned table):
+// thread 0 keeps the L2 prefetching `ahead` steps ahead of the loads (PF = false compiles it out:
+// its few registers spill the bf16 fused kernel).
+template <class Src, int U, class Sink, bool PF = true>
 __device__ __forceinline__ void stream_row(const void* table, long long total, int aligned, long long row0,
                                            long long a, long long c, long long v_first, long long v_stop,
-                                           const KeyAtLeast& pass, Sink& sink) {
+                                           const KeyAtLeast& pass, Sink& sink, int ahead) {
     constexpr int P = TableVec<Src>::PER_VEC;
     static_assert(U * P <= 32, "the pass mask is one 32-bit word");
     const int B = blockDim.x;
     const long long step = (long long)B * U;
     const long long g_lo = row0 + a, g_hi = row0 + a + c;
+    const bool prefetch = PF && ahead > 0 && aligned && threadIdx.x == 0;
+    const long long pf_end = min(v_stop, total / P);                  // whole vectors of the table only
+    long long pf = v_first + step;                                    // the next vector to prefetch
+    if (prefetch) {
+        prefetch_vectors(table, pf, (long long)(ahead - 1) * step, pf_end, pf_end);
+        pf += (long long)(ahead - 1) * step;
+    }
     for (long long vs = v_first; vs < v_stop; vs += step) {            // uniform over the block
+        if (prefetch) {
+            prefetch_vectors(table, pf, step, pf_end, pf_end);
+            pf += step;
+        }
         const long long v0 = vs + threadIdx.x;
         u32 bits[U][P];
         const bool full = aligned && vs * P >= g_lo && (vs + step) * P <= g_hi && vs + step <= v_stop;

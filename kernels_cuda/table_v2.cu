@@ -111,12 +111,13 @@ hytopk_table_threshold(const void* __restrict__ table, long long L, int n, const
 // streams vectors [j * piece_vecs, (j + 1) * piece_vecs) of row t's context (counted from the
 // vector holding its first element; pieces past the context return at once). count must be
 // zeroed; count[t] ends as the true number of candidates; only slots < capacity are written.
+// ahead: how many steps ahead of its loads the block has the L2 prefetch (0: none).
 // smem: 2 * stage_cap + 2 words.
 template <class Src>
 __global__ void __launch_bounds__(STREAM_BLOCK, STREAM_MIN_BLOCKS)
 hytopk_table_filter_pieces(const void* __restrict__ table, long long L, int n, const int* __restrict__ lo,
                            const int* __restrict__ hi, const u32* __restrict__ T, int capacity, int pieces,
-                           long long piece_vecs, int stage_cap, int aligned, int* __restrict__ cand_idx,
+                           long long piece_vecs, int stage_cap, int aligned, int ahead, int* __restrict__ cand_idx,
                            u32* __restrict__ cand_val, int* __restrict__ count) {
     constexpr int P = TableVec<Src>::PER_VEC;
     extern __shared__ __align__(16) u32 smem[];
@@ -141,7 +142,7 @@ hytopk_table_filter_pieces(const void* __restrict__ table, long long L, int n, c
     const long long out = (long long)t * capacity;
     StagedSink sink = {spos, sbits, staged, stage_cap, count + t, capacity, cand_idx + out, cand_val + out, 0, 0};
     stream_row<Src, StreamU<Src>::U>(table, (long long)n * L, aligned, row0, a, c, v_first, v_stop,
-                              KeyAtLeast::of(T[t]), sink);
+                              KeyAtLeast::of(T[t]), sink, ahead);
     __syncthreads();
     const int m = min(*staged, stage_cap);
     if (m == 0) return;                                               // uniform
@@ -199,14 +200,17 @@ __device__ void select_row_v2(const Entries& e, long long m, int k, u32* hist, S
 // select (key select, position select among the ties, bitonic sort) writes the row.
 // failed[t] = 1 marks a row whose count is < k or > cap: its output is left for
 // hytopk_table_topk in mode TOPK_FAILED. Every row's failed[t] is written (no zeroing).
+// ahead > 0: the L2 prefetches the row's first `ahead` steps before the samples are read (they
+// arrive while T is selected) and stays `ahead` steps ahead of the read.
 template <class Src>
 __global__ void __launch_bounds__(SAMPLE_BLOCK, 2)
 hytopk_table_fused(const void* __restrict__ table, long long L, int n, const int* __restrict__ lo,
-                   const int* __restrict__ hi, int k, int cap, int aligned, double oversample,
+                   const int* __restrict__ hi, int k, int cap, int aligned, int ahead, double oversample,
                    int* __restrict__ count_out, unsigned char* __restrict__ failed, int* __restrict__ idx,
                    float* __restrict__ val) {
     constexpr int P = TableVec<Src>::PER_VEC;
-    constexpr int U = P == 4 ? 5 : 2;             // 80 (float32) / 32 (bf16) bytes in flight per thread: 64 registers, no spill
+    constexpr int U = P == 4 ? 4 : 2;             // 64 / 32 bytes in flight per thread: 64 registers, no spill
+    constexpr bool PF = P == 4;                   // float32: + the L2 prefetch (bf16: it would spill)
     extern __shared__ __align__(16) u32 smem[];
     const int t = blockIdx.x;
     if (t >= n) return;
@@ -236,6 +240,9 @@ hytopk_table_fused(const void* __restrict__ table, long long L, int n, const int
         sort_desc_v2(word, wbits, (int)c);
         write_row(word, wbits, (int)c, k, out_idx, out_val);
     } else {
+        if (PF && ahead > 0 && aligned && threadIdx.x == 0)     // the row's head, fetched while T is selected
+            prefetch_vectors(table, (row0 + a) / P, (long long)ahead * U * blockDim.x, (row0 + a + c + P - 1) / P,
+                             (long long)n * L / P);
         // CONTRACT.md §3.1-3.3: M samples at a + (j * c) // M, rank r (float64, that order).
         const long long Ml = min(c, min(max(c / SAMPLE_STRIDE, MIN_SAMPLES), MAX_SAMPLES));
         double rd = ceil(((oversample * (double)k) * (double)Ml) / (double)c);
@@ -250,8 +257,8 @@ hytopk_table_fused(const void* __restrict__ table, long long L, int n, const int
         __syncthreads();                            // the samples are dead: the candidates overwrite them
         SmemSink sink = {cpos, cbits, ncand, cap, 0};
         const long long P_ = P;
-        stream_row<Src, U>(table, (long long)n * L, aligned, row0, a, c, (row0 + a) / P_,
-                           (row0 + a + c + P_ - 1) / P_, KeyAtLeast::of(bits_of_key(kstar)), sink);
+        stream_row<Src, U, SmemSink, PF>(table, (long long)n * L, aligned, row0, a, c, (row0 + a) / P_,
+                           (row0 + a + c + P_ - 1) / P_, KeyAtLeast::of(bits_of_key(kstar)), sink, ahead);
         __syncthreads();
         const int cnt = *ncand;
         const bool ok = cnt >= k && cnt <= cap;     // CONTRACT.md §3.6 against the shared-memory cap

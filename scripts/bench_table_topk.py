@@ -19,7 +19,8 @@ The second design (kernels_cuda/table_v2.cu) sits beside each first-design row, 
 fused_hytopk_v2 (one streaming kernel per row, flagged rows through the radix kernel),
 table_hytopk_v2 (TableHyTopK(kernels="v2")), and the staged path's stages alone for both designs:
 threshold_only, filter_only (the streaming filter; GB/s here is the filter's read rate) and
-select_only. --quick leaves out the slow end-to-end rows (table_topk with match atomics,
+select_only; fused_hytopk_v2[no prefetch] and filter_only_v2[no prefetch] time the v2 reads without
+their L2 prefetch (table_v2.FUSED_AHEAD / FILTER_AHEAD = 0). --quick leaves out the slow end-to-end rows (table_topk with match atomics,
 backend.plan.table, backend.topk).
 Each row also records whether its values equal torch.topk's (bit for bit: the multiset of
 the k best values does not depend on tie order) and whether every HyTopK path's idx equals the
@@ -114,6 +115,12 @@ def main(argv=None):
                 for name, design, cnt_buf in (("fused_hytopk", "v1", count), ("fused_hytopk_v2", "v2", count2)):
                     res[name] = timed(lambda: tab.fused_hytopk(scores, lo, hi, k, count=cnt_buf, host_check=False,
                                                                design=design), args.repeats, torch)
+                ahead = tab_v2.FUSED_AHEAD, tab_v2.FILTER_AHEAD
+                tab_v2.FUSED_AHEAD = tab_v2.FILTER_AHEAD = 0      # the v2 reads without the L2 prefetch
+                res["fused_hytopk_v2[no prefetch]"] = timed(
+                    lambda: tab.fused_hytopk(scores, lo, hi, k, count=count2, host_check=False, design="v2"),
+                    args.repeats, torch)
+                tab_v2.FUSED_AHEAD, tab_v2.FILTER_AHEAD = ahead
                 plans = {d: tab.TableHyTopK(n, L, lo_h, hi_h, k, kernels=d) for d in ("v1", "v2")}
                 for d, sfx in (("v1", ""), ("v2", "_v2")):
                     plan = plans[d]
@@ -123,6 +130,10 @@ def main(argv=None):
                     res["threshold_only" + sfx] = timed(lambda: plan.threshold_only(scores), args.repeats, torch)
                     res["filter_only" + sfx] = timed(lambda: plan.filter_only(scores), args.repeats, torch)
                     res["select_only" + sfx] = timed(lambda: plan.select_only(), args.repeats, torch)
+                ahead = tab_v2.FILTER_AHEAD
+                tab_v2.FILTER_AHEAD = 0
+                res["filter_only_v2[no prefetch]"] = timed(lambda: plans["v2"].filter_only(scores), args.repeats, torch)
+                tab_v2.FILTER_AHEAD = ahead
                 if not args.quick:
                     bplan = backend.plan(lo_h, hi_h, k)     # the pipeline driver's plan (issue 14), no host sync
                     res["backend.plan.table"] = timed(lambda: bplan.table(scores, capture_safe=True), args.repeats,

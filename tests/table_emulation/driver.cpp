@@ -36,7 +36,7 @@ static void run(std::ifstream& in, std::ofstream& out, int n, int L, int k, int 
     std::vector<float> val((size_t)n * k, 7.0f);
     std::vector<unsigned char> failed(n, 9);
     emu::launch({(unsigned)n, 1, 1}, 512, 4 * table_fused_smem_words(k, cap), [&] {
-        hytopk_table_fused<Src>(table, LL, n, lo.data(), hi.data(), k, cap, aligned, 3.0, count.data(),
+        hytopk_table_fused<Src>(table, LL, n, lo.data(), hi.data(), k, cap, aligned, 2, 3.0, count.data(),
                                 failed.data(), idx.data(), val.data());
     });
     int tfixed = 2048 + 12 + 3 * next_pow2_h(k);
@@ -68,7 +68,7 @@ static void run(std::ifstream& in, std::ofstream& out, int n, int L, int k, int 
     std::vector<float> cv((size_t)n * capacity, -INFINITY);
     emu::launch({(unsigned)(n * pieces), 1, 1}, 256, 4 * (2 * stage + 2), [&] {
         hytopk_table_filter_pieces<Src>(table, LL, n, lo.data(), hi.data(), reinterpret_cast<const u32*>(T.data()),
-                                        capacity, pieces, piece_vecs, stage, aligned, ci.data(),
+                                        capacity, pieces, piece_vecs, stage, aligned, 1, ci.data(),
                                         reinterpret_cast<u32*>(cv.data()), cnt.data());
     });
     wr(out, ci.data(), ci.size()); wr(out, cv.data(), cv.size()); wr(out, cnt.data(), n);
