@@ -8,6 +8,7 @@
 //                        keys, stopping as soon as the k-th key's bin fits in
 //                        shared memory; one collecting read; the exact select of
 //                        block_keep_top among the collected bin; a bitonic sort.
+//   hytopk_table_topk_listed  the same over a device-side list of rows (the v2 fallback)
 #include "hytopk_table.cuh"
 using namespace hytopk;
 
@@ -111,17 +112,18 @@ struct BinEntries {
 //                 depends on how concentrated the digits are
 // cap: collected entries that fit in shared memory (>= MAX_SAMPLES / 2 for TOPK_SAMPLED).
 // grid: nrows blocks of TOPK_BLOCK threads; smem: table_topk_smem_words(k, cap).
+// (The body is table_topk_row, output row j = blockIdx.x; hytopk_table_topk_listed runs the
+// same body over a device-side list of rows.)
 template <class Src>
-__global__ void __launch_bounds__(TOPK_BLOCK, 2)
-hytopk_table_topk(const void* __restrict__ table, long long L, int n, const int* __restrict__ rows, int nrows,
-                  const unsigned char* __restrict__ failed, int mode, const int* __restrict__ lo,
-                  const int* __restrict__ hi, int k, int cap, int aligned, double oversample,
-                  int* __restrict__ count_out, int* __restrict__ idx, float* __restrict__ val) {
+__device__ __forceinline__ void table_topk_row(const int j, u32* smem, const void* __restrict__ table, long long L,
+                                               int n, const int* __restrict__ rows, int nrows,
+                                               const unsigned char* __restrict__ failed, int mode,
+                                               const int* __restrict__ lo, const int* __restrict__ hi, int k, int cap,
+                                               int aligned, double oversample, int* __restrict__ count_out,
+                                               int* __restrict__ idx, float* __restrict__ val) {
     constexpr int P = TableVec<Src>::PER_VEC;
     constexpr int TOPK_U = TOPK_ELEMS / P;
     constexpr int FUSED_STEP_U = 2 * TOPK_U;
-    extern __shared__ __align__(16) u32 smem[];
-    const int j = blockIdx.x;
     if (j >= nrows) return;
     const int t = (mode & TOPK_ROWS) ? rows[j] : j;
     if (t < 0 || t >= n) return;
@@ -389,5 +391,35 @@ hytopk_table_topk(const void* __restrict__ table, long long L, int n, const int*
             out_idx[i] = -1;
             out_val[i] = __uint_as_float(0xff800000u);
         }
+    }
+}
+
+template <class Src>
+__global__ void __launch_bounds__(TOPK_BLOCK, 2)
+hytopk_table_topk(const void* __restrict__ table, long long L, int n, const int* __restrict__ rows, int nrows,
+                  const unsigned char* __restrict__ failed, int mode, const int* __restrict__ lo,
+                  const int* __restrict__ hi, int k, int cap, int aligned, double oversample,
+                  int* __restrict__ count_out, int* __restrict__ idx, float* __restrict__ val) {
+    extern __shared__ __align__(16) u32 smem[];
+    table_topk_row<Src>(blockIdx.x, smem, table, L, n, rows, nrows, failed, mode, lo, hi, k, cap, aligned, oversample,
+                        count_out, idx, val);
+}
+
+// The exact top-k (histogram path, plain atomics) of the rows listed in rows[0 .. *nlisted),
+// each written to its own output row t (idx / val are [n, k]): the fallback of the v2 table
+// kernels, launched on a small grid that strides over the list, so that a call whose rows all
+// passed costs one short launch instead of n blocks of ~110 KB of shared memory that exit at
+// once. grid: any (2 per SM); smem: table_topk_smem_words(k, cap).
+template <class Src>
+__global__ void __launch_bounds__(TOPK_BLOCK, 2)
+hytopk_table_topk_listed(const void* __restrict__ table, long long L, int n, const int* __restrict__ rows,
+                         const int* __restrict__ nlisted, const int* __restrict__ lo, const int* __restrict__ hi, int k,
+                         int cap, int aligned, int* __restrict__ idx, float* __restrict__ val) {
+    extern __shared__ __align__(16) u32 smem[];
+    const int nr = min(*nlisted, n);
+    for (int jj = blockIdx.x; jj < nr; jj += gridDim.x) {            // uniform over the block
+        table_topk_row<Src>(rows[jj], smem, table, L, n, rows, n, nullptr, TOPK_PLAIN_ATOMICS, lo, hi, k, cap,
+                            aligned, 3.0, nullptr, idx, val);
+        __syncthreads();                            // the next row rewrites the shared memory
     }
 }

@@ -15,8 +15,8 @@
 //   hytopk_table_filter_pieces   stage 5 on a table: the streaming filter
 //   hytopk_table_fused           HyTopK in one kernel per row: samples, threshold, one
 //                                streaming read into shared memory, exact select; rows whose
-//                                count is < k or > cap are flagged for hytopk_table_topk
-//                                (mode TOPK_FAILED), launched right after on the device
+//                                count is < k or > cap are listed for hytopk_table_topk_listed
+//                                (table_topk.cu), launched right after on the device
 //   hytopk_select_smem           stage 8 with each row's candidates read once into shared memory
 #include "hytopk_table.cuh"
 using namespace hytopk;
@@ -198,16 +198,16 @@ __device__ void select_row_v2(const Entries& e, long long m, int k, u32* hist, S
 // the r-th best sample key K*, one streaming read of the row collecting every key >= K* into
 // shared memory (count_out[t] = the true count, §3.5), and when k <= count <= cap the exact
 // select (key select, position select among the ties, bitonic sort) writes the row.
-// failed[t] = 1 marks a row whose count is < k or > cap: its output is left for
-// hytopk_table_topk in mode TOPK_FAILED. Every row's failed[t] is written (no zeroing).
+// A row whose count is < k or > cap is appended to flagged[0 .. *nflagged) (*nflagged zeroed
+// before) and its output left for hytopk_table_topk_listed.
 // ahead > 0: the L2 prefetches the row's first `ahead` steps before the samples are read (they
 // arrive while T is selected) and stays `ahead` steps ahead of the read.
 template <class Src>
 __global__ void __launch_bounds__(SAMPLE_BLOCK, 2)
 hytopk_table_fused(const void* __restrict__ table, long long L, int n, const int* __restrict__ lo,
                    const int* __restrict__ hi, int k, int cap, int aligned, int ahead, double oversample,
-                   int* __restrict__ count_out, unsigned char* __restrict__ failed, int* __restrict__ idx,
-                   float* __restrict__ val) {
+                   int* __restrict__ count_out, int* __restrict__ flagged, int* __restrict__ nflagged,
+                   int* __restrict__ idx, float* __restrict__ val) {
     constexpr int P = TableVec<Src>::PER_VEC;
     constexpr int U = P == 4 ? 4 : 2;             // 64 / 32 bytes in flight per thread: 64 registers, no spill
     constexpr bool PF = P == 4;                   // float32: + the L2 prefetch (bf16: it would spill)
@@ -235,7 +235,7 @@ hytopk_table_fused(const void* __restrict__ table, long long L, int n, const int
             word[i] = ((u64)order_key_bits(b) << 32) | (u64)(~(u32)(a + i));
             wbits[i] = b;
         }
-        if (threadIdx.x == 0) { count_out[t] = (int)c; failed[t] = 0; }
+        if (threadIdx.x == 0) count_out[t] = (int)c;
         __syncthreads();
         sort_desc_v2(word, wbits, (int)c);
         write_row(word, wbits, (int)c, k, out_idx, out_val);
@@ -262,8 +262,11 @@ hytopk_table_fused(const void* __restrict__ table, long long L, int n, const int
         __syncthreads();
         const int cnt = *ncand;
         const bool ok = cnt >= k && cnt <= cap;     // CONTRACT.md §3.6 against the shared-memory cap
-        if (threadIdx.x == 0) { count_out[t] = cnt; failed[t] = ok ? 0 : 1; }
-        if (!ok) return;                            // uniform: hytopk_table_topk writes this row
+        if (threadIdx.x == 0) {
+            count_out[t] = cnt;
+            if (!ok) flagged[atomicAdd(nflagged, 1)] = t;     // < n slots: one per row at most
+        }
+        if (!ok) return;                            // uniform: hytopk_table_topk_listed writes this row
         const SmemEntries ce = {cpos, cbits};
         select_row_v2(ce, cnt, k, hist, sc, word, wbits, out_idx, out_val);
     }

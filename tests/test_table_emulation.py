@@ -72,3 +72,16 @@ def test_v2_kernels_on_the_cpu_every_family(driver, seed):
             bf16 = bool(rng.integers(0, 2))
             E.check_case(driver, s, lo, hi, k, int(rng.choice([k, 500, L])), offset=int(rng.integers(0, 8 if bf16 else 4)),
                          bf16=bf16)
+
+
+def test_v2_fused_fallback_of_listed_rows_on_the_cpu(driver):
+    """The rows of an all-equal table overflow the fused kernel's shared memory (15000 > its 13056
+    at k = 64): they are listed and the radix kernel writes them (the driver's grid of
+    min(n, 2) blocks strides over the list); a row with c <= k and an empty row stay with the
+    fused kernel."""
+    n, L, k = 5, 15000, 64
+    s = np.full((n, L), 0.75, np.float32)
+    lo = np.array([0, 3, 100, 7, 1], np.int32)
+    hi = np.array([L, L, 150, 7, L - 1], np.int32)  # 15000, 14997, 50 (<= k), 0, 14998
+    count, failed = E.check_case(driver, s, lo, hi, k, 2000)
+    assert failed.tolist() == [1, 1, 0, 0, 1]       # three rows listed, two blocks

@@ -32,21 +32,22 @@ static void run(std::ifstream& in, std::ofstream& out, int n, int L, int k, int 
     int cap = (110 * 1024 / 4 - fixed) / 2 / 256 * 256;
     if (cap < 4096) cap = (limit_words - fixed) / 2;
     cap = std::min(cap, 16384);
-    std::vector<int> idx((size_t)n * k, 7), count(n, -5);
+    std::vector<int> idx((size_t)n * k, 7), count(n, -5), flagged(n, -3), nflagged(1, 0);
     std::vector<float> val((size_t)n * k, 7.0f);
-    std::vector<unsigned char> failed(n, 9);
     emu::launch({(unsigned)n, 1, 1}, 512, 4 * table_fused_smem_words(k, cap), [&] {
         hytopk_table_fused<Src>(table, LL, n, lo.data(), hi.data(), k, cap, aligned, 2, 3.0, count.data(),
-                                failed.data(), idx.data(), val.data());
+                                flagged.data(), nflagged.data(), idx.data(), val.data());
     });
     int tfixed = 2048 + 12 + 3 * next_pow2_h(k);
     int tcap = (110 * 1024 / 4 - tfixed) / 2 / 256 * 256;
     if (tcap < 256) tcap = (limit_words - tfixed) / 2;
     tcap = std::min(tcap, 16384);
-    emu::launch({(unsigned)n, 1, 1}, 512, 4 * table_topk_smem_words(k, tcap), [&] {
-        hytopk_table_topk<Src>(table, LL, n, lo.data(), n, failed.data(), TOPK_FAILED | TOPK_PLAIN_ATOMICS, lo.data(),
-                               hi.data(), k, tcap, aligned, 3.0, count.data(), idx.data(), val.data());
+    emu::launch({(unsigned)std::min(n, 2), 1, 1}, 512, 4 * table_topk_smem_words(k, tcap), [&] {   // a grid smaller than the list
+        hytopk_table_topk_listed<Src>(table, LL, n, flagged.data(), nflagged.data(), lo.data(), hi.data(), k, tcap,
+                                      aligned, idx.data(), val.data());
     });
+    std::vector<unsigned char> failed(n, 0);
+    for (int i = 0; i < nflagged[0]; ++i) failed[flagged[i]] = 1;
     wr(out, idx.data(), idx.size()); wr(out, val.data(), val.size()); wr(out, count.data(), n); wr(out, failed.data(), n);
 
     // threshold v2

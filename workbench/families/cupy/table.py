@@ -222,7 +222,8 @@ def fused_hytopk(scores, lo, hi, k, *, oversample=3.0, out=None, count=None, hos
     table_topk, bit for bit; no host work, no host sync with ``host_check=False``.
     ``count``: an int32 [n] device array that receives each row's candidate count (§3.5).
     ``design``: "v1" (hytopk_table_topk's sampled mode, the fallback inside the block) or "v2"
-    (table_v2.py: the streaming kernel, the flagged rows through a second launch)."""
+    (table_v2.py: the streaming kernel, the rows it lists through a second launch; its fallback
+    always uses plain atomics, ``hist_atomics`` is v1's)."""
     V.check_oversample(oversample)
     if design not in DESIGNS:
         raise ValueError(f"argument 'design' must be one of {DESIGNS}, got {design!r}")
@@ -253,7 +254,7 @@ def _table_select(scores, lo, hi, k, out, host_check, kw, fused=None):
             if kw["count"].shape != (n,) or kw["count"].dtype != cp.int32 or not kw["count"].flags.c_contiguous:
                 raise ValueError(f"argument 'count': expected an int32 array of shape {(n,)}")
         if fused == "v2":
-            _v2.fused_v2(s, cxx, lo_d, hi_d, k, cap, kw["oversample"], kw["count"], idx, val, kw["hist_atomics"])
+            _v2.fused_v2(s, cxx, lo_d, hi_d, k, cap, kw["oversample"], kw["count"], idx, val)
         else:
             launch_topk(s, cxx, lo_d, hi_d, k, cap, idx, val, **kw)
         return idx, val
@@ -313,7 +314,11 @@ class TableHyTopK:
             launch(kernel("check.cu", "hytopk_check"), (min(-(-self.n // BLOCK), 1024),),
                    (np.int32(self.n), self.count, self.lo, self.hi, np.int32(self.k), np.int32(self.capacity),
                     self.failed, self.rows, self.nfailed))
-            launch_topk(s, cxx, self.lo, self.hi, self.k, self.cap, self.idx, self.val, failed=self.failed)
+            if self.kernels == "v2":        # the failed rows from check's device-side list
+                _v2.launch_listed_topk(s, cxx, self.lo, self.hi, self.k, self.cap, self.rows, self.nfailed,
+                                       self.idx, self.val)
+            else:
+                launch_topk(s, cxx, self.lo, self.hi, self.k, self.cap, self.idx, self.val, failed=self.failed)
             return self.idx, self.val
 
     def filter_only(self, scores):

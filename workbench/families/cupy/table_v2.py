@@ -111,12 +111,24 @@ def launch_select(cand_idx, cand_val, count, k, idx, val):
            select_smem_bytes(k, cap), threads=SAMPLE_BLOCK)
 
 
-def launch_fused(s, cxx, lo, hi, k, cap, oversample, count, failed, idx, val):
+def launch_fused(s, cxx, lo, hi, k, cap, oversample, count, flagged, nflagged, idx, val):
+    """The fused kernel; the rows it cannot finish go to flagged[0 .. nflagged) (zeroed before)."""
     n, L = s.shape
     launch(kernel(_file(), f"hytopk_table_fused<{cxx}>"), (n,),
            (s, np.int64(L), np.int32(n), lo, hi, np.int32(k), np.int32(cap), np.int32(int(s.data.ptr % 16 == 0)),
-            np.int32(FUSED_AHEAD), np.float64(oversample), count, failed, idx, val),
+            np.int32(FUSED_AHEAD), np.float64(oversample), count, flagged, nflagged, idx, val),
            4 * fused_smem_words(k, cap), threads=SAMPLE_BLOCK)
+
+
+def launch_listed_topk(s, cxx, lo, hi, k, topk_cap, rows, nrows, idx, val):
+    """table_topk.cu's radix top-k of the rows in rows[0 .. *nrows) (device-side count), each to
+    its own output row, on a grid of two blocks per SM striding over the list."""
+    from .table import TOPK_BLOCK, _limits, topk_smem_words
+    n, L = s.shape
+    sms, _ = _limits()
+    launch(kernel("table_topk.cu", f"hytopk_table_topk_listed<{cxx}>"), (max(1, min(n, 2 * sms)),),
+           (s, np.int64(L), np.int32(n), rows, nrows, lo, hi, np.int32(k), np.int32(topk_cap),
+            np.int32(int(s.data.ptr % 16 == 0)), idx, val), 4 * topk_smem_words(k, topk_cap), threads=TOPK_BLOCK)
 
 
 def _table(source, name):
@@ -171,12 +183,13 @@ def select_smem(cand_idx, cand_val, count, k):
         return idx, val
 
 
-def fused_v2(s, cxx, lo, hi, k, topk_cap, oversample, count, idx, val, hist_atomics):
-    """hytopk_table_fused, then hytopk_table_topk over the rows it flagged (device-side)."""
-    from .table import launch_topk
-    failed = cp.empty(s.shape[0], cp.uint8)               # every row's flag is written
-    launch_fused(s, cxx, lo, hi, k, fused_cap(k), oversample, count, failed, idx, val)
-    launch_topk(s, cxx, lo, hi, k, topk_cap, idx, val, failed=failed, hist_atomics=hist_atomics)
+def fused_v2(s, cxx, lo, hi, k, topk_cap, oversample, count, idx, val):
+    """hytopk_table_fused, then the radix top-k over the rows it listed (device-side: no sync)."""
+    n = s.shape[0]
+    flagged = cp.empty(max(1, n), cp.int32)
+    nflagged = cp.zeros(1, cp.int32)
+    launch_fused(s, cxx, lo, hi, k, fused_cap(k), oversample, count, flagged, nflagged, idx, val)
+    launch_listed_topk(s, cxx, lo, hi, k, topk_cap, flagged, nflagged, idx, val)
 
 
 def staged_v2(s, cxx, plan):
