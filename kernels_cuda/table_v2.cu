@@ -81,16 +81,20 @@ struct StagedSink {
 // CONTRACT.md §3.2 (at most MAX_SAMPLES read), the r[t]-th best key by the block radix select.
 // T[t] is that key's canonical score (bits_of_key: only the key matters, §3.4); NaN for an
 // empty context or M <= 0. lo/hi are clamped into [0, L] (never a read outside the row).
+// zero_count / zero_one (may be null): count[t] = 0 and *zero_one = 0 for the launches that
+// follow (a planned call's filter counts and check counter: two memsets fewer).
 template <class Src>
 __global__ void __launch_bounds__(SAMPLE_BLOCK)
 hytopk_table_threshold(const void* __restrict__ table, long long L, int n, const int* __restrict__ lo,
                        const int* __restrict__ hi, const int* __restrict__ M, const int* __restrict__ r,
-                       u32* __restrict__ T) {
+                       u32* __restrict__ T, int* __restrict__ zero_count, int* __restrict__ zero_one) {
     __shared__ u32 keys[MAX_SAMPLES];
     __shared__ u32 hist[RADIX];
     __shared__ SelectScalars sc;
     const int t = blockIdx.x;
     if (t >= n) return;
+    if (threadIdx.x == 0 && zero_count != nullptr) zero_count[t] = 0;
+    if (threadIdx.x == 0 && t == 0 && zero_one != nullptr) *zero_one = 0;
     const long long a = min(max((long long)lo[t], 0LL), L);
     const long long c = min(max((long long)hi[t], a), L) - a;
     const int Mt = M[t];

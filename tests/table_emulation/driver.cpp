@@ -52,10 +52,13 @@ static void run(std::ifstream& in, std::ofstream& out, int n, int L, int k, int 
 
     // threshold v2
     std::vector<float> T2(n, 5.0f);
+    std::vector<int> zeros(n + 1, 3);
     emu::launch({(unsigned)n, 1, 1}, 512, 0, [&] {
         hytopk_table_threshold<Src>(table, LL, n, lo.data(), hi.data(), M.data(), r.data(),
-                                    reinterpret_cast<u32*>(T2.data()));
+                                    reinterpret_cast<u32*>(T2.data()), zeros.data(), zeros.data() + n);
     });
+    for (int z : zeros)
+        if (z != 0) { std::fprintf(stderr, "threshold: a count was not zeroed\n"); std::exit(1); }
     wr(out, T2.data(), n);
 
     // filter v2 on the given T (table_v2.py filter_geometry)

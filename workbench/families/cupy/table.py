@@ -302,10 +302,10 @@ class TableHyTopK:
             s, cxx = table_array(scores)
             if s.shape != (self.n, self.L):
                 raise ValueError(f"argument 'scores': planned for shape {(self.n, self.L)}, got {s.shape}")
-            self.nfailed.fill(0)
             if self.kernels == "v2":
                 _v2.staged_v2(s, cxx, self)
             else:
+                self.nfailed.fill(0)
                 self.T = block_threshold(R.TableSource(s), self.lo, self.hi, self.M, self.r)
                 self.count.fill(0)
                 launch_filter(s, cxx, self.lo, self.hi, self.T, self.capacity, self.cand_idx, self.cand_val,

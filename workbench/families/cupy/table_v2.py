@@ -72,10 +72,15 @@ def fused_cap(k: int) -> int:
     return min(cap, 16384)
 
 
-def launch_threshold(s, cxx, lo, hi, M, r, T):
+NULL = np.uint64(0)          # a null pointer argument
+
+
+def launch_threshold(s, cxx, lo, hi, M, r, T, zero_count=NULL, zero_one=NULL):
+    """The threshold kernel; zero_count ([n] int32) and zero_one ([1] int32), when given, are
+    zeroed by it for the launches that follow."""
     n, L = s.shape
     launch(kernel(_file(), f"hytopk_table_threshold<{cxx}>"), (n,),
-           (s, np.int64(L), np.int32(n), lo, hi, M, r, T), 0, threads=SAMPLE_BLOCK)
+           (s, np.int64(L), np.int32(n), lo, hi, M, r, T, zero_count, zero_one), 0, threads=SAMPLE_BLOCK)
 
 
 def filter_geometry(s, cxx, capacity):
@@ -193,9 +198,11 @@ def fused_v2(s, cxx, lo, hi, k, topk_cap, oversample, count, idx, val):
 
 
 def staged_v2(s, cxx, plan):
-    """TableHyTopK(kernels="v2"): threshold -> filter -> select into plan's buffers."""
-    launch_threshold(s, cxx, plan.lo, plan.hi, plan.M, plan.r, plan.T)
-    plan.count.fill(0)
+    """TableHyTopK(kernels="v2"): threshold (which also zeroes the filter's counts and the check's
+    counter) -> filter -> select into plan's buffers."""
+    if plan.n == 0:
+        return
+    launch_threshold(s, cxx, plan.lo, plan.hi, plan.M, plan.r, plan.T, plan.count, plan.nfailed)
     launch_filter(s, cxx, plan.lo, plan.hi, plan.T, plan.capacity, plan.cand_idx, plan.cand_val, plan.count)
     launch_select(plan.cand_idx, plan.cand_val, plan.count, plan.k, plan.idx, plan.val)
 
