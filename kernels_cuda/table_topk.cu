@@ -8,70 +8,11 @@
 //                        keys, stopping as soon as the k-th key's bin fits in
 //                        shared memory; one collecting read; the exact select of
 //                        block_keep_top among the collected bin; a bitonic sort.
-#include "hytopk_common.cuh"
+//   hytopk_table_topk_listed  the same over a device-side list of rows (the v2 fallback)
+#include "hytopk_table.cuh"
 using namespace hytopk;
 
 namespace hytopk {
-
-// How a table's 16-byte vector unpacks into float32 score bits.
-template <class Src> struct TableVec;
-template <> struct TableVec<TableSource> {
-    static constexpr int PER_VEC = 4;
-    __device__ static __forceinline__ u32 bits_at(const void* base, long long g) {
-        return static_cast<const u32*>(base)[g];
-    }
-    __device__ static __forceinline__ void unpack(const uint4& v, u32* out) {
-        out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
-    }
-};
-template <> struct TableVec<TableBf16Source> {
-    static constexpr int PER_VEC = 8;
-    __device__ static __forceinline__ u32 bits_at(const void* base, long long g) {
-        return ((u32) static_cast<const unsigned short*>(base)[g]) << 16;
-    }
-    __device__ static __forceinline__ void unpack(const uint4& v, u32* out) {   // little endian: low half first
-        out[0] = v.x << 16; out[1] = v.x & 0xffff0000u; out[2] = v.y << 16; out[3] = v.y & 0xffff0000u;
-        out[4] = v.z << 16; out[5] = v.z & 0xffff0000u; out[6] = v.w << 16; out[7] = v.w & 0xffff0000u;
-    }
-};
-
-// One thread's U vectors of a block-wide step over the flat table. Vectors are
-// numbered over the whole table (vector v holds flat elements v*P .. v*P+P-1), so
-// a row's [lo, hi) may start and end inside a vector: elements outside [g_lo, g_hi)
-// are loaded (when the vector is in bounds) but never count. A vector that would
-// reach past the table's end, or any vector of a table whose base is not 16-byte
-// aligned, is read element by element, inside [g_lo, g_hi) only.
-template <class Src, int U, bool STREAM>
-struct VecTile {
-    static constexpr int P = TableVec<Src>::PER_VEC;
-    u32 bits[U][P];
-    long long g0[U];        // flat index of the vector's first element; -1: no vector
-
-    __device__ __forceinline__ void load(const void* base, long long total, int aligned, long long first,
-                                         long long stride, long long v_end, long long g_lo, long long g_hi) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const long long v = first + u * stride;
-            const bool have = v < v_end;
-            g0[u] = have ? v * P : -1;
-            if (have && aligned && (v + 1) * P <= total) {
-                const uint4* p = static_cast<const uint4*>(base) + v;
-                const uint4 x = STREAM ? __ldcs(p) : __ldg(p);
-                TableVec<Src>::unpack(x, bits[u]);
-            } else {
-#pragma unroll
-                for (int e = 0; e < P; ++e) {
-                    const long long g = v * P + e;
-                    bits[u][e] = (have && g >= g_lo && g < g_hi) ? TableVec<Src>::bits_at(base, g) : 0u;
-                }
-            }
-        }
-    }
-    __device__ __forceinline__ bool in(int u, int e, long long g_lo, long long g_hi) const {
-        const long long g = g0[u] + e;
-        return g0[u] >= 0 && g >= g_lo && g < g_hi;
-    }
-};
 
 constexpr int FILTER_U = 4;          // vectors per thread per tile of the filter
 constexpr int TOPK_BLOCK = 512;      // threads of hytopk_table_topk
@@ -85,8 +26,6 @@ __host__ __device__ constexpr long long table_topk_smem_words(int k, int cap) {
 
 // hytopk_table_topk mode bits
 constexpr int TOPK_ROWS = 1, TOPK_FAILED = 2, TOPK_SAMPLED = 4, TOPK_PLAIN_ATOMICS = 8;
-// CONTRACT.md §3.1 (reference/sampling.py)
-constexpr long long SAMPLE_STRIDE = 128, MIN_SAMPLES = 4096, MAX_SAMPLES = 8192;
 constexpr int SAMPLE_BATCH = 8;      // sample loads in flight per thread
 
 struct TopkScalars {
@@ -173,17 +112,18 @@ struct BinEntries {
 //                 depends on how concentrated the digits are
 // cap: collected entries that fit in shared memory (>= MAX_SAMPLES / 2 for TOPK_SAMPLED).
 // grid: nrows blocks of TOPK_BLOCK threads; smem: table_topk_smem_words(k, cap).
+// (The body is table_topk_row, output row j = blockIdx.x; hytopk_table_topk_listed runs the
+// same body over a device-side list of rows.)
 template <class Src>
-__global__ void __launch_bounds__(TOPK_BLOCK, 2)
-hytopk_table_topk(const void* __restrict__ table, long long L, int n, const int* __restrict__ rows, int nrows,
-                  const unsigned char* __restrict__ failed, int mode, const int* __restrict__ lo,
-                  const int* __restrict__ hi, int k, int cap, int aligned, double oversample,
-                  int* __restrict__ count_out, int* __restrict__ idx, float* __restrict__ val) {
+__device__ __forceinline__ void table_topk_row(const int j, u32* smem, const void* __restrict__ table, long long L,
+                                               int n, const int* __restrict__ rows, int nrows,
+                                               const unsigned char* __restrict__ failed, int mode,
+                                               const int* __restrict__ lo, const int* __restrict__ hi, int k, int cap,
+                                               int aligned, double oversample, int* __restrict__ count_out,
+                                               int* __restrict__ idx, float* __restrict__ val) {
     constexpr int P = TableVec<Src>::PER_VEC;
     constexpr int TOPK_U = TOPK_ELEMS / P;
     constexpr int FUSED_STEP_U = 2 * TOPK_U;
-    extern __shared__ __align__(16) u32 smem[];
-    const int j = blockIdx.x;
     if (j >= nrows) return;
     const int t = (mode & TOPK_ROWS) ? rows[j] : j;
     if (t < 0 || t >= n) return;
@@ -451,5 +391,35 @@ hytopk_table_topk(const void* __restrict__ table, long long L, int n, const int*
             out_idx[i] = -1;
             out_val[i] = __uint_as_float(0xff800000u);
         }
+    }
+}
+
+template <class Src>
+__global__ void __launch_bounds__(TOPK_BLOCK, 2)
+hytopk_table_topk(const void* __restrict__ table, long long L, int n, const int* __restrict__ rows, int nrows,
+                  const unsigned char* __restrict__ failed, int mode, const int* __restrict__ lo,
+                  const int* __restrict__ hi, int k, int cap, int aligned, double oversample,
+                  int* __restrict__ count_out, int* __restrict__ idx, float* __restrict__ val) {
+    extern __shared__ __align__(16) u32 smem[];
+    table_topk_row<Src>(blockIdx.x, smem, table, L, n, rows, nrows, failed, mode, lo, hi, k, cap, aligned, oversample,
+                        count_out, idx, val);
+}
+
+// The exact top-k (histogram path, plain atomics) of the rows listed in rows[0 .. *nlisted),
+// each written to its own output row t (idx / val are [n, k]): the fallback of the v2 table
+// kernels, launched on a small grid that strides over the list, so that a call whose rows all
+// passed costs one short launch instead of n blocks of ~110 KB of shared memory that exit at
+// once. grid: any (2 per SM); smem: table_topk_smem_words(k, cap).
+template <class Src>
+__global__ void __launch_bounds__(TOPK_BLOCK, 2)
+hytopk_table_topk_listed(const void* __restrict__ table, long long L, int n, const int* __restrict__ rows,
+                         const int* __restrict__ nlisted, const int* __restrict__ lo, const int* __restrict__ hi, int k,
+                         int cap, int aligned, int* __restrict__ idx, float* __restrict__ val) {
+    extern __shared__ __align__(16) u32 smem[];
+    const int nr = min(*nlisted, n);
+    for (int jj = blockIdx.x; jj < nr; jj += gridDim.x) {            // uniform over the block
+        table_topk_row<Src>(rows[jj], smem, table, L, n, rows, n, nullptr, TOPK_PLAIN_ATOMICS, lo, hi, k, cap,
+                            aligned, 3.0, nullptr, idx, val);
+        __syncthreads();                            // the next row rewrites the shared memory
     }
 }

@@ -15,8 +15,16 @@ host work between launches); the streaming filter alone; backend("cupy").plan(lo
 bytes / time. Times: CUDA events on the current stream after a warm-up, median of repeats.
 Memory: the 8192 x 1048576 float32 table is 34.4 GB (bf16: 17.2 GB), created on the GPU; the
 other buffers are < 2 GB; torch.topk's own workspace comes on top.
+The second design (kernels_cuda/table_v2.cu) sits beside each first-design row, suffixed _v2:
+fused_hytopk_v2 (one streaming kernel per row, flagged rows through the radix kernel),
+table_hytopk_v2 (TableHyTopK(kernels="v2")), and the staged path's stages alone for both designs:
+threshold_only, filter_only (the streaming filter; GB/s here is the filter's read rate) and
+select_only; fused_hytopk_v2[no prefetch] and filter_only_v2[no prefetch] time the v2 reads without
+their L2 prefetch (table_v2.FUSED_AHEAD / FILTER_AHEAD = 0). --quick leaves out the slow end-to-end rows (table_topk with match atomics,
+backend.plan.table, backend.topk).
 Each row also records whether its values equal torch.topk's (bit for bit: the multiset of
-the k best values does not depend on tie order) and whether table HyTopK's idx equals table_topk's.
+the k best values does not depend on tie order) and whether every HyTopK path's idx equals the
+radix table_topk's (idx_equals_radix), and how many rows each fused kernel sent to its fallback.
 """
 from __future__ import annotations
 
@@ -52,12 +60,15 @@ def main(argv=None):
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--ks", default="2048,512")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--quick", action="store_true",
+                    help="leave out table_topk (match atomics), backend.plan.table and backend.topk")
     args = ap.parse_args(argv)
 
     import cupy as cp
     import torch
     import workbench
     from workbench.families.cupy import table as tab
+    from workbench.families.cupy import table_v2 as tab_v2
 
     try:
         import flashinfer
@@ -92,48 +103,79 @@ def main(argv=None):
                                                         args.repeats, torch)
                     except Exception as e:      # an unsupported shape or build: say so, keep going
                         row["flashinfer_error"] = f"{type(e).__name__}: {e}"[:200]
-                res["table_topk"] = timed(lambda: tab.table_topk(scores, lo, hi, k, host_check=False,
-                                                                 method="radix", hist_atomics="match"),
-                                          args.repeats, torch)
+                if not args.quick:
+                    res["table_topk"] = timed(lambda: tab.table_topk(scores, lo, hi, k, host_check=False,
+                                                                     method="radix", hist_atomics="match"),
+                                              args.repeats, torch)
                 res["table_topk[plain atomics]"] = timed(
                     lambda: tab.table_topk(scores, lo, hi, k, host_check=False, method="radix",
                                            hist_atomics="plain"), args.repeats, torch)
                 count = cp.empty(n, cp.int32)
-                res["fused_hytopk"] = timed(lambda: tab.fused_hytopk(scores, lo, hi, k, count=count,
-                                                                     host_check=False), args.repeats, torch)
-                i1, v1 = tab.table_topk(scores, lo, hi, k, host_check=False, method="radix", hist_atomics="match")
-                i3, _ = tab.fused_hytopk(scores, lo, hi, k, count=count, host_check=False)
-                i4, _ = tab.table_topk(scores, lo, hi, k, host_check=False, method="radix", hist_atomics="plain")
-                plan = tab.TableHyTopK(n, L, lo_h, hi_h, k)
-                res["table_hytopk"] = timed(lambda: plan(scores), args.repeats, torch)
-                i2, v2 = plan(scores)
-                res["filter_only"] = timed(lambda: plan.filter_only(scores), args.repeats, torch)
-                bplan = backend.plan(lo_h, hi_h, k)     # the pipeline driver's plan (issue 14), no host sync
-                res["backend.plan.table"] = timed(lambda: bplan.table(scores, capture_safe=True), args.repeats, torch)
-                res["backend.topk"] = timed(lambda: backend.topk(scores, lo, hi, k), max(2, args.repeats // 2), torch)
+                count2 = cp.empty(n, cp.int32)
+                for name, design, cnt_buf in (("fused_hytopk", "v1", count), ("fused_hytopk_v2", "v2", count2)):
+                    res[name] = timed(lambda: tab.fused_hytopk(scores, lo, hi, k, count=cnt_buf, host_check=False,
+                                                               design=design), args.repeats, torch)
+                ahead = tab_v2.FUSED_AHEAD, tab_v2.FILTER_AHEAD
+                tab_v2.FUSED_AHEAD = tab_v2.FILTER_AHEAD = 0      # the v2 reads without the L2 prefetch
+                res["fused_hytopk_v2[no prefetch]"] = timed(
+                    lambda: tab.fused_hytopk(scores, lo, hi, k, count=count2, host_check=False, design="v2"),
+                    args.repeats, torch)
+                tab_v2.FUSED_AHEAD, tab_v2.FILTER_AHEAD = ahead
+                plans = {d: tab.TableHyTopK(n, L, lo_h, hi_h, k, kernels=d) for d in ("v1", "v2")}
+                for d, sfx in (("v1", ""), ("v2", "_v2")):
+                    plan = plans[d]
+                    res["table_hytopk" + sfx] = timed(lambda: plan(scores), args.repeats, torch)
+                for d, sfx in (("v1", ""), ("v2", "_v2")):      # the staged path's stages alone
+                    plan = plans[d]
+                    res["threshold_only" + sfx] = timed(lambda: plan.threshold_only(scores), args.repeats, torch)
+                    res["filter_only" + sfx] = timed(lambda: plan.filter_only(scores), args.repeats, torch)
+                    res["select_only" + sfx] = timed(lambda: plan.select_only(), args.repeats, torch)
+                ahead = tab_v2.FILTER_AHEAD
+                tab_v2.FILTER_AHEAD = 0
+                res["filter_only_v2[no prefetch]"] = timed(lambda: plans["v2"].filter_only(scores), args.repeats, torch)
+                tab_v2.FILTER_AHEAD = ahead
+                if not args.quick:
+                    bplan = backend.plan(lo_h, hi_h, k)     # the pipeline driver's plan (issue 14), no host sync
+                    res["backend.plan.table"] = timed(lambda: bplan.table(scores, capture_safe=True), args.repeats,
+                                                      torch)
+                    res["backend.topk"] = timed(lambda: backend.topk(scores, lo, hi, k), max(2, args.repeats // 2),
+                                                torch)
                 torch.cuda.synchronize()
+                i1, v1 = tab.table_topk(scores, lo, hi, k, host_check=False, method="radix", hist_atomics="plain")
                 row["values_equal_torch_topk"] = bool(torch.equal(torch.from_dlpack(v1).view(torch.int32),
                                                                   tv.view(torch.int32)))
-                row["hytopk_idx_equals_table_topk"] = bool(torch.equal(torch.from_dlpack(i1), torch.from_dlpack(i2)))
-                row["fused_idx_equals_table_topk"] = bool(torch.equal(torch.from_dlpack(i1), torch.from_dlpack(i3)))
-                row["plain_idx_equals_table_topk"] = bool(torch.equal(torch.from_dlpack(i1), torch.from_dlpack(i4)))
-                cnt = cp.asnumpy(count)
-                row["fused_rows_past_cap_or_below_k"] = int(((cnt < k) | (cnt > tab.check_topk_k(k)[1])).sum())
-                st = plan.stats()
-                row["hytopk_failed_rows"] = int(st["failed"].sum())
-                row["capacity"] = st["capacity"]
+                same_idx = {}
+                same_idx["fused"] = tab.fused_hytopk(scores, lo, hi, k, count=count, host_check=False)[0]
+                same_idx["fused_v2"] = tab.fused_hytopk(scores, lo, hi, k, count=count2, host_check=False,
+                                                        design="v2")[0]
+                same_idx["staged"] = plans["v1"](scores)[0].copy()
+                same_idx["staged_v2"] = plans["v2"](scores)[0].copy()
+                if not args.quick:
+                    same_idx["match"] = tab.table_topk(scores, lo, hi, k, host_check=False, method="radix",
+                                                       hist_atomics="match")[0]
+                row["idx_equals_radix"] = {name: bool(torch.equal(torch.from_dlpack(i1), torch.from_dlpack(i)))
+                                           for name, i in same_idx.items()}
+                c1, c2 = cp.asnumpy(count), cp.asnumpy(count2)
+                row["fused_rows_past_cap_or_below_k"] = int(((c1 < k) | (c1 > tab.check_topk_k(k)[1])).sum())
+                row["fused_v2_rows_flagged"] = int(((c2 < k) | (c2 > tab_v2.fused_cap(k))).sum())
+                row["fused_counts_equal"] = bool((c1 == c2).all())
+                for d, sfx in (("v1", ""), ("v2", "_v2")):
+                    st = plans[d].stats()
+                    row["hytopk_failed_rows" + sfx] = int(st["failed"].sum())
+                row["capacity"] = plans["v1"].capacity
                 base = res["torch.topk"]["median_ms"]
                 for name, r in res.items():
                     r["GBps"] = nbytes / (r["median_ms"] * 1e-3) / 1e9
                     r["speedup_vs_torch_topk"] = base / r["median_ms"]
                 row["results"] = res
                 out["rows"].append(row)
-                print(f"{n}x{L} {dtype} k={k}: " + ", ".join(
-                    f"{name} {r['median_ms']:.3f} ms ({r['GBps']:.0f} GB/s, {r['speedup_vs_torch_topk']:.2f}x)"
-                    for name, r in res.items()) + f" | values==torch.topk {row['values_equal_torch_topk']}"
-                    f" | idx==radix: staged {row['hytopk_idx_equals_table_topk']}, fused"
-                    f" {row['fused_idx_equals_table_topk']}, plain {row['plain_idx_equals_table_topk']}", flush=True)
-                plan = bplan = i1 = v1 = i2 = v2 = i3 = i4 = tv = count = None          # free before the next k
+                print(f"{n}x{L} {dtype} k={k}: values==torch.topk {row['values_equal_torch_topk']}, "
+                      f"idx==radix {row['idx_equals_radix']}, fused flagged v1/v2 "
+                      f"{row['fused_rows_past_cap_or_below_k']}/{row['fused_v2_rows_flagged']}", flush=True)
+                for name, r in res.items():
+                    print(f"    {name:28s} {r['median_ms']:8.3f} ms {r['GBps']:7.0f} GB/s "
+                          f"{r['speedup_vs_torch_topk']:6.2f}x torch.topk", flush=True)
+                plans = plan = bplan = i1 = v1 = tv = count = count2 = same_idx = None   # free before the next k
             scores = None
             torch.cuda.empty_cache()
             cp.get_default_memory_pool().free_all_blocks()

@@ -50,7 +50,7 @@ for arg in "$@"; do      # NAME or NAME:SECONDS (time box for that phase)
     bench-numba) phase bench-numba ${CAP:-120} python3 scripts/bench_numba_scorer.py --preset ${PRESET:-dsv32-128k} --json "$OUT/bench_numba_scorer.json" ;;
     bench-core) phase bench-core ${CAP:-300} python3 scripts/bench_core.py ${BENCH_CORE_ARGS:---preset dsv32-128k --preset glm5-128k} --json "$OUT/bench_core.json" ;;
     ncu) phase ncu ${CAP:-240} ncu --clock-control none -k regex:"wgmma|_ws" --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy python3 scripts/profile_wgmma.py ;;
-    tests-table) phase tests-table ${CAP:-300} $PYT --durations=10 tests/test_table_topk_gpu.py tests/test_table_topk.py tests/test_variants.py -k "table or topk or auto" ;;
+    tests-table) phase tests-table ${CAP:-300} $PYT --durations=10 tests/test_table_topk_gpu.py tests/test_table_topk.py tests/test_table_v2.py tests/test_variants.py -k "table or topk or auto or smem" ;;
     bench-table) phase bench-table ${CAP:-180} python3 scripts/bench_table_topk.py --json "$OUT/table_topk.json" ${BENCH_TABLE_ARGS:-} ;;
     tests-mma-sync) phase tests-mma-sync ${CAP:-120} $PYT tests/test_cupy_gpu.py tests/test_variants.py tests/test_mma_sync_layout.py -k "mma_sync" ;;
     tests-gpu) phase tests-gpu ${CAP:-300} $PYT --durations=15 tests/test_cupy_gpu.py tests/test_variants.py tests/test_torch_gpu.py tests/test_cli_gpu.py tests/test_example.py tests/test_distributed.py tests/test_loader.py tests/test_cupy_bf16.py tests/test_table_topk_gpu.py --junitxml="$OUT/logs/junit-gpu.xml" ;;

@@ -42,7 +42,7 @@ LAYOUTS = G.LAYOUTS
 
 
 METHODS = [dict(method="radix"), dict(method="radix", hist_atomics="plain"), dict(method="fused"),
-           dict(method="fused", hist_atomics="plain")]
+           dict(method="fused", hist_atomics="plain"), dict(method="fused_v2")]
 
 
 @settings(max_examples=40)
@@ -56,9 +56,10 @@ def test_table_topk_matches_reference(tab, case):
         assert same(*tab.table_topk(bits, case.lo, case.hi, case.k, **kw), wi, wv), kw
 
 
+@pytest.mark.parametrize("design", ["v1", "v2"])
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_fused_hytopk_counts_are_the_contracts(tab, family, dtype):
+def test_fused_hytopk_counts_are_the_contracts(tab, family, dtype, design):
     """The fused kernel's sample plan and threshold are CONTRACT.md §3.1-3.5's: its candidate
     counts equal the reference's, and its selection is exact whichever path each row took
     (small k: most rows collect; aliasing and plateaus: under/overflow into the fallback)."""
@@ -71,7 +72,7 @@ def test_fused_hytopk_counts_are_the_contracts(tab, family, dtype):
         if dtype == "bfloat16":
             s, wide = bf16_table(s)
         count = cp.zeros(n, cp.int32)
-        assert same(*tab.fused_hytopk(s, lo, hi, k, count=count), *R.topk(wide, lo, hi, k)), (k, lay)
+        assert same(*tab.fused_hytopk(s, lo, hi, k, count=count, design=design), *R.topk(wide, lo, hi, k)), (k, lay)
         ref = R.hytopk(wide, lo, hi, k)
         assert np.array_equal(cp.asnumpy(count), ref.count), (k, lay)
 
@@ -121,8 +122,37 @@ def test_unaligned_table_base_and_edges(tab):
             assert same(*tab.table_topk(s, lo, hi, k, **kw), *R.topk(cp.asnumpy(s), lo, hi, k)), (off, kw)
 
 
-def test_filter_stage_matches_reference_including_overflow(tab):
+def _check_filter(filt, s, lo, hi, T, capacity, scores=None):
+    """filt's candidates against stage_filter: the same set (any order) where they fit; on
+    overflow the true count and `capacity` distinct true candidates."""
+    src = s if scores is None else scores           # what the kernel reads (bf16 bits) / what it stands for
+    ci, cv, cnt = (cp.asnumpy(x) for x in filt(R.TableSource(cp.asarray(src)), lo, hi, T, capacity))
+    ri, rv, rc = R.stage_filter(R.TableSource(s), lo, hi, T, capacity)
+    assert np.array_equal(cnt, rc)
+    for t in range(len(lo)):
+        m = min(int(rc[t]), capacity)
+        got = sorted(zip(ci[t, :m].tolist(), cv[t, :m].view(np.uint32).tolist()))
+        if rc[t] <= capacity:
+            want = sorted(zip(ri[t, :m].tolist(), rv[t, :m].view(np.uint32).tolist()))
+            assert got == want, t
+        else:                          # overflow: capacity distinct true candidates
+            pos = np.array([p for p, _ in got])
+            assert len(set(pos.tolist())) == capacity and ((pos >= lo[t]) & (pos < hi[t])).all()
+            tkey = R.order_keys(np.array([T[t]], np.float32))[0]
+            assert (R.order_keys(s[t, pos]) >= tkey).all()
+            assert np.array_equal(s[t, pos].view(np.uint32), np.array([b for _, b in got], np.uint32))
+        assert (ci[t, m:] == -1).all(), t  # nothing written at or past the count / capacity
+
+
+def _filters():
     from workbench.families.cupy.table import filter_table_stream
+    from workbench.families.cupy.table_v2 import filter_table_v2
+    return {"v1": filter_table_stream, "v2": filter_table_v2}
+
+
+@pytest.mark.parametrize("design", ["v1", "v2"])
+def test_filter_stage_matches_reference_including_overflow(tab, design):
+    filter_table_stream = _filters()[design]
     rng = np.random.default_rng(4)
     for family, lay in [("gaussian", "full"), ("relu_plateau", "causal_tail"), ("alias_between_samples", "varlen"),
                         ("specials", "edge")]:
@@ -132,28 +162,89 @@ def test_filter_stage_matches_reference_including_overflow(tab):
         M, r = R.sample_plan(lo, hi, k, 3.0)
         T = R.stage_threshold(R.TableSource(s), lo, hi, M, r)
         for capacity in (k, 500, L):
-            ci, cv, cnt = (cp.asnumpy(x) for x in filter_table_stream(R.TableSource(cp.asarray(s)), lo, hi, T,
-                                                                     capacity))
-            ri, rv, rc = R.stage_filter(R.TableSource(s), lo, hi, T, capacity)
-            assert np.array_equal(cnt, rc)
-            for t in range(n):
-                m = min(int(rc[t]), capacity)
-                got = sorted(zip(ci[t, :m].tolist(), cv[t, :m].view(np.uint32).tolist()))
-                if rc[t] <= capacity:
-                    want = sorted(zip(ri[t, :m].tolist(), rv[t, :m].view(np.uint32).tolist()))
-                    assert got == want
-                else:                          # overflow: capacity distinct true candidates
-                    pos = np.array([p for p, _ in got])
-                    assert len(set(pos.tolist())) == capacity and ((pos >= lo[t]) & (pos < hi[t])).all()
-                    tkey = R.order_keys(np.array([T[t]], np.float32))[0]
-                    assert (R.order_keys(s[t, pos]) >= tkey).all()
+            _check_filter(filter_table_stream, s, lo, hi, T, capacity)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("design", ["v1", "v2"])
+def test_filter_stage_long_rows_pieces_and_every_threshold_kind(tab, design, dtype):
+    """Rows of several pieces (v2: 32768 float32 / 49152 bf16 elements each) with contexts
+    starting and ending inside 16-byte vectors, an unaligned table base, and thresholds of every
+    kind the range test distinguishes: positive, +0, -0, negative, subnormal, +inf, -inf, NaN;
+    plateaus larger than the filter's shared-memory stage (its global spill path) and capacity
+    overflow."""
+    filt = _filters()[design]
+    rng = np.random.default_rng(41)
+    n, L = 12, 100003                        # odd L: row starts fall anywhere in a vector
+    s = rng.standard_normal((n, L)).astype(np.float32)
+    s[:, ::5] = 0.0
+    s[:, 1::7] = -0.0
+    s[:, 2::11] = np.nan
+    s[:, 3::13] = -np.inf
+    s[:, 4::17] = np.inf
+    s[:, 6::19] = np.float32(1e-45)
+    s[:, 8::23] = np.float32(-1e-45)
+    s[3, 1000:60000] = 2.5                    # a plateau of 59000 at the threshold: > one piece's stage
+    lo = np.array([0, 1, 3, 7, 0, 5, 32767, 32768, 0, 2, 65000, 100002], np.int32)
+    hi = np.array([L, L - 1, 70001, L, 9, L - 3, 65537, 98304, L, 40000, 100000, L], np.int32)
+    T = np.array([0.5, 0.0, -0.0, 2.5, np.nan, -1.0, 1e-45, -1e-45, np.inf, -np.inf, 1.5, np.nan], np.float32)
+    wide, kernel_scores = s, None
+    if dtype == "bfloat16":
+        kernel_scores, wide = bf16_table(s)
+    for capacity in (64, 5000, L):
+        _check_filter(filt, wide, lo, hi, T, capacity, scores=kernel_scores)
+    if dtype == "float32":
+        for off in (1, 2, 3):                 # base pointer 4 * off bytes past 16-byte alignment
+            buf = cp.zeros(n * L + 4, cp.float32)
+            buf[off:off + n * L] = cp.asarray(s.ravel())
+            _check_filter(filt, s, lo, hi, T, 5000, scores=buf[off:off + n * L].reshape(n, L))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_threshold_v2_keys_are_the_contracts(tab, dtype):
+    """cupy.threshold.table_v2 gives the key of stage_threshold's T (its value is the key's
+    canonical score: only the key matters, CONTRACT.md §3.4) on every family, with 4096 samples
+    whose stride aliases the scores (M = 8192: the full-size test's plans)."""
+    from workbench.families.cupy.table_v2 import threshold_table_v2
+    rng = np.random.default_rng(42)
+    for family in FAMILIES:
+        for lay, (n, L, k) in (("varlen", (4, 140000, 2048)), ("edge", (6, 40000, 300)), ("causal_tail", (5, 9001, 64))):
+            lo, hi = G.layout(lay, n, L, k, rng)
+            s = G.score_table(family, n, L, k, rng, lo, hi)
+            wide = s
+            if dtype == "bfloat16":
+                s, wide = bf16_table(s)
+            M, r = R.sample_plan(lo, hi, k, 3.0)
+            want = R.order_keys(R.stage_threshold(R.TableSource(wide), lo, hi, M, r))
+            got = R.order_keys(cp.asnumpy(threshold_table_v2(R.TableSource(cp.asarray(s)), lo, hi, M, r)))
+            assert np.array_equal(got, want), (family, lay)
+
+
+def test_select_smem_matches_reference_in_and_past_shared_memory(tab):
+    """cupy.select.smem on rows whose candidates fit its shared memory and on rows past it
+    (capacity 20000 > its 8192: the global-memory path), with ties, NaN and -0."""
+    from workbench.families.cupy.table_v2 import select_smem
+    rng = np.random.default_rng(43)
+    n, capacity, k = 6, 20000, 2048
+    ci = np.full((n, capacity), -1, np.int32)
+    cv = np.full((n, capacity), -np.inf, np.float32)
+    count = np.array([0, 100, 2048, 8192, 8193, 20000], np.int32)
+    for t, m in enumerate(count):
+        ci[t, :m] = rng.permutation(50000)[:m]
+        cv[t, :m] = rng.integers(-3, 4, m).astype(np.float32)
+        cv[t, :m:9] = np.nan
+        cv[t, 1:m:7] = -0.0
+    i, v = select_smem(cp.asarray(ci), cp.asarray(cv), cp.asarray(count), k)
+    ri, rv = R.stage_select(ci, cv, count, k)
+    assert same(i, v, ri, rv)
 
 
 @pytest.mark.parametrize("family,lay", [("gaussian", "full"), ("relu_plateau", "causal_tail"),
                                         ("alias_on_samples", "varlen"), ("alias_between_samples", "edge"),
                                         ("ties_at_kth", "random"), ("specials", "full"), ("equal", "varlen")])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_table_hytopk_plan_matches_reference(tab, family, lay, dtype):
+@pytest.mark.parametrize("kernels", ["v1", "v2"])
+def test_table_hytopk_plan_matches_reference(tab, family, lay, dtype, kernels):
     rng = np.random.default_rng(hash((family, lay)) % 2**32)
     n, L, k = 16, 40000, 512
     lo, hi = G.layout(lay, n, L, k, rng)
@@ -162,7 +253,7 @@ def test_table_hytopk_plan_matches_reference(tab, family, lay, dtype):
     if dtype == "bfloat16":
         s, wide = bf16_table(s)
     for capacity in (None, k):                # k: most rows fail and are recovered on the device
-        plan = tab.TableHyTopK(n, L, lo, hi, k, capacity=capacity)
+        plan = tab.TableHyTopK(n, L, lo, hi, k, capacity=capacity, kernels=kernels)
         assert same(*plan(cp.asarray(s)), *R.topk(wide, lo, hi, k))
         ref = R.hytopk(wide, lo, hi, k, capacity=capacity)
         st = plan.stats()
@@ -202,14 +293,15 @@ def test_repeatable_bit_for_bit(tab):
     lo, hi = G.layout("causal_tail", n, L, k, rng)
     s = cp.asarray(G.score_table("ties_at_kth", n, L, k, rng, lo, hi))
     first = [cp.asnumpy(x) for x in tab.table_topk(s, lo, hi, k)]
-    plan = tab.TableHyTopK(n, L, lo, hi, k)
-    hy = [cp.asnumpy(x).copy() for x in plan(s)]
+    plans = [tab.TableHyTopK(n, L, lo, hi, k, kernels=kern) for kern in ("v1", "v2")]
+    hy = [cp.asnumpy(x).copy() for x in plans[0](s)]
     for _ in range(20):
         for kw in METHODS:
             again = [cp.asnumpy(x) for x in tab.table_topk(s, lo, hi, k, **kw)]
             assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(first, again))
-        again = [cp.asnumpy(x) for x in plan(s)]
-        assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(hy, again))
+        for plan in plans:
+            again = [cp.asnumpy(x) for x in plan(s)]
+            assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(hy, again))
 
 
 @pytest.mark.parametrize("n,L", [(512, 131072), (32, 1048576)])
@@ -231,9 +323,10 @@ def test_full_size_rows_match_exact_torch_topk(tab, n, L):
             i, v = tab.table_topk(table, lo, hi, k, **kw)
             assert torch.equal(torch.from_dlpack(i), ti) and torch.equal(torch.from_dlpack(v).view(torch.int32),
                                                                          tv.view(torch.int32)), kw
-        plan = tab.TableHyTopK(n, L, lo.cpu().numpy(), hi.cpu().numpy(), k)
-        i, v = plan(table)
-        assert torch.equal(torch.from_dlpack(i), ti)
+        for kernels in ("v1", "v2"):
+            plan = tab.TableHyTopK(n, L, lo.cpu().numpy(), hi.cpu().numpy(), k, kernels=kernels)
+            i, v = plan(table)
+            assert torch.equal(torch.from_dlpack(i), ti), kernels
 
 
 def test_torch_op_on_side_stream_and_in_a_cuda_graph():
@@ -290,6 +383,10 @@ def test_bad_arguments_name_the_argument(tab):
         tab.fused_hytopk(s, lo, hi, 4, count=cp.zeros(2, cp.int32))
     with pytest.raises(ValueError, match="'oversample'"):
         tab.fused_hytopk(s, lo, hi, 4, oversample=-1.0)
+    with pytest.raises(ValueError, match="'design'"):
+        tab.fused_hytopk(s, lo, hi, 4, design="v3")
+    with pytest.raises(ValueError, match="'kernels'"):
+        tab.TableHyTopK(3, 100, lo, hi, 4, kernels="v3")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

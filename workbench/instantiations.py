@@ -30,7 +30,10 @@ KERNELS = {
     "select.cu": (("hytopk_select", "plain"), ("hytopk_select_bitonic", "plain"))
                  + tuple((f"hytopk_select_smem_e{e}", "plain") for e in (1, 2, 4, 8, 16)),
     "recover.cu": (("hytopk_score_rows", "indexer"), ("hytopk_select_rows", "plain")),
-    "table_topk.cu": (("hytopk_table_filter", "tables"), ("hytopk_table_topk", "tables")),
+    "table_topk.cu": (("hytopk_table_filter", "tables"), ("hytopk_table_topk", "tables"),
+                      ("hytopk_table_topk_listed", "tables")),
+    "table_v2.cu": (("hytopk_table_threshold", "tables"), ("hytopk_table_filter_pieces", "tables"),
+                    ("hytopk_table_fused", "tables"), ("hytopk_select_smem", "plain")),
     "dense.cu": (("hytopk_dense", "indexer"),),
     "replay.cu": (("hytopk_replay", "indexer"),),
     "score_only.cu": (("hytopk_score_only", "indexer"),),

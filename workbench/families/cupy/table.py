@@ -13,6 +13,8 @@
 - ``TableHyTopK``: the table HyTopK pipeline planned once (host work, buffers) and launched
   with no host work: threshold -> streaming filter -> select -> check -> device-side
   recovery of the failed rows by the radix top-k.
+- The second design (table_v2.py, kernels_cuda/table_v2.cu): ``method="fused_v2"`` /
+  ``fused_hytopk(..., design="v2")`` and ``TableHyTopK(..., kernels="v2")``.
 
 Tables are float32 or bf16 (torch.bfloat16 / uint16 bits, widened exactly to float32).
 """
@@ -31,6 +33,7 @@ from ._launch import (BLOCK, as_device, bitonic_topk_smem_bytes, bind, check_k_f
                       launch_stream, next_pow2, table_array)
 from . import filter as _filter
 from . import recover as _recover
+from . import table_v2 as _v2
 from ._shared import block_threshold, candidate_buffers, check_capacity
 
 TOPK_BLOCK = 512            # table_topk.cu TOPK_BLOCK
@@ -186,7 +189,8 @@ def _check_lo_hi(lo, hi, n, L, host_check):
         V.check_array("hi", hi, ndim=1, dtypes=V.INT_DTYPES, shape=(n,))
 
 
-METHODS = ("radix", "fused")
+METHODS = ("radix", "fused", "fused_v2")
+DESIGNS = ("v1", "v2")
 DEFAULT_METHOD = "fused"     # table_topk's default (what torch.ops.hytopk.topk runs): see the H200 bench
 
 
@@ -198,29 +202,36 @@ def table_topk(scores, lo, hi, k, *, out=None, host_check=True, hist_atomics=DEF
     read (the value check of lo/hi: the kernel then clamps them into [0, L]), so the call
     can be captured in a CUDA graph. ``hist_atomics``: "match" (one shared atomic per distinct
     digit per warp) or "plain" (one per entry); ``method``: "radix" (histograms of the whole
-    row) or "fused" (fused_hytopk: a sampled threshold first); same answer, different speed."""
+    row), "fused" (fused_hytopk: a sampled threshold first) or "fused_v2" (its second design,
+    table_v2.py); same answer, different speed."""
     method = DEFAULT_METHOD if method is None else method
     if method not in METHODS:
         raise ValueError(f"argument 'method' must be one of {METHODS}, got {method!r}")
-    if method == "fused":
-        return fused_hytopk(scores, lo, hi, k, out=out, host_check=host_check, hist_atomics=hist_atomics)
+    if method in ("fused", "fused_v2"):
+        return fused_hytopk(scores, lo, hi, k, out=out, host_check=host_check, hist_atomics=hist_atomics,
+                            design="v2" if method == "fused_v2" else "v1")
     return _table_select(scores, lo, hi, k, out, host_check, dict(hist_atomics=hist_atomics))
 
 
 def fused_hytopk(scores, lo, hi, k, *, oversample=3.0, out=None, count=None, host_check=True,
-                 hist_atomics=DEFAULT_HIST_ATOMICS):
+                 hist_atomics=DEFAULT_HIST_ATOMICS, design="v1"):
     """HyTopK over a table in one kernel and about one read per row: each row's threshold from
     its own samples (CONTRACT.md §3.1-3.4, oversample as there), one read collecting the keys
     at or above it into shared memory, the exact select among them; a row whose candidates
     under- or overflow (§3.6) falls back to the radix top-k in the same block. Same answer as
     table_topk, bit for bit; no host work, no host sync with ``host_check=False``.
-    ``count``: an int32 [n] device array that receives each row's candidate count (§3.5)."""
+    ``count``: an int32 [n] device array that receives each row's candidate count (§3.5).
+    ``design``: "v1" (hytopk_table_topk's sampled mode, the fallback inside the block) or "v2"
+    (table_v2.py: the streaming kernel, the rows it lists through a second launch; its fallback
+    always uses plain atomics, ``hist_atomics`` is v1's)."""
     V.check_oversample(oversample)
+    if design not in DESIGNS:
+        raise ValueError(f"argument 'design' must be one of {DESIGNS}, got {design!r}")
     return _table_select(scores, lo, hi, k, out, host_check,
-                         dict(count=count, oversample=oversample, hist_atomics=hist_atomics), fused=True)
+                         dict(count=count, oversample=oversample, hist_atomics=hist_atomics), fused=design)
 
 
-def _table_select(scores, lo, hi, k, out, host_check, kw, fused=False):
+def _table_select(scores, lo, hi, k, out, host_check, kw, fused=None):
     k, cap = check_topk_k(k)
     with launch_stream():
         s, cxx = table_array(scores)
@@ -242,7 +253,10 @@ def _table_select(scores, lo, hi, k, out, host_check, kw, fused=False):
                 kw["count"] = as_device(kw["count"])        # CuPy or torch CUDA int32: written in place
             if kw["count"].shape != (n,) or kw["count"].dtype != cp.int32 or not kw["count"].flags.c_contiguous:
                 raise ValueError(f"argument 'count': expected an int32 array of shape {(n,)}")
-        launch_topk(s, cxx, lo_d, hi_d, k, cap, idx, val, **kw)
+        if fused == "v2":
+            _v2.fused_v2(s, cxx, lo_d, hi_d, k, cap, kw["oversample"], kw["count"], idx, val)
+        else:
+            launch_topk(s, cxx, lo_d, hi_d, k, cap, idx, val, **kw)
         return idx, val
 
 
@@ -254,15 +268,22 @@ class TableHyTopK:
     select -> check -> radix recovery of the rows that failed the check (device-side: the
     recovery kernel skips the rows that passed), and returns (idx, val) CuPy arrays that the
     next call overwrites. The result is the exact top-k, bit for bit (CONTRACT.md §3);
-    ``plan.stats()`` gives threshold, count and failed (a host copy)."""
+    ``plan.stats()`` gives threshold, count and failed (a host copy). ``kernels``: "v1"
+    (block threshold, table_topk.cu's filter, select_bitonic) or "v2" (table_v2.py's threshold,
+    filter and shared-memory select); check and recovery are the same."""
 
-    def __init__(self, n, L, lo, hi, k, *, capacity=None, oversample=3.0):
+    def __init__(self, n, L, lo, hi, k, *, capacity=None, oversample=3.0, kernels="v1"):
+        if kernels not in DESIGNS:
+            raise ValueError(f"argument 'kernels' must be one of {DESIGNS}, got {kernels!r}")
+        self.kernels = kernels
         lo_h, hi_h = V.check_ranges(lo, hi, n, L)
         self.k, self.cap = check_topk_k(k)
         self.n, self.L = int(n), int(L)
         self.capacity = R.resolve_capacity(capacity, self.k, lo_h, hi_h, oversample)
         M, r = R.sample_plan(lo_h, hi_h, self.k, oversample)
         check_k_fits(self.k, bitonic_topk_smem_bytes)
+        if kernels == "v2":
+            check_k_fits(self.k, lambda kk: _v2.select_smem_bytes(kk, _v2.select_cap(self.capacity)))
         with launch_stream():
             self.lo, self.hi = cp.asarray(lo_h.astype(np.int32)), cp.asarray(hi_h.astype(np.int32))
             self.M, self.r = cp.asarray(M), cp.asarray(r)
@@ -274,24 +295,30 @@ class TableHyTopK:
             self.nfailed = cp.zeros(1, cp.int32)
             self.idx = cp.empty((n, self.k), cp.int32)
             self.val = cp.empty((n, self.k), cp.float32)
-            self.T = None
+            self.T = cp.full(n, np.nan, cp.float32) if kernels == "v2" else None
 
     def __call__(self, scores):
         with launch_stream():
             s, cxx = table_array(scores)
             if s.shape != (self.n, self.L):
                 raise ValueError(f"argument 'scores': planned for shape {(self.n, self.L)}, got {s.shape}")
-            self.T = block_threshold(R.TableSource(s), self.lo, self.hi, self.M, self.r)
-            self.count.fill(0)
-            self.nfailed.fill(0)
-            launch_filter(s, cxx, self.lo, self.hi, self.T, self.capacity, self.cand_idx, self.cand_val, self.count)
-            launch(kernel("select.cu", "hytopk_select_bitonic"), (self.n,),
-                   (np.int32(self.n), self.cand_idx, self.cand_val, self.count, np.int32(self.capacity),
-                    np.int32(self.k), self.idx, self.val), bitonic_topk_smem_bytes(self.k))
+            if self.kernels == "v2":
+                _v2.staged_v2(s, cxx, self)
+            else:
+                self.nfailed.fill(0)
+                self.T = block_threshold(R.TableSource(s), self.lo, self.hi, self.M, self.r)
+                self.count.fill(0)
+                launch_filter(s, cxx, self.lo, self.hi, self.T, self.capacity, self.cand_idx, self.cand_val,
+                              self.count)
+                self.select_only()
             launch(kernel("check.cu", "hytopk_check"), (min(-(-self.n // BLOCK), 1024),),
                    (np.int32(self.n), self.count, self.lo, self.hi, np.int32(self.k), np.int32(self.capacity),
                     self.failed, self.rows, self.nfailed))
-            launch_topk(s, cxx, self.lo, self.hi, self.k, self.cap, self.idx, self.val, failed=self.failed)
+            if self.kernels == "v2":        # the failed rows from check's device-side list
+                _v2.launch_listed_topk(s, cxx, self.lo, self.hi, self.k, self.cap, self.rows, self.nfailed,
+                                       self.idx, self.val)
+            else:
+                launch_topk(s, cxx, self.lo, self.hi, self.k, self.cap, self.idx, self.val, failed=self.failed)
             return self.idx, self.val
 
     def filter_only(self, scores):
@@ -299,16 +326,39 @@ class TableHyTopK:
         with launch_stream():
             s, cxx = table_array(scores)
             self.count.fill(0)
-            launch_filter(s, cxx, self.lo, self.hi, self.T, self.capacity, self.cand_idx, self.cand_val, self.count)
+            (_v2.launch_filter if self.kernels == "v2" else launch_filter)(
+                s, cxx, self.lo, self.hi, self.T, self.capacity, self.cand_idx, self.cand_val, self.count)
             return self.count
+
+    def threshold_only(self, scores):
+        """The threshold stage alone (for timing): v1 block_threshold, v2 table_v2's."""
+        with launch_stream():
+            s, cxx = table_array(scores)
+            if self.kernels == "v2":
+                _v2.launch_threshold(s, cxx, self.lo, self.hi, self.M, self.r, self.T)
+            else:
+                self.T = block_threshold(R.TableSource(s), self.lo, self.hi, self.M, self.r)
+            return self.T
+
+    def select_only(self):
+        """The select stage alone on the last filter's candidates (for timing)."""
+        with launch_stream():
+            if self.kernels == "v2":
+                _v2.launch_select(self.cand_idx, self.cand_val, self.count, self.k, self.idx, self.val)
+            else:
+                launch(kernel("select.cu", "hytopk_select_bitonic"), (self.n,),
+                       (np.int32(self.n), self.cand_idx, self.cand_val, self.count, np.int32(self.capacity),
+                        np.int32(self.k), self.idx, self.val), bitonic_topk_smem_bytes(self.k))
+            return self.idx, self.val
 
     def stats(self) -> dict:
         return {"threshold": cp.asnumpy(self.T), "count": cp.asnumpy(self.count),
                 "failed": cp.asnumpy(self.failed).astype(bool), "capacity": self.capacity}
 
 
-def table_hytopk(scores, lo, hi, k, *, capacity=None, oversample=3.0):
+def table_hytopk(scores, lo, hi, k, *, capacity=None, oversample=3.0, kernels="v1"):
     """One-shot TableHyTopK: plan (host lo/hi) and run. Returns CuPy (idx, val)."""
     s, _ = table_array(scores)
-    plan = TableHyTopK(s.shape[0], s.shape[1], lo, hi, k, capacity=capacity, oversample=oversample)
+    plan = TableHyTopK(s.shape[0], s.shape[1], lo, hi, k, capacity=capacity, oversample=oversample,
+                       kernels=kernels)
     return plan(s)

@@ -1,0 +1,100 @@
+// Runs the table kernels of table_v2.cu (and table_topk.cu's radix fallback) on one case read
+// from argv[1], writes their outputs to argv[2]. Built and driven by emulate.py.
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include "kernels_emu.inc"
+
+using namespace hytopk;
+
+template <class T> static void rd(std::ifstream& f, T* p, size_t n) { f.read(reinterpret_cast<char*>(p), n * sizeof(T)); }
+template <class T> static void wr(std::ofstream& f, const T* p, size_t n) { f.write(reinterpret_cast<const char*>(p), n * sizeof(T)); }
+
+static int next_pow2_h(int x) { int p = 1; while (p < x) p <<= 1; return p; }
+
+template <class Src>
+static void run(std::ifstream& in, std::ofstream& out, int n, int L, int k, int capacity, int offset, int esize) {
+    std::vector<int> lo(n), hi(n), M(n), r(n);
+    std::vector<float> T(n);
+    rd(in, lo.data(), n); rd(in, hi.data(), n); rd(in, M.data(), n); rd(in, r.data(), n); rd(in, T.data(), n);
+    std::vector<unsigned char> buf((size_t)n * L * esize + 64 + 16);
+    unsigned char* base = buf.data() + (16 - (reinterpret_cast<uintptr_t>(buf.data()) % 16)) % 16 + (size_t)offset * esize;
+    in.read(reinterpret_cast<char*>(base), (size_t)n * L * esize);
+    const void* table = base;
+    const int aligned = reinterpret_cast<uintptr_t>(base) % 16 == 0;
+    const long long LL = L;
+    const int limit_words = 232448 / 4;
+
+    // fused v2 + fallback (table_v2.py fused_v2 / fused_cap, table.py topk_cap)
+    const int kw = next_pow2_h(k) > 512 ? next_pow2_h(k) : 512;
+    int fixed = 256 + 6 + 3 * kw;
+    int cap = (110 * 1024 / 4 - fixed) / 2 / 256 * 256;
+    if (cap < 4096) cap = (limit_words - fixed) / 2;
+    cap = std::min(cap, 16384);
+    std::vector<int> idx((size_t)n * k, 7), count(n, -5), flagged(n, -3), nflagged(1, 0);
+    std::vector<float> val((size_t)n * k, 7.0f);
+    emu::launch({(unsigned)n, 1, 1}, 512, 4 * table_fused_smem_words(k, cap), [&] {
+        hytopk_table_fused<Src>(table, LL, n, lo.data(), hi.data(), k, cap, aligned, 2, 3.0, count.data(),
+                                flagged.data(), nflagged.data(), idx.data(), val.data());
+    });
+    int tfixed = 2048 + 12 + 3 * next_pow2_h(k);
+    int tcap = (110 * 1024 / 4 - tfixed) / 2 / 256 * 256;
+    if (tcap < 256) tcap = (limit_words - tfixed) / 2;
+    tcap = std::min(tcap, 16384);
+    emu::launch({(unsigned)std::min(n, 2), 1, 1}, 512, 4 * table_topk_smem_words(k, tcap), [&] {   // a grid smaller than the list
+        hytopk_table_topk_listed<Src>(table, LL, n, flagged.data(), nflagged.data(), lo.data(), hi.data(), k, tcap,
+                                      aligned, idx.data(), val.data());
+    });
+    std::vector<unsigned char> failed(n, 0);
+    for (int i = 0; i < nflagged[0]; ++i) failed[flagged[i]] = 1;
+    wr(out, idx.data(), idx.size()); wr(out, val.data(), val.size()); wr(out, count.data(), n); wr(out, failed.data(), n);
+
+    // threshold v2
+    std::vector<float> T2(n, 5.0f);
+    std::vector<int> zeros(n + 1, 3);
+    emu::launch({(unsigned)n, 1, 1}, 512, 0, [&] {
+        hytopk_table_threshold<Src>(table, LL, n, lo.data(), hi.data(), M.data(), r.data(),
+                                    reinterpret_cast<u32*>(T2.data()), zeros.data(), zeros.data() + n);
+    });
+    for (int z : zeros)
+        if (z != 0) { std::fprintf(stderr, "threshold: a count was not zeroed\n"); std::exit(1); }
+    wr(out, T2.data(), n);
+
+    // filter v2 on the given T (table_v2.py filter_geometry)
+    const int P = TableVec<Src>::PER_VEC;
+    const long long piece_vecs = 256LL * StreamU<Src>::U * 8;
+    const bool aligned_rows = aligned && L % P == 0;
+    const long long span = aligned_rows ? L / P : (L - 1) / P + 2;
+    const int pieces = (int)std::max(1LL, (span + piece_vecs - 1) / piece_vecs);
+    const int stage = std::min(capacity, 4096);
+    std::vector<int> ci((size_t)n * capacity, -1), cnt(n, 0);
+    std::vector<float> cv((size_t)n * capacity, -INFINITY);
+    emu::launch({(unsigned)(n * pieces), 1, 1}, 256, 4 * (2 * stage + 2), [&] {
+        hytopk_table_filter_pieces<Src>(table, LL, n, lo.data(), hi.data(), reinterpret_cast<const u32*>(T.data()),
+                                        capacity, pieces, piece_vecs, stage, aligned, 1, ci.data(),
+                                        reinterpret_cast<u32*>(cv.data()), cnt.data());
+    });
+    wr(out, ci.data(), ci.size()); wr(out, cv.data(), cv.size()); wr(out, cnt.data(), n);
+
+    // select_smem on the filter's output (table_v2.py select_cap)
+    const int scap = std::min(capacity, 8192);
+    std::vector<int> sidx((size_t)n * k, 7);
+    std::vector<float> sval((size_t)n * k, 7.0f);
+    emu::launch({(unsigned)n, 1, 1}, 512, 4 * select_smem_words(k, scap), [&] {
+        hytopk_select_smem(n, ci.data(), reinterpret_cast<const u32*>(cv.data()), cnt.data(), capacity, k, scap,
+                           sidx.data(), sval.data());
+    });
+    wr(out, sidx.data(), sidx.size()); wr(out, sval.data(), sval.size());
+}
+
+int main(int argc, char** argv) {
+    std::ifstream in(argv[1], std::ios::binary);
+    std::ofstream out(argv[2], std::ios::binary);
+    int h[6];
+    rd(in, h, 6);
+    const int n = h[0], L = h[1], k = h[2], bf16 = h[3], capacity = h[4], offset = h[5];
+    if (bf16) run<TableBf16Source>(in, out, n, L, k, capacity, offset, 2);
+    else run<TableSource>(in, out, n, L, k, capacity, offset, 4);
+    return 0;
+}

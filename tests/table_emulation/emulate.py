@@ -1,0 +1,122 @@
+"""The table kernels of kernels_cuda/table_v2.cu (and table_topk.cu's radix fallback) run on the
+CPU: their real source, compiled with g++ against cuda_emu.h (one std::thread per CUDA thread,
+blocks one after another, __syncthreads and every warp collective as a barrier rendezvous), driven
+case by case by driver.cpp, checked against the reference.
+
+    build(out_dir) -> the driver's path (needs g++ with C++20)
+    check_case(driver, scores, lo, hi, k, capacity, T=None, offset=0, bf16=False)
+
+check_case runs fused_v2 (the fused kernel + the radix kernel on its flagged rows), the v2
+threshold, the v2 filter (on T, or the contract's threshold) and select_smem (on the filter's
+output) with the launch geometry of workbench/families/cupy/table_v2.py, and asserts each
+against the reference (bit for bit where the contract says so). offset: the table's base
+pointer that many elements past 16-byte alignment."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+import reference as R
+from workbench.bf16 import bf16_bits_to_float32, float32_to_bf16_bits
+
+HERE = Path(__file__).resolve().parent
+KERNELS = HERE.parent.parent / "kernels_cuda"
+
+
+def _inline(path: Path, seen: set) -> str:
+    out = []
+    for line in path.read_text().splitlines():
+        m = re.match(r'#include "(.+)"', line)
+        if m:
+            p = KERNELS / m.group(1)
+            if p not in seen:
+                seen.add(p)
+                out.append(_inline(p, seen))
+            continue
+        if line.strip() != "#pragma once":
+            out.append(line)
+    return "\n".join(out)
+
+
+def kernel_source() -> str:
+    """table_topk.cu and table_v2.cu with their headers inlined, dynamic shared memory from the
+    emulator."""
+    seen: set = set()
+    src = '#include "cuda_emu.h"\n' + _inline(KERNELS / "table_topk.cu", seen) + "\n" + _inline(KERNELS / "table_v2.cu", seen)
+    return (src.replace("extern __shared__ __align__(16) u32 smem[];", "u32* smem = emu::dyn_smem();")
+               .replace('extern "C" __global__', "__global__"))
+
+
+def compiler() -> str | None:
+    return shutil.which("g++")
+
+
+def build(out_dir) -> Path:
+    out_dir = Path(out_dir)
+    (out_dir / "kernels_emu.inc").write_text(kernel_source())
+    exe = out_dir / "table_driver"
+    subprocess.run([compiler(), "-std=c++20", "-O2", "-pthread", "-w", f"-I{out_dir}", f"-I{HERE}",
+                    str(HERE / "driver.cpp"), "-o", str(exe)], check=True)
+    return exe
+
+
+def _same(i, v, ri, rv) -> bool:
+    return np.array_equal(i, ri) and np.array_equal(v.view(np.uint32), np.asarray(rv, np.float32).view(np.uint32))
+
+
+def check_case(driver, s, lo, hi, k, capacity, T=None, offset=0, bf16=False):
+    n, L = s.shape
+    lo, hi = np.asarray(lo, np.int32), np.asarray(hi, np.int32)
+    table, wide = np.ascontiguousarray(s, np.float32), np.ascontiguousarray(s, np.float32)
+    if bf16:
+        table = float32_to_bf16_bits(table, np)
+        wide = bf16_bits_to_float32(table)
+    M, r = R.sample_plan(lo, hi, k, 3.0)
+    Tref = R.stage_threshold(R.TableSource(wide), lo, hi, M, r)
+    T = Tref if T is None else np.asarray(T, np.float32)
+    with tempfile.TemporaryDirectory() as d:
+        fin, fout = Path(d) / "in", Path(d) / "out"
+        with open(fin, "wb") as f:
+            f.write(np.array([n, L, k, int(bf16), capacity, offset], np.int32).tobytes())
+            for a in (lo, hi, M, r):
+                f.write(np.asarray(a, np.int32).tobytes())
+            f.write(T.tobytes())
+            f.write(table.tobytes())
+        subprocess.run([str(driver), str(fin), str(fout)], check=True)
+        b = fout.read_bytes()
+    at = 0
+
+    def take(dt, shape):
+        nonlocal at
+        a = np.frombuffer(b, dt, int(np.prod(shape)), at).reshape(shape)
+        at += a.nbytes
+        return a
+    fi, fv, fcount, ffailed = take(np.int32, (n, k)), take(np.float32, (n, k)), take(np.int32, (n,)), take(np.uint8, (n,))
+    T2 = take(np.float32, (n,))
+    ci, cv, cnt = take(np.int32, (n, capacity)), take(np.float32, (n, capacity)), take(np.int32, (n,))
+    si, sv = take(np.int32, (n, k)), take(np.float32, (n, k))
+    assert at == len(b)
+
+    assert _same(fi, fv, *R.topk(wide, lo, hi, k)), "fused_v2: not the exact top-k"
+    assert np.array_equal(fcount, R.hytopk(wide, lo, hi, k).count), "fused_v2: counts differ from the contract's"
+    assert np.array_equal(R.order_keys(T2), R.order_keys(Tref)), "threshold v2: keys differ from the contract's"
+    ri, rv, rc = R.stage_filter(R.TableSource(wide), lo, hi, T, capacity)
+    assert np.array_equal(cnt, rc), "filter v2: counts"
+    for t in range(n):
+        m = min(int(rc[t]), capacity)
+        got = sorted(zip(ci[t, :m].tolist(), cv[t, :m].view(np.uint32).tolist()))
+        if rc[t] <= capacity:
+            assert got == sorted(zip(ri[t, :m].tolist(), rv[t, :m].view(np.uint32).tolist())), f"filter v2: row {t}"
+        else:                          # overflow: capacity distinct true candidates with their bits
+            pos = np.array([p for p, _ in got])
+            assert len(set(pos.tolist())) == capacity and ((pos >= lo[t]) & (pos < hi[t])).all(), f"row {t}"
+            assert np.array_equal(wide[t, pos].view(np.uint32), np.array([x for _, x in got], np.uint32))
+            assert (R.order_keys(wide[t, pos]) >= R.order_keys(T[t:t + 1])[0]).all()
+        assert (ci[t, m:] == -1).all(), f"filter v2: row {t} written past its count"
+    assert _same(si, sv, *R.stage_select(ci, cv, cnt, k)), "select_smem"
+    return fcount, ffailed

@@ -1,0 +1,175 @@
+"""Issue 21, the second table design (kernels_cuda/table_v2.cu) on the CPU: its kernels are
+instantiated for both table dtypes, and NumPy mirrors of the two pieces of integer arithmetic
+it relies on are exact: the two-range form of key(x) >= key(T) (KeyAtLeast, hytopk_table.cuh)
+against the contract's order keys on every special value and many random bit patterns, and the
+quotient/remainder stepping of the sample positions (gather_sample_keys) against
+lo + (j * c) // M. The kernels themselves: tests/test_table_topk_gpu.py."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import reference as R
+from workbench import instantiations as INST
+
+U32 = np.uint32
+
+
+def key_at_least_mirror(tb: int):
+    """hytopk_table.cuh KeyAtLeast::of, line for line."""
+    mag = tb & 0x7FFFFFFF
+    if mag > 0x7F800000:
+        return 0, 0xFFFFFFFF, 0, 0xFFFFFFFF
+    if mag == 0:
+        return 0, 0x7F800000, 0x80000000, 0
+    if tb < 0x80000000:
+        return tb, 0x7F800000 - tb, tb, 0x7F800000 - tb
+    return 0, 0x7F800000, 0x80000000, tb - 0x80000000
+
+
+def passes(tb: int, bits: np.ndarray) -> np.ndarray:
+    a1, s1, a2, s2 = (U32(x) for x in key_at_least_mirror(tb))
+    with np.errstate(over="ignore"):
+        return ((bits - a1) <= s1) | ((bits - a2) <= s2)     # uint32 wrap-around, as in CUDA
+
+
+SPECIAL = np.array([0x00000000, 0x80000000, 0x00000001, 0x80000001, 0x007FFFFF, 0x807FFFFF, 0x00800000,
+                    0x3F800000, 0xBF800000, 0x7F7FFFFF, 0xFF7FFFFF, 0x7F800000, 0xFF800000, 0x7F800001,
+                    0x7FC00000, 0x7FFFFFFF, 0xFF800001, 0xFFC00000, 0xFFFFFFFF, 0x40490FDB, 0xC0490FDB], U32)
+
+
+def test_range_test_is_the_order_key_comparison():
+    rng = np.random.default_rng(0)
+    bits = np.concatenate([SPECIAL, SPECIAL + U32(1), SPECIAL - U32(1),
+                           rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(U32)])
+    keys = R.order_keys(bits.view(np.float32)).astype(np.uint64)
+    thresholds = np.concatenate([SPECIAL, rng.integers(0, 2**32, 300, dtype=np.uint64).astype(U32)])
+    for tb in thresholds.tolist():
+        tkey = int(R.order_keys(np.array([tb], U32).view(np.float32))[0])
+        assert np.array_equal(passes(tb, bits), keys >= tkey), hex(tb)
+
+
+def test_bits_of_key_is_a_canonical_score_of_that_key():
+    """bits_of_key (hytopk_table.cuh): the threshold kernel's T has the selected key (the key
+    of a sample, so every key some score has)."""
+    rng = np.random.default_rng(1)
+    scores = np.concatenate([SPECIAL, rng.integers(0, 2**32, 100_000, dtype=np.uint64).astype(U32)])
+    keys = R.order_keys(scores.view(np.float32)).astype(U32)
+    bits = np.where(keys >= U32(0x80000000), keys ^ U32(0x80000000), ~keys).astype(U32)
+    assert np.array_equal(R.order_keys(bits.view(np.float32)), keys)
+
+
+@pytest.mark.parametrize("c", [4097, 8191, 8192, 131072, 1_000_003, 1 << 30, 2**31 - 1])
+def test_sample_position_stepping_is_exact(c):
+    """gather_sample_keys: thread j0 starts at (j0 * c) // M and steps by B samples with
+    quotient dq and remainder dr; every position equals the contract's lo + (j * c) // M."""
+    M = int(R.num_samples(np.array([c]))[0])
+    B, PER = 512, 16
+    dq, dr = divmod(B * c, M)
+    want = (np.arange(M, dtype=np.int64) * c) // M
+    got = np.empty(M, np.int64)
+    for j0 in range(0, B):
+        Q, Rm = divmod(j0 * c, M)
+        for i in range(PER):
+            j = j0 + i * B
+            if j < M:
+                got[j] = Q
+            Q, Rm = Q + dq, Rm + dr
+            if Rm >= M:
+                Q, Rm = Q + 1, Rm - M
+    assert np.array_equal(got, want)
+
+
+def test_table_v2_kernels_are_instantiated_for_both_table_dtypes():
+    names = INST.name_expressions("table_v2.cu")
+    for kern in ("hytopk_table_threshold", "hytopk_table_filter_pieces", "hytopk_table_fused"):
+        for src in (INST.TABLE, INST.TABLE_BF16):
+            assert f"{kern}<{src}>" in names
+    assert "hytopk_select_smem" in names
+
+
+def visits_mirror(L, P, n, t, a, c, pieces, piece_vecs, B, U, aligned):
+    """Every (position, full) the filter's blocks of row t hand on, mirroring
+    hytopk_table_filter_pieces + stream_row + stream_tile (flat vector numbering, pieces of the
+    row's vector range, block steps, the unchecked path's condition)."""
+    row0, total = t * L, n * L
+    g_lo, g_hi = row0 + a, row0 + a + c
+    v_row, v_row_end = g_lo // P, (g_hi + P - 1) // P
+    seen = []
+    for j in range(pieces):
+        v_first = v_row + j * piece_vecs
+        v_stop = min(v_row_end, v_first + piece_vecs)
+        vs, step = v_first, B * U
+        while vs < v_stop:
+            full = aligned and vs * P >= g_lo and (vs + step) * P <= g_hi and vs + step <= v_stop
+            for tid in range(B):
+                for u in range(U):
+                    v = vs + tid + u * B
+                    if full:
+                        assert v < v_stop and (v + 1) * P <= total
+                    for e in range(P):
+                        p = v * P + e - row0
+                        if full or (v < v_stop and a <= p < a + c):
+                            seen.append((p, full))
+            vs += step
+    return seen
+
+
+@pytest.mark.parametrize("P", [4, 8])
+def test_filter_pieces_visit_every_context_element_once(P):
+    """The (row, piece) decomposition and the unchecked steps: each position of [lo, hi) once,
+    nothing outside it, for contexts starting and ending anywhere in a vector, rows whose
+    starts are not vector aligned, and several pieces per row (small B, U, pieces here)."""
+    rng = np.random.default_rng(P)
+    B, U, steps = 4, 2, 3
+    piece_vecs = B * U * steps
+    for _ in range(300):
+        L = int(rng.integers(1, 400))
+        n = int(rng.integers(1, 4))
+        t = int(rng.integers(0, n))
+        a = int(rng.integers(0, L + 1))
+        c = int(rng.integers(0, L - a + 1))
+        aligned_base = bool(rng.integers(0, 2))
+        span = L // P if (aligned_base and L % P == 0) else (L - 1) // P + 2   # table_v2.filter_geometry
+        pieces = max(1, -(-span // piece_vecs))
+        got = visits_mirror(L, P, n, t, a, c, pieces, piece_vecs, B, U, aligned_base)
+        pos = sorted(p for p, _ in got)
+        assert pos == list(range(a, a + c)), (L, n, t, a, c, aligned_base)
+
+
+def reg_bitonic_mirror(words, B, E):
+    """hytopk_table.cuh bitonic_sort_desc_reg, stage by stage: index i = tid * E + e; strides
+    below E swap inside a thread, below 32 E exchange with lane tid ^ (stride / E) (same warp,
+    same e), the rest through shared memory; the lower index of a descending run keeps the
+    larger word. Every stage is one vectorised step over all indices (the data movement the
+    kernel does; the choice of path only says where the partner comes from)."""
+    P = B * E
+    x = np.zeros(P, np.uint64)
+    x[:words.size] = words
+    i = np.arange(P)
+    size = 2
+    while size <= P:
+        stride = size // 2
+        while stride > 0:
+            partner = i ^ stride
+            if E <= stride < 32 * E:          # the shuffle path stays inside a warp
+                assert ((partner // E) // 32 == (i // E) // 32).all() and (partner % E == i % E).all()
+            if stride < E:                    # the in-thread path stays inside a thread
+                assert (partner // E == i // E).all()
+            want_max = ((i & stride) == 0) == ((i & size) == 0)
+            y = x[partner]
+            x = np.where(want_max, np.maximum(x, y), np.minimum(x, y))
+            stride //= 2
+        size *= 2
+    return x
+
+
+@pytest.mark.parametrize("B,E", [(512, 1), (512, 2), (512, 4), (256, 4), (32, 2)])
+def test_register_bitonic_network_sorts_descending(B, E):
+    rng = np.random.default_rng(B * 10 + E)
+    P = B * E
+    for cnt in (0, 1, 2, P // 2 - 1, P // 2 + 1, P - 1, P):
+        words = rng.choice(2**62, size=cnt, replace=False).astype(np.uint64) + np.uint64(1)   # distinct, > padding
+        got = reg_bitonic_mirror(words, B, E)
+        assert np.array_equal(got[:cnt], np.sort(words)[::-1]), cnt
+        assert (got[cnt:] == 0).all()

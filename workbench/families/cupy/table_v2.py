@@ -1,0 +1,208 @@
+"""The second design of the table path (issue 21): kernels_cuda/table_v2.cu, beside table.py's.
+
+- ``cupy.threshold.table_v2``: stages 1-4 on a table, every sample load of a thread in flight.
+- ``cupy.filter.table_v2``: stage 5 on a table, one block per (row, piece of PIECE_ELEMS
+  elements): a two-compare range test on the raw bits, unchecked steps inside the context,
+  shared-memory appends, one global atomic per block.
+- ``cupy.select.smem``: stage 8 with each row's candidates read once into shared memory.
+- ``fused_hytopk_v2(scores, lo, hi, k)``: one kernel per row (samples, threshold, one streaming
+  read into shared memory, exact select); rows whose count under- or overflows are flagged and
+  the radix top-k of table.py takes them in a second launch on the device (no host sync).
+- ``launch_staged_v2``: the threshold -> filter -> select chain of TableHyTopK(kernels="v2").
+Every result is the exact top-k, bit for bit (CONTRACT.md §3).
+"""
+from __future__ import annotations
+
+import cupy as cp
+import numpy as np
+
+from ...registry import register
+from ._launch import (MAX_SAMPLES, bind, bitonic_topk_smem_bytes, check_k_fits, i32, kernel, launch,
+                      launch_stream, next_pow2)
+from ._shared import candidate_buffers, check_capacity
+
+STREAM_BLOCK = 256          # table_v2.cu STREAM_BLOCK
+SAMPLE_BLOCK = 512          # table_v2.cu SAMPLE_BLOCK (threshold, fused, select_smem)
+PER_VEC = {"hytopk::TableSource": 4, "hytopk::TableBf16Source": 8}
+STREAM_U = {"hytopk::TableSource": 4, "hytopk::TableBf16Source": 3}   # table_v2.cu StreamU: vectors per thread per step
+PIECE_STEPS = 8             # steps per block: a piece is 256 x 16 x 8 = 32768 float32 / 256 x 24 x 8 bf16 elements
+STAGE_MAX = 4096            # shared-memory stage of the filter (32 KiB; six blocks per SM still fit)
+FUSED_SMEM_TARGET = 110 * 1024   # two 512-thread blocks per SM (the register bound) share its 228 KiB
+SELECT_CAP_MAX = 8192       # candidates select_smem holds in shared memory
+# L2 prefetch distance of the streaming reads, in block steps (0: none; the bench times both):
+# the filter's registers already hold 96 KB per SM, the fused kernel's only 40 KB per block
+FILTER_AHEAD = 1
+FUSED_AHEAD = 2
+
+
+def _file():
+    return "table_v2.cu"
+
+
+def sort_slots(k: int) -> int:
+    """table_v2.cu sort_slots_v2: the register sort pads to at least one word per thread."""
+    return max(next_pow2(k), SAMPLE_BLOCK)
+
+
+def fused_smem_words(k: int, cap: int) -> int:
+    """table_v2.cu table_fused_smem_words."""
+    return 256 + 6 + 3 * sort_slots(k) + 2 * cap
+
+
+def select_smem_bytes(k: int, cap: int) -> int:
+    """table_v2.cu select_smem_words, in bytes."""
+    return 4 * (256 + 4 + 3 * sort_slots(k) + 2 * cap)
+
+
+def _limit() -> int:
+    return int(cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"])
+
+
+def fused_cap(k: int) -> int:
+    """Candidates the fused kernel collects in shared memory: as many as keep two blocks per
+    SM, else what the opt-in limit leaves; at least MAX_SAMPLES / 2 (its samples live there)."""
+    fixed = 256 + 6 + 3 * sort_slots(k)
+    cap = (FUSED_SMEM_TARGET // 4 - fixed) // 2 // 256 * 256
+    if cap < MAX_SAMPLES // 2:
+        cap = (_limit() // 4 - fixed) // 2
+    if cap < MAX_SAMPLES // 2:
+        raise ValueError(f"argument 'k' = {k}: too large for fused_hytopk_v2 (its samples and sort buffers need "
+                         f"{4 * fused_smem_words(k, MAX_SAMPLES // 2)} bytes of shared memory, this device has "
+                         f"{_limit()}); use method='radix'")
+    return min(cap, 16384)
+
+
+NULL = np.uint64(0)          # a null pointer argument
+
+
+def launch_threshold(s, cxx, lo, hi, M, r, T, zero_count=NULL, zero_one=NULL):
+    """The threshold kernel; zero_count ([n] int32) and zero_one ([1] int32), when given, are
+    zeroed by it for the launches that follow."""
+    n, L = s.shape
+    launch(kernel(_file(), f"hytopk_table_threshold<{cxx}>"), (n,),
+           (s, np.int64(L), np.int32(n), lo, hi, M, r, T, zero_count, zero_one), 0, threads=SAMPLE_BLOCK)
+
+
+def filter_geometry(s, cxx, capacity):
+    """(pieces per row, vectors per piece, stage entries) of the filter for this table."""
+    n, L = s.shape
+    P = PER_VEC[cxx]
+    piece_vecs = STREAM_BLOCK * STREAM_U[cxx] * PIECE_STEPS
+    aligned_rows = s.data.ptr % 16 == 0 and L % P == 0
+    span = L // P if aligned_rows else (L - 1) // P + 2       # vectors a context can touch
+    pieces = max(1, -(-span // piece_vecs))
+    return pieces, piece_vecs, min(int(capacity), STAGE_MAX)
+
+
+def launch_filter(s, cxx, lo, hi, T, capacity, cand_idx, cand_val, count):
+    """The streaming filter (count must be zeroed)."""
+    n, L = s.shape
+    pieces, piece_vecs, stage = filter_geometry(s, cxx, capacity)
+    launch(kernel(_file(), f"hytopk_table_filter_pieces<{cxx}>"), (n * pieces,),
+           (s, np.int64(L), np.int32(n), lo, hi, T, np.int32(capacity), np.int32(pieces), np.int64(piece_vecs),
+            np.int32(stage), np.int32(int(s.data.ptr % 16 == 0)), np.int32(FILTER_AHEAD), cand_idx, cand_val, count),
+           4 * (2 * stage + 2), threads=STREAM_BLOCK)
+
+
+def select_cap(capacity: int) -> int:
+    return min(int(capacity), SELECT_CAP_MAX)
+
+
+def launch_select(cand_idx, cand_val, count, k, idx, val):
+    n, capacity = cand_idx.shape
+    cap = select_cap(capacity)
+    launch(kernel(_file(), "hytopk_select_smem"), (n,),
+           (np.int32(n), cand_idx, cand_val, count, np.int32(capacity), np.int32(k), np.int32(cap), idx, val),
+           select_smem_bytes(k, cap), threads=SAMPLE_BLOCK)
+
+
+def launch_fused(s, cxx, lo, hi, k, cap, oversample, count, flagged, nflagged, idx, val):
+    """The fused kernel; the rows it cannot finish go to flagged[0 .. nflagged) (zeroed before)."""
+    n, L = s.shape
+    launch(kernel(_file(), f"hytopk_table_fused<{cxx}>"), (n,),
+           (s, np.int64(L), np.int32(n), lo, hi, np.int32(k), np.int32(cap), np.int32(int(s.data.ptr % 16 == 0)),
+            np.int32(FUSED_AHEAD), np.float64(oversample), count, flagged, nflagged, idx, val),
+           4 * fused_smem_words(k, cap), threads=SAMPLE_BLOCK)
+
+
+def launch_listed_topk(s, cxx, lo, hi, k, topk_cap, rows, nrows, idx, val):
+    """table_topk.cu's radix top-k of the rows in rows[0 .. *nrows) (device-side count), each to
+    its own output row, on a grid of two blocks per SM striding over the list."""
+    from .table import TOPK_BLOCK, _limits, topk_smem_words
+    n, L = s.shape
+    sms, _ = _limits()
+    launch(kernel("table_topk.cu", f"hytopk_table_topk_listed<{cxx}>"), (max(1, min(n, 2 * sms)),),
+           (s, np.int64(L), np.int32(n), rows, nrows, lo, hi, np.int32(k), np.int32(topk_cap),
+            np.int32(int(s.data.ptr % 16 == 0)), idx, val), 4 * topk_smem_words(k, topk_cap), threads=TOPK_BLOCK)
+
+
+def _table(source, name):
+    src = bind(source)
+    if src.kind != "table":
+        raise TypeError(f"argument 'source': {name} takes a table source")
+    return src
+
+
+@register("threshold", "cupy.threshold.table_v2", sources=("table",), gpu_only=True,
+          notes="r-th best of M samples, every sample load of a thread in flight")
+def threshold_table_v2(source, lo, hi, M, r):
+    with launch_stream():
+        src = _table(source, "cupy.threshold.table_v2")
+        lo, hi, M, r = i32(lo, "lo"), i32(hi, "hi"), i32(M, "M"), i32(r, "r")
+        T = cp.empty(src.n, cp.float32)
+        launch_threshold(src.args[0], src.cxx, lo, hi, M, r, T)
+        return T
+
+
+@register("filter", "cupy.filter.table_v2", sources=("table",), gpu_only=True,
+          notes="one block per (row, piece): range test on raw bits, shared-memory appends, one atomic per block")
+def filter_table_v2(source, lo, hi, T, capacity):
+    capacity = check_capacity(capacity)
+    with launch_stream():
+        src = _table(source, "cupy.filter.table_v2")
+        lo, hi = i32(lo, "lo"), i32(hi, "hi")
+        T = cp.ascontiguousarray(cp.asarray(T, cp.float32))
+        cand_idx, cand_val, count = candidate_buffers(src.n, capacity)
+        launch_filter(src.args[0], src.cxx, lo, hi, T, capacity, cand_idx, cand_val, count)
+        return cand_idx, cand_val, count
+
+
+@register("select", "cupy.select.smem", gpu_only=True,
+          notes="each row's candidates read once into shared memory, then radix_bitonic's select")
+def select_smem(cand_idx, cand_val, count, k):
+    k = check_k_fits(k, bitonic_topk_smem_bytes)
+    with launch_stream():
+        cand_idx = i32(cand_idx, "cand_idx")
+        cand_val = cp.ascontiguousarray(cp.asarray(cand_val, cp.float32))
+        count = i32(count, "count")
+        n, capacity = cand_idx.shape
+        if cand_val.shape != (n, capacity) or count.shape != (n,):
+            raise ValueError(f"arguments 'cand_val'/'count' must have shapes {(n, capacity)}/{(n,)}, "
+                             f"got {cand_val.shape}/{count.shape}")
+        if select_smem_bytes(k, select_cap(capacity)) > _limit():
+            raise ValueError(f"argument 'k' = {k}: its sort buffers and {select_cap(capacity)} candidates do not fit "
+                             f"in shared memory; use cupy.select.radix_bitonic")
+        idx = cp.empty((n, k), cp.int32)
+        val = cp.empty((n, k), cp.float32)
+        launch_select(cand_idx, cand_val, count, k, idx, val)
+        return idx, val
+
+
+def fused_v2(s, cxx, lo, hi, k, topk_cap, oversample, count, idx, val):
+    """hytopk_table_fused, then the radix top-k over the rows it listed (device-side: no sync)."""
+    n = s.shape[0]
+    flagged = cp.empty(max(1, n), cp.int32)
+    nflagged = cp.zeros(1, cp.int32)
+    launch_fused(s, cxx, lo, hi, k, fused_cap(k), oversample, count, flagged, nflagged, idx, val)
+    launch_listed_topk(s, cxx, lo, hi, k, topk_cap, flagged, nflagged, idx, val)
+
+
+def staged_v2(s, cxx, plan):
+    """TableHyTopK(kernels="v2"): threshold (which also zeroes the filter's counts and the check's
+    counter) -> filter -> select into plan's buffers."""
+    if plan.n == 0:
+        return
+    launch_threshold(s, cxx, plan.lo, plan.hi, plan.M, plan.r, plan.T, plan.count, plan.nfailed)
+    launch_filter(s, cxx, plan.lo, plan.hi, plan.T, plan.capacity, plan.cand_idx, plan.cand_val, plan.count)
+    launch_select(plan.cand_idx, plan.cand_val, plan.count, plan.k, plan.idx, plan.val)
+
