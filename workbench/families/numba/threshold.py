@@ -17,7 +17,6 @@ from numba import cuda, float32, int64
 from ...registry import register
 from . import common as C
 from . import tile as TL
-from .tile import KEY_SMEM, Q_SMEM
 from .common import BLOCK, RADIX
 
 
@@ -38,15 +37,15 @@ def sample_kernel(kind):
 
 
 @lru_cache(maxsize=None)
-def sample_tiled_kernel(hg: int):
+def sample_tiled_kernel(hg: int, cfg: TL.Tile):
     """Indexer sample scores: block (query, tile of TK samples) through the tiled scorer."""
-    score = TL.score_tile(hg)
-    TK = TL.TK
+    score = TL.score_tile(hg, cfg)
+    TK, NT, KS, QS = cfg.tk, cfg.block, cfg.key_smem, cfg.q_smem
 
-    @cuda.jit
+    @cuda.jit(**cfg.jit)                # launch bounds: the shape's registers per thread
     def kernel(q2, w, keys, scaled, lo, hi, M, out):
-        key_s = cuda.shared.array(KEY_SMEM, float32)
-        q_s = cuda.shared.array(Q_SMEM, float32)
+        key_s = cuda.shared.array(KS, float32)
+        q_s = cuda.shared.array(QS, float32)
         acc_s = cuda.shared.array(TK, float32)
         pos_s = cuda.shared.array(TK, int64)
         t = cuda.blockIdx.x
@@ -58,10 +57,10 @@ def sample_tiled_kernel(hg: int):
             return
         lo_t = np.int64(lo[t])
         cnt = np.int64(hi[t]) - lo_t
-        for j in range(cuda.threadIdx.x, TK, BLOCK):
+        for j in range(cuda.threadIdx.x, TK, NT):
             pos_s[j] = lo_t + ((j0 + j) * cnt) // np.int64(M[t]) if j0 + j < m else -1
         score(q2, w, keys, scaled, t, pos_s, key_s, q_s, acc_s)
-        for j in range(cuda.threadIdx.x, TK, BLOCK):
+        for j in range(cuda.threadIdx.x, TK, NT):
             if j0 + j < m:
                 out[t, j0 + j] = acc_s[j]
     return kernel
@@ -102,7 +101,8 @@ def run_threshold(flavour, source, lo, hi, M, r):
     if m_max and kind == "table":
         sample_kernel(kind)[(n, C.blocks(m_max, BLOCK)), BLOCK, s](a, b, c, lo, hi, M, samples)
     elif m_max:
-        sample_tiled_kernel(TL.heads_per_warp(b.shape[1]))[(n, C.blocks(m_max, TL.TK)), BLOCK, s](
+        cfg = TL.current()
+        sample_tiled_kernel(cfg.heads_per_warp(b.shape[1]), cfg)[(n, C.blocks(m_max, cfg.tk)), cfg.block, s](
             a, b, c, np.int64(kind == "indexer_fp8"), lo, hi, M, samples)
     threshold_kernel(flavour)[n, BLOCK, s](samples, M, r, T)
     return T
