@@ -19,8 +19,6 @@ from typing import Callable
 import numpy as np
 import torch
 
-import reference as R
-
 from .. import registry
 from ..families import get_family
 from . import checks as C
@@ -345,7 +343,6 @@ class Runner:
         fam = get_family(v.family)
         X = to_family(fam, dict(wl.dev), wl.device)
         B = max(1, CHUNK_BYTES // max(1, 4 * p.L))
-        lo_h, hi_h = wl.host["lo"], wl.host["hi"]
 
         def chunk(a, b):
             sl = to_family(fam, {"lo": wl.dev["lo"][a:b].contiguous(), "hi": wl.dev["hi"][a:b].contiguous(),

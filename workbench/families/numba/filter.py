@@ -13,7 +13,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, int64
+from numba import cuda
 
 from ...registry import register
 from . import common as C
@@ -25,8 +25,11 @@ MAX_GRID_Y = 65535
 
 
 @cuda.jit(device=True)
-def block_span(lo, hi, t, span):
-    """[start, stop) of query t's context that this block covers (start >= stop: none)."""
+def block_span(lo, hi, t, span, n):
+    """[start, stop) of query t's context that this block covers (start >= stop: none, also for
+    a block past the n queries)."""
+    if t >= n:
+        return np.int64(0), np.int64(0)
     start = np.int64(lo[t]) + np.int64(cuda.blockIdx.y) * span
     return start, min(np.int64(hi[t]), start + span)
 
@@ -64,9 +67,7 @@ def filter_kernel(kind: str, flavour: str):
         hit = cuda.local.array(ITEMS, np.int32)
         pos = cuda.local.array(ITEMS, np.int64)
         val = cuda.local.array(ITEMS, np.float32)
-        if t >= count.shape[0]:
-            return
-        start, stop = block_span(lo, hi, t, span)
+        start, stop = block_span(lo, hi, t, span, count.shape[0])
         if start >= stop:
             return
         tkey = C.order_key(T[t])
@@ -90,24 +91,19 @@ def filter_kernel(kind: str, flavour: str):
 def filter_tiled_kernel(flavour: str, hg: int, cfg: TL.Tile):
     """The fused score-and-filter kernel for indexer sources: a round scores one tile of TK keys."""
     append = appender(flavour)
-    score = TL.score_tile(hg, cfg)
-    TK, ITEMS_T, NT, KS, QS = cfg.tk, cfg.items, cfg.block, cfg.key_smem, cfg.q_smem
+    score, scratch = TL.score_tile(hg, cfg), TL.scratch(cfg)
+    TK, ITEMS_T, NT = cfg.tk, cfg.items, cfg.block
 
     @cuda.jit(**cfg.jit)                # launch bounds: the shape's registers per thread
     def kernel(q2, w, keys, scaled, lo, hi, T, span, cand_idx, cand_val, count):
-        key_s = cuda.shared.array(KS, float32)
-        q_s = cuda.shared.array(QS, float32)
-        acc_s = cuda.shared.array(TK, float32)
-        pos_s = cuda.shared.array(TK, int64)
+        key_s, q_s, acc_s, pos_s = scratch()
         local = cuda.shared.array(2, np.int32)
         hit = cuda.local.array(ITEMS_T, np.int32)
         pos = cuda.local.array(ITEMS_T, np.int64)
         val = cuda.local.array(ITEMS_T, np.float32)
         t = cuda.blockIdx.x
         tid = cuda.threadIdx.x
-        if t >= count.shape[0]:
-            return
-        start, stop = block_span(lo, hi, t, span)
+        start, stop = block_span(lo, hi, t, span, count.shape[0])
         if start >= stop:
             return
         tkey = C.order_key(T[t])

@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, int64
+from numba import cuda
 
 from ...registry import register
 from . import common as C
@@ -46,15 +46,12 @@ def materialise_kernel(kind):
 @lru_cache(maxsize=None)
 def materialise_tiled_kernel(hg: int, cfg: TL.Tile):
     """Indexer rows: block (listed row, tiles of its context) through the tiled scorer."""
-    score = TL.score_tile(hg, cfg)
-    TK, NT, KS, QS = cfg.tk, cfg.block, cfg.key_smem, cfg.q_smem
+    score, scratch = TL.score_tile(hg, cfg), TL.scratch(cfg)
+    TK, NT = cfg.tk, cfg.block
 
     @cuda.jit(**cfg.jit)                # launch bounds: the shape's registers per thread
     def kernel(q2, w, keys, scaled, lo, hi, rows, vals, pos, count):
-        key_s = cuda.shared.array(KS, float32)
-        q_s = cuda.shared.array(QS, float32)
-        acc_s = cuda.shared.array(TK, float32)
-        pos_s = cuda.shared.array(TK, int64)
+        key_s, q_s, acc_s, pos_s = scratch()
         j = cuda.blockIdx.x
         if j >= rows.shape[0]:
             return

@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, int32, int64
+from numba import cuda, int32
 
 from . import common as C
 from . import tile as TL
@@ -38,15 +38,12 @@ def score_rows_kernel(position: str, hg: int, cfg: TL.Tile):
     """out[t, j] = I(t, s) for s = position(t, j), -inf where there is no key; grid (query,
     column tiles), each block loops over its tiles."""
     where = POSITIONS[position]
-    score, tile_has_key = TL.score_tile(hg, cfg), TL.has_key(cfg)
-    TK, NT, KS, QS = cfg.tk, cfg.block, cfg.key_smem, cfg.q_smem
+    score, scratch, tile_has_key = TL.score_tile(hg, cfg), TL.scratch(cfg), TL.has_key(cfg)
+    TK, NT = cfg.tk, cfg.block
 
     @cuda.jit(**cfg.jit)                # launch bounds: the shape's registers per thread
     def kernel(q2, w, keys, a, b, out, scaled):
-        key_s = cuda.shared.array(KS, float32)
-        q_s = cuda.shared.array(QS, float32)
-        acc_s = cuda.shared.array(TK, float32)
-        pos_s = cuda.shared.array(TK, int64)
+        key_s, q_s, acc_s, pos_s = scratch()
         flag = cuda.shared.array(1, int32)
         t = cuda.blockIdx.x
         if t >= out.shape[0]:

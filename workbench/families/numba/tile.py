@@ -36,7 +36,7 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 
-from numba import cuda, float32, uint64
+from numba import cuda, float32, int64, uint64
 
 from .common import BLOCK, SIM
 
@@ -340,6 +340,23 @@ def score_tile(hg: int, cfg: Tile | None = None):
                KEY_STRIDE=cfg.key_stride)
     exec(compile(_source(int(hg), cfg), f"<numba tile scorer HG={hg} {cfg.label}>", "exec"), env)
     return cuda.jit(device=True)(env["score_tile"])
+
+
+@lru_cache(maxsize=None)
+def scratch(cfg: Tile):
+    """The shared arrays of a tiled kernel of shape ``cfg``, as a device function every such
+    kernel calls once: (key_s, q_s, acc_s, pos_s) for score_tile (one statement per array: the
+    simulator tells its shared arrays apart by the line that allocates them)."""
+    KS, QS, TK = cfg.key_smem, cfg.q_smem, cfg.tk
+
+    @cuda.jit(device=True)
+    def tile_scratch():
+        key_s = cuda.shared.array(KS, float32)
+        q_s = cuda.shared.array(QS, float32)
+        acc_s = cuda.shared.array(TK, float32)
+        pos_s = cuda.shared.array(TK, int64)
+        return key_s, q_s, acc_s, pos_s
+    return tile_scratch
 
 
 @lru_cache(maxsize=None)
