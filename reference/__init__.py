@@ -8,7 +8,7 @@ from .candidates import stage_check, stage_filter
 from .dtypes import IndexerDtypes, check_indexer_args, check_indexer_dtypes
 from .fp8 import Fp8IndexerSource
 from .indexer import indexer_kl_loss, indexer_scores, indexer_source, replay_scores
-from .order import empty_selection, order_keys, rank_order, table_float32, topk
+from .order import empty_selection, order_keys, rank_order, stage_score_only, table_float32, topk
 from .pipeline import HyTopKResult, hytopk, hytopk_indexer, run_stages
 from .radix import exact_topk_of_entries, select_kth_key, select_positions, sort_rank_order
 from .sampling import num_samples, sample_plan, sample_positions, stage_threshold, threshold_rank
@@ -22,6 +22,6 @@ __all__ = [
     "IndexerDtypes", "check_indexer_args", "check_indexer_dtypes",
     "num_samples", "threshold_rank", "sample_plan", "sample_positions",
     "stage_threshold", "stage_filter", "stage_check", "stage_select",
-    "stage_recover", "fallback_all", "run_stages", "rank_order",
+    "stage_recover", "stage_score_only", "fallback_all", "run_stages", "rank_order",
     "select_kth_key", "select_positions", "sort_rank_order", "exact_topk_of_entries",
 ]

@@ -26,6 +26,17 @@ def order_keys(x) -> np.ndarray:
     return key
 
 
+def stage_score_only(source, lo, hi) -> np.ndarray:
+    """The score-only floor's answer: uint64[1], the sum modulo 2**64 of the order keys of every
+    in-context score of ``source`` (a kernel's atomic sum of them is the same in any order)."""
+    lo, hi = np.asarray(lo, np.int64), np.asarray(hi, np.int64)
+    total = 0
+    for t in range(source.shape[0]):
+        if lo[t] < hi[t]:
+            total += int(order_keys(np.asarray(source.row(t, int(lo[t]), int(hi[t])), np.float32)).sum(dtype=np.uint64))
+    return np.array([total % (1 << 64)], np.uint64)
+
+
 def table_float32(scores) -> np.ndarray:
     """A score table as float32 NumPy: float32 as is, bf16 (uint16 bits, torch.bfloat16)
     widened exactly (bits << 16)."""

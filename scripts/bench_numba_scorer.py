@@ -5,10 +5,17 @@ preset's queries (--queries, spread over all of them) keeps the run under ~30 s;
 scorers check their dense tables against each other (exact-arithmetic inputs: bit-equal).
 
     python scripts/bench_numba_scorer.py --preset dsv32-128k --json out.json
+    python scripts/bench_numba_scorer.py --sweep --json sweep.json      # every tile shape of tile.SWEEP
+
+--sweep times the Numba dense table once per tile shape (workbench/families/numba/tile.py: keys per
+lane, staged dims, heads per warp, head sum, threads per block, staging batch, launch bounds), checks
+each bit-equal to the CuPy SIMT table, prints them fastest first, then the filters at the fastest
+shape, and the HYTOPK_NUMBA_TILE value that makes it the default.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -32,6 +39,10 @@ def main(argv=None):
     ap.add_argument("--preset", default="dsv32-128k")
     ap.add_argument("--queries", type=int, default=256, help="queries of the preset to run (spread over all)")
     ap.add_argument("--json", default=None, help="write the rows here")
+    ap.add_argument("--sweep", action="store_true", help="time every tile shape of tile.SWEEP (dense), then "
+                    "the filters at the fastest")
+    ap.add_argument("--shapes", default=None, help="with --sweep: shapes to time instead, ';'-separated, "
+                    "e.g. 'kpt=8,hsum=smem;kpt=4,hg=16'")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     p = get_preset(args.preset)
@@ -50,11 +61,22 @@ def main(argv=None):
     T = cthreshold.threshold(src_c, lo_d, hi_d, M, r)
     nT = cuda.as_cuda_array(T)
     gpu = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    want = cdense.dense(qd, wd, kd, lo_d, hi_d).view(cp.uint32)
+    sweep, at_best = None, contextlib.ExitStack()
+    if args.sweep:
+        shapes = [tile.parse(x) for x in args.shapes.split(";")] if args.shapes else list(tile.SWEEP)
+        sweep = run_sweep(shapes, lambda: ndense.dense_tiled(nq, nw, nk, nlo, nhi), want, flop, p.H)
+        ok = [r for r in sweep if "tflops" in r]
+        if ok:
+            best = max(ok, key=lambda r: r["tflops"])
+            print(f"  fastest: {best['tile']}  ({best['tflops']:.2f} TFLOP/s); make it the default with\n"
+                  f"    HYTOPK_NUMBA_TILE='{best['tile']}'", flush=True)
+            at_best.enter_context(tile.use(tile.parse(best["tile"])))    # the rows below: the fastest shape
+    cfg = tile.current()
     print(f"GPU {gpu}  {p.name}: {len(pick)} of {p.n} queries, L={p.L} H={p.H} D={p.D}, "
-          f"numba tile TK={tile.TK} KPT={tile.KPT} HG={tile.heads_per_warp(p.H)} DT={tile.DT}", flush=True)
+          f"numba tile {cfg.label} (TK={cfg.tk}, HG={cfg.heads_per_warp(p.H)})", flush=True)
 
-    same = bool(cp.array_equal(cp.asarray(ndense.dense_tiled(nq, nw, nk, nlo, nhi)).view(cp.uint32),
-                               cdense.dense(qd, wd, kd, lo_d, hi_d).view(cp.uint32)))
+    same = bool(cp.array_equal(cp.asarray(ndense.dense_tiled(nq, nw, nk, nlo, nhi)).view(cp.uint32), want))
     print(f"  dense tables bit-equal: {same}", flush=True)
     rows = {}
     calls = {
@@ -81,14 +103,50 @@ def main(argv=None):
             if label.startswith(f"numba.{stage}.") and simt and "tflops" in row:
                 row["vs_cupy_simt"] = row["tflops"] / simt
                 print(f"  {label:22s} {row['vs_cupy_simt']:.2f} x cupy.{stage}.simt", flush=True)
+    simt = rows.get("cupy.dense.simt", {}).get("tflops")
+    for r in sweep or []:
+        if simt and "tflops" in r:
+            r["vs_cupy_simt"] = r["tflops"] / simt
     out = {"gpu": gpu, "date": time.strftime("%Y-%m-%d %H:%M"), "preset": p.name, "queries": len(pick),
            "L": p.L, "H": p.H, "D": p.D, "sum_c": int(c.sum()), "capacity": cap, "dense_bit_equal": same,
-           "tile": {"TK": tile.TK, "KPT": tile.KPT, "DT": tile.DT, "HG": tile.heads_per_warp(p.H)},
-           "rows": rows, "wall_s": time.perf_counter() - t_start}
+           "tile": dict(cfg.__dict__, TK=cfg.tk, HG=cfg.heads_per_warp(p.H), label=cfg.label),
+           "rows": rows, "sweep": sweep, "wall_s": time.perf_counter() - t_start}
     print(f"  wall {out['wall_s']:.1f} s", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
-    return 0 if same else 1
+    bad = [r["tile"] for r in sweep or [] if "error" in r or r.get("bit_equal") is False]
+    if bad:
+        print(f"  shapes that failed or differ: {bad}", flush=True)
+    return 0 if same and not bad else 1
+
+
+def run_sweep(shapes, dense, want, flop, H) -> list:
+    """Each shape: its dense table checked bit-equal to the CuPy SIMT table, then timed; a shape
+    that fails to compile or differs is a row with its error, not a crash."""
+    out = []
+    print(f"  sweep: {len(shapes)} tile shapes (dense table; compile + check + time each)", flush=True)
+    for cfg in shapes:
+        row = {"tile": cfg.label, "TK": cfg.tk, "HG": cfg.heads_per_warp(H), "smem_bytes": cfg.smem_bytes()}
+        t0 = time.perf_counter()
+        try:
+            with tile.use(cfg):
+                got = cp.asarray(dense()).view(cp.uint32)
+                row["compile_s"] = time.perf_counter() - t0
+                row["bit_equal"] = bool(cp.array_equal(got, want))
+                del got
+                if row["bit_equal"]:
+                    med, mn, reps = timed(dense, budget_s=1.5, max_reps=15)
+                    row.update(ms=med, min_ms=mn, reps=reps, tflops=flop / (med * 1e-3) / 1e12)
+        except Exception as e:                                  # a shape that does not build is a row
+            row["error"] = f"{type(e).__name__}: {e}"[:300]
+        cp.get_default_memory_pool().free_all_blocks()
+        out.append(row)
+        print(f"    {cfg.label:60s} " + (f"{row['ms']:9.3f} ms {row['tflops']:6.2f} TFLOP/s" if "tflops" in row
+              else row.get("error", "NOT bit-equal")), flush=True)
+    print("  sweep, fastest first:", flush=True)
+    for r in sorted((r for r in out if "tflops" in r), key=lambda r: -r["tflops"]):
+        print(f"    {r['tflops']:6.2f} TFLOP/s  {r['tile']}", flush=True)
+    return out
 
 
 if __name__ == "__main__":

@@ -44,6 +44,15 @@ def test_compare_gpu_small_every_row_correct(tmp_path):
     names = {r["name"].split(".")[0] for r in data["rows"] if r["kind"] == "stage"}
     assert {"numba", "cupy"} <= names, f"families that ran: {names}; skipped: {data['missing']}"
     assert {r["stage"] for r in data["rows"] if r["kind"] == "baseline"} >= {"torch", "dense+topk", "score-only"}
+    # the floors (registry.FLOORS) and the fp8 source (registry.SOURCES) keep the rows earlier results name
+    base = {(r["stage"], r["name"]) for r in data["rows"] if r["kind"] == "baseline"}
+    assert {("score-only", "cupy score_only[simt] (checksum)"),
+            ("score-only-mma_sync", "cupy score_only[mma_sync] (checksum)")} <= base, base
+    if torch.cuda.get_device_capability() == (9, 0):
+        assert {(f"score-only-{c}", f"cupy score_only[{c}] (checksum)") for c in ("wgmma", "wgmma_ws", "wgmma_ws2")} \
+            | {(f"score-only-{c}-fp8", f"cupy score_only[{c}_fp8] (checksum)") for c in ("wgmma", "wgmma_ws")} <= base, base
+        fp8 = {r["name"] for r in data["rows"] if r["kind"] == "stage" and r["source"] == "indexer_fp8"}
+        assert {"cupy.filter.wgmma", "cupy.filter.wgmma_ws"} <= fp8, fp8
 
 
 def test_watch_picks_up_an_edited_cuda_kernel_copy(tmp_path, monkeypatch):

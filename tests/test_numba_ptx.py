@@ -18,8 +18,9 @@ F2, I2, I1, U1, F1, I64 = (T.float32[:, ::1], T.int32[:, ::1], T.int32[::1], T.u
 SRC = (F2, F2, F2)
 
 
-def _kernels():
+def _kernels(cfg=None):
     from workbench.families.numba import check, common, filter as F, recover, rows, select, threshold, tile
+    cfg = cfg or tile.current()
     sel = (F2, I2, I1, I64, I2, F2, I2, I2)
     jobs = {"pack_scaled_keys": (common._pack_kernel, (F2, F1, F2))}
     for fl in ("block", "warp"):
@@ -32,14 +33,14 @@ def _kernels():
     for fl in ("block", "warp"):
         jobs[f"filter_{fl}_table"] = (F.filter_kernel("table", fl), SRC + (I1, I1, F1, I64, I2, F2, I1))
     for hg in HGS:
-        hg = min(hg, tile.HG_MAX)
-        jobs[f"dense_tiled_hg{hg}"] = (rows.score_rows_kernel("dense", hg), SRC + (I1, I1, F2, I64))
-        jobs[f"replay_tiled_hg{hg}"] = (rows.score_rows_kernel("replay", hg), SRC + (I2, I2, F2, I64))
-        jobs[f"sample_tiled_hg{hg}"] = (threshold.sample_tiled_kernel(hg), SRC + (I64, I1, I1, I1, F2))
-        jobs[f"materialise_tiled_hg{hg}"] = (recover.materialise_tiled_kernel(hg),
+        hg = min(hg, cfg.hg)
+        jobs[f"dense_tiled_hg{hg}"] = (rows.score_rows_kernel("dense", hg, cfg), SRC + (I1, I1, F2, I64))
+        jobs[f"replay_tiled_hg{hg}"] = (rows.score_rows_kernel("replay", hg, cfg), SRC + (I2, I2, F2, I64))
+        jobs[f"sample_tiled_hg{hg}"] = (threshold.sample_tiled_kernel(hg, cfg), SRC + (I64, I1, I1, I1, F2))
+        jobs[f"materialise_tiled_hg{hg}"] = (recover.materialise_tiled_kernel(hg, cfg),
                                              SRC + (I64, I1, I1, I1, F2, I2, I1))
         for fl in ("block", "warp"):
-            jobs[f"filter_{fl}_tiled_hg{hg}"] = (F.filter_tiled_kernel(fl, hg),
+            jobs[f"filter_{fl}_tiled_hg{hg}"] = (F.filter_tiled_kernel(fl, hg, cfg),
                                                  SRC + (I64, I1, I1, F1, I64, I2, F2, I1))
     return jobs
 
@@ -65,10 +66,14 @@ def test_kernel_compiles_for_sm90(name, monkeypatch):
     assert ".entry" in ptx
 
 
-def _ptx(name):
-    kernel, sig = _kernels()[name]
+def _ptx(name, cfg=None):
+    return _compile(*_kernels(cfg)[name])
+
+
+def _compile(kernel, sig):
+    bounds = kernel.targetoptions.get("launch_bounds")          # the tile shape's, as the kernel is built
     try:
-        ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
+        ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0), **({"launch_bounds": bounds} if bounds else {}))
     except Exception as e:      # NVVM not installed is an environment problem, not a kernel bug
         if "NVVM" in type(e).__name__ or "libNVVM" in str(e):
             pytest.skip(f"NVVM unavailable: {e}")
@@ -81,6 +86,24 @@ def test_tiled_scorer_fits_sm90(name, monkeypatch, tmp_path):
     """The GPU shape of the tiled scorer (HG = 8: 64 dots per thread) in registers, not local
     memory, and its static shared memory under the 48 KiB a kernel gets without opt-in (ptxas -v).
     NVVM may emit a newer PTX ISA than this ptxas reads; the resource report does not depend on it."""
+    _fits_sm90(name, None, monkeypatch, tmp_path)
+
+
+def _sweep():
+    from workbench.families.numba import tile
+    return tile.SWEEP
+
+
+@pytest.mark.parametrize("cfg", _sweep(), ids=lambda c: c.label)
+def test_every_sweep_shape_fits_sm90(cfg, monkeypatch, tmp_path):
+    """Every shape bench_numba_scorer.py --sweep times compiles (dense at the model's HG: H = 64
+    spread over the shape's warps) without spills, in 48 KiB of static shared memory."""
+    from workbench.families.numba import rows
+    job = (rows.score_rows_kernel("dense", cfg.heads_per_warp(64), cfg), SRC + (I1, I1, F2, I64))
+    _fits_sm90("dense_tiled", cfg, monkeypatch, tmp_path, job=job)
+
+
+def _fits_sm90(name, cfg, monkeypatch, tmp_path, job=None):
     import re
     import shutil
     import subprocess
@@ -91,7 +114,7 @@ def test_tiled_scorer_fits_sm90(name, monkeypatch, tmp_path):
     if not ptxas:
         pytest.skip("ptxas not found")
     monkeypatch.setattr(disp, "get_current_device", lambda: _SM90())
-    ptx = _ptx(name)
+    ptx = _ptx(name, cfg) if job is None else _compile(*job)
     ver = subprocess.run([ptxas, "--version"], capture_output=True, text=True).stdout
     m = re.search(r"release (\d+)\.(\d+)", ver)
     if m and int(m.group(1)) >= 12:        # CUDA 12.x/13.x ptxas reads PTX ISA (major - 4).minor

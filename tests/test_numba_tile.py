@@ -78,20 +78,22 @@ def inputs(rng, n, L, H, D, specials=False):
     return q, w, keys, lo, hi
 
 
+CFG = tile.current()
 if SIM:
-    # heads over several rounds (HG_MAX heads per round in the simulator) and dims over several tiles
-    SHAPES = st.tuples(st.integers(1, 3), st.integers(1, 2 * tile.TK + 3),
-                       st.integers(1, 2 * tile.HG_MAX + 1), st.integers(1, 2 * tile.DT + 1))
+    # heads over several rounds (cfg.hg heads per warp and round) and dims over several tiles
+    def shapes(cfg):
+        return st.tuples(st.integers(1, 3), st.integers(1, 2 * cfg.tk + 3),
+                         st.integers(1, 2 * cfg.warps * cfg.hg + 1), st.integers(1, 2 * cfg.dt + 1))
     EXAMPLES = settings(max_examples=6, deadline=None)
+    SWEEP_EXAMPLES = settings(max_examples=3, deadline=None)
 else:
-    SHAPES = st.sampled_from([(4, 4096, 64, 128), (4, 3000, 32, 128), (3, 777, 5, 13), (2, 600, 72, 40),
-                              (3, 257, 1, 1)])
-    EXAMPLES = settings(max_examples=5, deadline=None)
+    def shapes(cfg):
+        return st.sampled_from([(4, 4096, 64, 128), (4, 3000, 32, 128), (3, 777, 5, 13), (2, 600, 72, 40),
+                                (3, 257, 1, 1)])
+    EXAMPLES = SWEEP_EXAMPLES = settings(max_examples=5, deadline=None)
 
 
-@EXAMPLES
-@given(shape=SHAPES, seed=st.integers(0, 2**31 - 1), specials=st.booleans(), fp8=st.booleans())
-def test_tile_equals_one_position_routine(shape, seed, specials, fp8):
+def _check(shape, seed, specials, fp8):
     n, L, H, D = shape
     rng = np.random.default_rng(seed)
     q, w, keys, lo, hi = inputs(rng, n, L, H, D, specials)
@@ -101,17 +103,51 @@ def test_tile_equals_one_position_routine(shape, seed, specials, fp8):
     np.testing.assert_array_equal(bits(got), bits(want))
 
 
+@EXAMPLES
+@given(shape=shapes(CFG), seed=st.integers(0, 2**31 - 1), specials=st.booleans(), fp8=st.booleans())
+def test_tile_equals_one_position_routine(shape, seed, specials, fp8):
+    _check(shape, seed, specials, fp8)
+
+
+# every shape of the sweep computes the same bits (the simulator's shapes there, the GPU's here)
+@pytest.mark.parametrize("cfg", tile.SIM_SWEEP if SIM else tile.SWEEP, ids=lambda c: c.label)
+def test_every_tile_shape_equals_one_position_routine(cfg):
+    @SWEEP_EXAMPLES
+    @given(shape=shapes(cfg), seed=st.integers(0, 2**31 - 1), specials=st.booleans(), fp8=st.booleans())
+    def run(shape, seed, specials, fp8):
+        with tile.use(cfg):
+            _check(shape, seed, specials, fp8)
+    run()
+
+
 def test_heads_per_warp_covers_every_head():
-    for H in range(1, 200):
-        hg = tile.heads_per_warp(H)
-        assert 1 <= hg <= tile.HG_MAX
-        rounds = -(-H // (tile.WARPS * hg))
-        assert rounds * tile.WARPS * hg >= H
-        assert hg == tile.HG_MAX or tile.WARPS * hg >= H      # fewest rounds
+    for cfg in (CFG,) + tile.SWEEP + tile.SIM_SWEEP:
+        for H in range(1, 200):
+            hg = cfg.heads_per_warp(H)
+            assert 1 <= hg <= cfg.hg
+            rounds = -(-H // (cfg.warps * hg))
+            assert rounds * cfg.warps * hg >= H
+            assert hg == cfg.hg or cfg.warps * hg >= H      # fewest rounds
 
 
 def test_tile_source_has_one_dot_per_head_and_key():
-    src = tile._source(3)
-    for i in range(3):
-        for m in range(tile.KPT):
-            assert f"d_{i}_{m} = d_{i}_{m} + q_{i} * k_{m}" in src
+    for cfg in (CFG, tile.SWEEP[0], tile.SIM_SWEEP[2]):
+        src = tile._source(3, cfg)
+        for i in range(3):
+            for m in range(cfg.kpt):
+                assert f"d_{i}_{m} = d_{i}_{m} + q_{i} * k_{m}" in src
+
+
+def test_shapes_are_checked_and_parsed():
+    assert tile.parse("kpt=4, hsum=warps", tile.SWEEP[0]) == tile.Tile(**{**tile.SWEEP[0].__dict__, "kpt": 4,
+                                                                          "hsum": "warps"})
+    assert tile.parse(tile.SWEEP[3].label) == tile.SWEEP[3]
+    with pytest.raises(ValueError, match="kpt=3"):
+        tile.Tile(kpt=3)
+    with pytest.raises(ValueError, match="shared memory"):
+        tile.Tile(kpt=8, dt=64, hg=8, block=256)
+    with pytest.raises(ValueError, match="cannot read"):
+        tile.parse("kpt8")
+    with tile.use(tile.SIM_SWEEP[2]) as cfg:
+        assert tile.current() is cfg
+    assert tile.current() == CFG

@@ -18,9 +18,9 @@ def positional(fn):
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
 
 
-@pytest.mark.parametrize("stage", list(registry.STAGES))
+@pytest.mark.parametrize("stage", list(registry.STAGES) + list(registry.FLOORS))
 def test_card_is_complete(stage):
-    card = registry.STAGES[stage]
+    card = registry.CARDS[stage]
     assert card.name == stage and card.signature and card.args
     assert len(positional(card.reference_fn())) == len(card.args), "the reference stage takes the card's arguments"
     assert callable(card.check_fn())
@@ -31,13 +31,14 @@ def test_card_is_complete(stage):
     assert ("source" in card.args) == bool(card.sources)
 
 
-@pytest.mark.parametrize("stage", list(registry.STAGES))
+@pytest.mark.parametrize("stage", list(registry.STAGES) + list(registry.FLOORS))
 def test_every_variant_takes_its_cards_arguments(stage):
-    card = registry.STAGES[stage]
+    card = registry.CARDS[stage]
     for v in registry.variants(stage):
         assert len(positional(v.fn)) == len(card.args), f"{v.name}: {positional(v.fn)} vs {card.args}"
         if card.sources:
             assert set(v.sources) <= set(card.sources), v.name
+    assert set(card.sources) <= set(registry.SOURCES), "every source kind a card lists is built by compare"
 
 
 def test_source_stages_come_from_the_cards():
@@ -84,4 +85,4 @@ def test_compare_plans_one_row_per_card_source():
     jobs, skipped = CMP.stage_jobs(["filter"], {}, lambda name: True, usable, missing, "cpu", False)
     assert not jobs and {x["reason"] for x in skipped if x["name"] == "reference.filter"} == {"excluded (--exclude)"}
     jobs, skipped = CMP.stage_jobs(["filter"], {}, lambda name: False, usable, missing, "cpu", False)
-    assert {src for _, _, _, src in jobs} == {"indexer"}                 # no room for the [n, L] table
+    assert {src for _, _, _, src in jobs} == {"indexer", "indexer_fp8"}  # no room for the [n, L] table

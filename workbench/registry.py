@@ -7,6 +7,8 @@ decorated function in its family's module and nothing else.
 """
 from __future__ import annotations
 
+import collections
+import dataclasses
 import importlib
 from dataclasses import dataclass, field
 from typing import Callable
@@ -24,6 +26,7 @@ class Work:
     sum_M: float            # samples over all queries
     stored: float           # candidates stored (min(count, capacity) summed)
     sum_c_rows: float       # context entries of the recovered rows
+    scale_bytes: int = 0    # bytes of scales per key row (fp8 e4m3: a float32 per key)
 
     @property
     def hd2(self) -> float:
@@ -32,7 +35,7 @@ class Work:
 
     @property
     def keys_bytes(self) -> float:
-        return float(self.L * self.D * self.elem_bytes)
+        return float(self.L * (self.D * self.elem_bytes + self.scale_bytes))
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,14 @@ class StageCard:
     work: Callable = field(compare=False, repr=False)   # (Work, source) -> (flops, bytes) of one call
     sources: tuple = ()                     # score sources when args has "source" ("table", "indexer")
     inputs: str = ""                        # "module:function" (workload) -> {name: torch tensor}: extra inputs
+    role: str = "stage"                     # "stage": a step of the HyTopK pipeline (STAGES); "floor": a
+    #                                         baseline the stages are rated against (FLOORS: its rows are baselines)
+    row: Callable | None = field(default=None, compare=False, repr=False)   # (variant, source) -> (kind,
+    #                                         stage, name, source) of its compare row; None: a stage row
+
+    def row_of(self, v, source) -> tuple:
+        """(kind, stage, name, source) of the compare row of variant ``v`` on ``source``."""
+        return self.row(v, source) if self.row else ("stage", self.name, v.name, source)
 
     def reference_fn(self) -> Callable:
         return _resolve(self.reference)
@@ -67,12 +78,61 @@ def _resolve(path: str) -> Callable:
 
 
 _CHECKS = "workbench.harness.checks"
+_BUILD = "workbench.harness.sources"
 _SRC = ("table", "indexer")
 
 
+@dataclass(frozen=True)
+class SourceKind:
+    """One kind of score source a source stage takes: how compare builds it from the workload's
+    arrays and what its inputs weigh. Adding an input encoding is one entry in SOURCES (plus the
+    ``sources`` of the cards and variants that take it)."""
+    name: str
+    build: str                  # "module:function" (family arrays by name) -> the source a variant takes
+    needs_table: bool = False   # needs the [n, L] table (compare skips it when the table is too large)
+    elem_bytes: int | None = None   # bytes per q / keys element when not the preset's dtype (fp8: 1)
+    scale_bytes: int = 0        # bytes of scales per key row
+    float32: bool = False       # q, w, keys reach the builder as float32 (it re-encodes them)
+    encode: str = ""            # "module:function" (host q, w, keys, seed) -> pipeline inputs {q, w, keys,
+    #                             kscale} as torch tensors on the device; "": the workload's own arrays
+    usable: str = ""            # "module:function" (variant) -> (ok, why): the variant can take it here; "": yes
+
+    def build_fn(self) -> Callable:
+        return _resolve(self.build)
+
+    def usable_by(self, v) -> tuple[bool, str]:
+        return _resolve(self.usable)(v) if self.usable else (True, "")
+
+    def sized(self, w: Work) -> Work:
+        """The work sizes with this source's element and scale bytes."""
+        if self.elem_bytes is None:
+            return w
+        return dataclasses.replace(w, elem_bytes=self.elem_bytes, scale_bytes=self.scale_bytes)
+
+
+SOURCES: dict[str, SourceKind] = {s.name: s for s in (
+    SourceKind("table", f"{_BUILD}:table", needs_table=True),
+    SourceKind("indexer", f"{_BUILD}:indexer"),
+    # the preset's inputs (small integers) as fp8 e4m3 with per-key scales: the same scores bit for bit
+    SourceKind("indexer_fp8", f"{_BUILD}:indexer_fp8", elem_bytes=1, scale_bytes=4, float32=True,
+               encode=f"{_BUILD}:encode_fp8", usable=f"{_BUILD}:fp8_usable"),
+)}
+
+
 def _scores(flops_indexer, bytes_indexer, bytes_table):
-    """Work of a stage that scores: FLOPs and bytes for the indexer source, bytes for a table."""
-    return lambda w, source: ((flops_indexer(w), bytes_indexer(w)) if source == "indexer" else (0.0, bytes_table(w)))
+    """Work of a stage that scores: FLOPs and bytes for an indexer source (its bytes sized by
+    SourceKind.sized), bytes for a table."""
+    return lambda w, source: ((0.0, bytes_table(w)) if source == "table" else (flops_indexer(w), bytes_indexer(w)))
+
+
+def _floor_row(v, source) -> tuple:
+    """The score-only floor's rows keep their baseline names (earlier JSON stays comparable):
+    ``score-only`` for the SIMT core, ``score-only-<core>[-fp8]`` for the others."""
+    parts = v.name.split(".", 2)
+    core = parts[2] if len(parts) > 2 else None          # "reference.score_only": the family's one floor
+    fp8 = "_fp8" if source == "indexer_fp8" else ""
+    stage = "score-only" if core == "simt" and not fp8 else f"score-only-{core or v.family}" + fp8.replace("_", "-")
+    return "baseline", stage, f"{v.family} score_only" + (f"[{core}{fp8}]" if core else "") + " (checksum)", None
 
 
 STAGES: dict[str, StageCard] = {c.name: c for c in (
@@ -84,7 +144,7 @@ STAGES: dict[str, StageCard] = {c.name: c for c in (
               "count int32[n])", ("source", "lo", "hi", "T", "capacity"),
               "reference:stage_filter", f"{_CHECKS}:filter_",
               _scores(lambda w: w.hd2 * w.sum_c, lambda w: w.keys_bytes + 8 * w.stored,
-                      lambda w: 4 * w.sum_c + 8 * w.stored), sources=_SRC),
+                      lambda w: 4 * w.sum_c + 8 * w.stored), sources=_SRC + ("indexer_fp8",)),
     StageCard("check", "(count, lo, hi, k, capacity) -> (failed bool/uint8[n], rows int32[nf])",
               ("count", "lo", "hi", "k", "capacity"), "reference:stage_check", f"{_CHECKS}:check",
               lambda w, source: (0.0, 12.0 * w.n)),
@@ -103,6 +163,17 @@ STAGES: dict[str, StageCard] = {c.name: c for c in (
               lambda w, source: (w.hd2 * w.n * w.k, float(w.n * w.k * w.D * w.elem_bytes))),
 )}
 SOURCE_STAGES = tuple(name for name, card in STAGES.items() if card.sources)   # take a score source
+
+# Floors: stages outside the pipeline whose rows are the baselines the stage rows are rated
+# against. Compare runs them like any stage (their card's arguments, check and work model).
+FLOORS: dict[str, StageCard] = {c.name: c for c in (
+    StageCard("score_only", "(source, lo, hi) -> checksum uint64[1]: the wrapping sum of the order keys of "
+              "every in-context score (the scoring of a fused filter, nothing selected)",
+              ("source", "lo", "hi"), "reference:stage_score_only", f"{_CHECKS}:score_only",
+              lambda w, source: (w.hd2 * w.sum_c, w.keys_bytes), sources=("indexer", "indexer_fp8"),
+              role="floor", row=_floor_row),
+)}
+CARDS = collections.ChainMap(STAGES, FLOORS)   # every card (a live view): compare and register read these
 
 
 # Sparse attention over the selected keys (docs/CONTRACT.md §8): stages of their own, outside the
@@ -142,8 +213,8 @@ _LOAD_ERRORS: dict[str, str] = {}
 
 def register(stage: str, name: str, *, sources=("table", "indexer"), gpu_only=False, notes="", scratch_free=False):
     """Decorator: ``@register("select", "numba.select.block")``. The family is the name's prefix."""
-    if stage not in STAGES and stage not in ATTENTION_STAGES:
-        raise ValueError(f"unknown stage {stage!r}; stages are {sorted(STAGES) + sorted(ATTENTION_STAGES)}")
+    if stage not in CARDS and stage not in ATTENTION_STAGES:
+        raise ValueError(f"unknown stage {stage!r}; stages are {sorted(CARDS) + sorted(ATTENTION_STAGES)}")
     family = name.split(".", 1)[0]
     if family not in FAMILY_MODULES:
         raise ValueError(f"variant name {name!r} must start with a family: {sorted(FAMILY_MODULES)}")
@@ -193,6 +264,12 @@ def variants(stage: str | None = None, family: str | None = None, *, load=True) 
             load_family(fam)
     return [v for v in _VARIANTS.values()
             if (stage is None or v.stage == stage) and (family is None or v.family == family)]
+
+
+def variant_stage(name: str) -> str | None:
+    """The stage of a registered variant (of the families loaded so far), None if unknown."""
+    v = _VARIANTS.get(name)
+    return v.stage if v else None
 
 
 def get(name: str) -> Variant:

@@ -35,10 +35,11 @@ FAMILY = ReferenceFamily(defaults={"float32": {
     "replay": "reference.replay"}})
 
 register("threshold", "reference.threshold")(R.stage_threshold)
-register("filter", "reference.filter")(R.stage_filter)
+register("filter", "reference.filter", sources=("table", "indexer", "indexer_fp8"))(R.stage_filter)
 register("check", "reference.check")(R.stage_check)
 register("select", "reference.select")(R.stage_select)
 register("recover", "reference.recover")(R.stage_recover)
+register("score_only", "reference.score_only", sources=("indexer",))(R.stage_score_only)   # the floor
 
 
 @register("dense", "reference.dense")

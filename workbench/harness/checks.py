@@ -126,6 +126,13 @@ def replay(out, E: Expected, oracle, **_):
     return (False, f"replay: {_first_bad(bad)}") if bad.any() else (True, "")
 
 
+def score_only(out, oracle, **_):
+    """The floor's checksum (uint64[1]) against the oracle's sum of order keys."""
+    got = int(np.asarray(out.cpu().numpy() if isinstance(out, torch.Tensor) else out).reshape(-1)[0]) % (1 << 64)
+    want = oracle.key_checksum()
+    return (True, "checksum matches") if got == want else (False, f"checksum {got} != expected {want}")
+
+
 def topk_values(val, idx, E: Expected, lo, hi, rtol=0.0):
     """Baselines (torch.topk breaks ties its own way): the k values must be the
     oracle's (within rtol for reduced-precision scoring) and each index in context."""

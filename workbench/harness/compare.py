@@ -19,8 +19,6 @@ from typing import Callable
 import numpy as np
 import torch
 
-import reference as R
-
 from .. import registry
 from ..families import get_family
 from . import checks as C
@@ -138,8 +136,10 @@ class Workload:
     # the work each row does, for the effective-rate columns: a stage's from its card
     def work(self, stage: str, source: str | None) -> tuple[float, float]:
         w = self.dims()
-        if stage in registry.STAGES:
-            return registry.STAGES[stage].work(w, source)
+        if source in registry.SOURCES:
+            w = registry.SOURCES[source].sized(w)
+        if stage in registry.CARDS:
+            return registry.CARDS[stage].work(w, source)
         if stage == "dense+topk":
             return w.hd2 * w.sum_c, 8.0 * w.n * w.L + w.keys_bytes
         return w.hd2 * w.sum_c, w.keys_bytes + 8.0 * w.n * w.k         # pipelines, torch baseline, floor
@@ -159,22 +159,22 @@ def family_usable(fam: str, device: str, preset: Preset) -> tuple[bool, str]:
 
 def stage_call(stage: str, v: registry.Variant, fam, X: dict, source: str | None, k: int, cap: int):
     """(callable, args) for one stage variant on family-native inputs X: the card's arguments by
-    name (``source``: the score source of kind ``source`` over X's arrays)."""
-    card = registry.STAGES[stage]
+    name (``source``: the score source of kind ``source`` over X's arrays, registry.SOURCES)."""
+    card = registry.CARDS[stage]
     named = dict(X, k=k, capacity=cap)
-    if source == "table":
-        named["source"] = R.TableSource(X["table"])
-    elif source == "indexer":
-        named["source"] = R.IndexerSource(X["q"], X["w"], X["keys"])
+    if source is not None:
+        named["source"] = registry.SOURCES[source].build_fn()(X)
     return v.fn, tuple(named[a] for a in card.args)
 
 
 def stage_gate(v: registry.Variant, fam, source, out, ctx) -> tuple[bool, str]:
     """A stage row's check: its card's check on the workload's answer, then the stage's edge
     probes (harness/probes.py: the contract's boundaries the workload may not reach)."""
-    ok, why = registry.STAGES[v.stage].check_fn()(out, **ctx)
+    ok, why = registry.CARDS[v.stage].check_fn()(out, **ctx)
     if ok:
-        ok, why = probes.check_variant(v, fam, source if v.stage in registry.SOURCE_STAGES else None)
+        probed, probe_why = probes.check_variant(v, fam, source if registry.CARDS[v.stage].sources else None)
+        if not probed:
+            return False, probe_why
     return ok, why
 
 
@@ -255,17 +255,21 @@ class Runner:
     def stage_row(self, stage, v: registry.Variant, source) -> Row:
         wl, E = self.wl, self.wl.E
         fam = get_family(v.family)
+        card = registry.CARDS[stage]
         base = wl.stage_inputs()
-        extra = registry.STAGES[stage].inputs_fn()
+        extra = card.inputs_fn()
         if extra is not None:                 # a stage whose inputs the workload does not hold yet
             base.update(extra(wl))
-        if source == "table":
+        kind = registry.SOURCES.get(source)
+        if kind is not None and kind.needs_table:
             base["table"] = wl.table()
+        if kind is not None and kind.float32:  # a source that re-encodes q, w, keys (fp8) starts from float32
+            base.update({a: base[a].float() for a in ("q", "w", "keys")})
 
         def build(i):
             d = base if i == 0 else {k: (x.clone() if x.numel() > (1 << 18) else x) for k, x in base.items()}
             return stage_call(stage, v, fam, to_family(fam, d, wl.device), source, wl.p.k, E.capacity)[1]
-        row = Row("stage", stage, v.name, source)
+        row = Row(*card.row_of(v, source))
         row.flops, row.bytes = wl.work(stage, source)
         ctx = dict(E=E, oracle=wl.oracle, lo=wl.lo_t, hi=wl.hi_t, rows=wl.rec_rows.to(wl.device))
         check = lambda out: stage_gate(v, fam, source, _as_torch_out(out, fam, wl.device), ctx)
@@ -276,16 +280,20 @@ class Runner:
             return row
         return self.measure(row, v.fn, arg_sets, check, simulated=self.simulated(v.family))
 
-    def pipeline_row(self, fam_name: str, entry: str, chosen: dict | None = None, one_pass: bool = False) -> Row:
+    def pipeline_row(self, fam_name: str, entry: str, chosen: dict | None = None, one_pass: bool = False,
+                     source: str = "indexer") -> Row:
         """The family's pipeline: its default stages, or ``chosen`` = {stage: variant} (the fastest of this run);
-        in passes of bounded scratch (the default) or ``one_pass`` over all n queries."""
+        in passes of bounded scratch (the default) or ``one_pass`` over all n queries. ``source``: the
+        indexer inputs as given, or re-encoded by their source kind (registry.SOURCES: fp8 e4m3 with
+        a float32 scale per key; every score equals the oracle's, so the same answer checks it)."""
         import workbench
         wl, p, E = self.wl, self.wl.p, self.wl.E
+        kind = registry.SOURCES[source]
         b = workbench.backend(fam_name, variants=chosen)
         tags = ", ".join(filter(None, ["fastest stages" if chosen else "", "one pass" if one_pass else ""]))
-        row = Row("pipeline", entry, f"{fam_name}.{entry}" + (f"[{tags}]" if tags else ""))
-
-        row.flops, row.bytes = wl.work(entry, "indexer")
+        row = Row("pipeline", entry, f"{fam_name}.{entry}" + (f"[{tags}]" if tags else ""),
+                  source if kind.encode else None)      # a re-encoded input is labelled; the preset's own is not
+        row.flops, row.bytes = wl.work(entry, source)
 
         def inputs(i):
             d = {k: v for k, v in wl.dev.items()}
@@ -296,8 +304,13 @@ class Runner:
             if wl.device == "cpu":
                 d = {k: (x.float() if x.dtype == torch.bfloat16 else x).numpy() for k, x in d.items()}
             return d
+        arg_sets = [(inputs(i),) for i in range(self.rotations)]
         kw = dict(capacity=E.capacity, oversample=p.oversample, max_failed=p.max_failed,
                   query_chunk=p.n if one_pass else None)
+        if kind.encode:
+            enc = registry._resolve(kind.encode)(wl.host, p.seed, wl.device)
+            arg_sets = [(dict(arg_sets[0][0], **enc),)]
+            kw.update(kscale=enc["kscale"], query_chunk=None)
         if entry == "hytopk":
             fn = lambda d: b.hytopk(d["table"], d["lo"], d["hi"], p.k, **kw)
         else:
@@ -307,8 +320,7 @@ class Runner:
             idx = C.as_torch(res.idx, b.family, wl.device)
             val = C.as_torch(res.val, b.family, wl.device)
             return C.selection(idx, val, E.topk_idx, E.topk_val, entry)
-        row = self.measure(row, fn, [(inputs(i),) for i in range(self.rotations)], check,
-                           simulated=self.simulated(fam_name))
+        row = self.measure(row, fn, arg_sets, check, simulated=self.simulated(fam_name))
         if chosen:
             row.detail = "; ".join(filter(None, [row.detail, ", ".join(f"{k}={v}" for k, v in chosen.items())]))
         return row
@@ -331,7 +343,6 @@ class Runner:
         fam = get_family(v.family)
         X = to_family(fam, dict(wl.dev), wl.device)
         B = max(1, CHUNK_BYTES // max(1, 4 * p.L))
-        lo_h, hi_h = wl.host["lo"], wl.host["hi"]
 
         def chunk(a, b):
             sl = to_family(fam, {"lo": wl.dev["lo"][a:b].contiguous(), "hi": wl.dev["hi"][a:b].contiguous(),
@@ -356,90 +367,9 @@ class Runner:
         check = lambda out: C.topk_values(out[1], out[0], E, wl.lo_t, wl.hi_t)
         return self.measure(row, fn, [()], check)
 
-    def fp8_rows(self, excluded=lambda name: False) -> list:
-        """The wgmma cores on fp8 e4m3 inputs: each core's fused filter (a stage row, source
-        'indexer_fp8', checked like the bf16 filter) and its score-only floor. The preset's
-        inputs are small integers, exact in e4m3: with key scales of 1 the scores equal the
-        oracle's bit for bit, so the same checks apply."""
-        import cupy as cp
-        from reference.fp8 import exact_fp8_source
-        from ..families.cupy import wgmma, wgmma_ws
-        wl, E = self.wl, self.wl.E
-        fam = get_family("cupy")
-        X = to_family(fam, {k: wl.dev[k].float() for k in ("q", "w", "keys")}, wl.device)
-        src = exact_fp8_source(X["q"], X["w"], X["keys"], cp)
-        lo, hi = (to_family(fam, {"x": wl.dev[k]}, wl.device)["x"] for k in ("lo", "hi"))
-        T = to_family(fam, {"T": E.T.float().to(wl.device)}, wl.device)["T"]
-        ctx = dict(E=E, oracle=wl.oracle, lo=wl.lo_t, hi=wl.hi_t, rows=wl.rec_rows.to(wl.device))
-        check = lambda res: registry.STAGES["filter"].check_fn()(_as_torch_out(res, fam, wl.device), **ctx)
-        want = wl.oracle.key_checksum()
-
-        def check_sum(res):
-            got = int(np.asarray(fam.to_host(res)).reshape(-1)[0])
-            return (True, "checksum matches") if got == want else (False, f"checksum {got} != expected {want}")
-        out = []
-        for core, filt, floor in (("wgmma_ws", wgmma_ws.filter_ws, wgmma_ws.score_only_ws),
-                                  ("wgmma", wgmma.filter_wgmma, wgmma.score_only_wgmma)):
-            if excluded(f"cupy.filter.{core}"):
-                continue
-            row = Row("stage", "filter", f"cupy.filter.{core}", "indexer_fp8")
-            row.flops, row.bytes = wl.work("filter", "indexer")
-            row.bytes -= wl.p.L * wl.p.D * (2 if wl.p.dtype == "bfloat16" else 4) - wl.p.L * (wl.p.D + 4)
-            out.append(self.measure(row, filt, [(src, lo, hi, T, E.capacity)], check))
-            row = Row("baseline", f"score-only-{core}-fp8", f"cupy score_only[{core}_fp8] (checksum)")
-            row.flops, row.bytes = wl.work("score-only", None)
-            out.append(self.measure(row, floor, [(src, lo, hi)], check_sum))
-        return out
-
-    def fp8_pipeline_row(self, fam_name: str) -> Row:
-        """End to end on fp8 e4m3 inputs: the family's Backend.hytopk_indexer with float32 weights,
-        e4m3 q/keys and a float32 scale per key row. The preset's inputs are small integers: as e4m3
-        with power-of-two key scales (reference.dtypes.encode_exact) every score equals the
-        oracle's bit for bit, so the selection is checked against the same answer. On the GPU the
-        inputs are torch.float8_e4m3fn tensors, as a PyTorch user hands them over."""
-        import workbench
-        from reference.dtypes import encode_exact
-        wl, p, E = self.wl, self.wl.p, self.wl.E
-        b = workbench.backend(fam_name)
-        row = Row("pipeline", "hytopk_indexer", f"{fam_name}.hytopk_indexer", "indexer_fp8")
-        row.flops, row.bytes = wl.work("hytopk_indexer", "indexer")
-        q8, w, k8, ks = encode_exact(wl.host["q"], wl.host["w"], wl.host["keys"], "fp8", rng=np.random.default_rng(p.seed))
-        d = dict(q=q8, w=w, keys=k8, kscale=ks, lo=wl.host["lo"], hi=wl.host["hi"])
-        if wl.device != "cpu":
-            d = {k: torch.from_numpy(np.ascontiguousarray(v)).to(wl.device) for k, v in d.items()}
-            d["q"], d["keys"] = d["q"].view(torch.float8_e4m3fn), d["keys"].view(torch.float8_e4m3fn)
-        kw = dict(kscale=d["kscale"], capacity=E.capacity, oversample=p.oversample, max_failed=p.max_failed)
-        fn = lambda x: b.hytopk_indexer(x["q"], x["w"], x["keys"], x["lo"], x["hi"], p.k, **kw)
-
-        def check(res):
-            idx = C.as_torch(res.idx, b.family, wl.device)
-            val = C.as_torch(res.val, b.family, wl.device)
-            return C.selection(idx, val, E.topk_idx, E.topk_val, "hytopk_indexer")
-        return self.measure(row, fn, [(d,)], check, simulated=self.simulated(fam_name))
-
-    def score_only_baseline(self, variant: str = "simt") -> Row | None:
-        """The floor: the same scoring code as a fused filter, nothing written but a checksum."""
-        try:
-            from ..families.cupy import score_only        # the CuPy family's floor kernel
-        except Exception:
-            return None
-        wl = self.wl
-        fam = get_family("cupy")
-        stage = "score-only" if variant == "simt" else f"score-only-{variant}"
-        row = Row("baseline", stage, f"cupy score_only[{variant}] (checksum)")
-        row.flops, row.bytes = wl.work("score-only", None)
-        X = to_family(fam, dict(wl.dev), wl.device)
-        args = (X["q"], X["w"], X["keys"], X["lo"], X["hi"])
-        want = wl.oracle.key_checksum()
-
-        def check(out):
-            got = int(np.asarray(fam.to_host(out)).reshape(-1)[0])
-            return (True, "checksum matches") if got == want else (False, f"checksum {got} != expected {want}")
-        return self.measure(row, lambda *a: score_only(*a, variant=variant), [args], check)
-
 
 def fp8_pipeline_jobs(families, device: str, skipped: list, excluded) -> list:
-    """The end-to-end fp8 rows (Runner.fp8_pipeline_row), one per family with a pipeline row: every
+    """The end-to-end fp8 rows (Runner.pipeline_row on the indexer_fp8 source), one per family with a pipeline row: every
     family but Numba in the simulator (one Numba pipeline row is enough there; tests/test_numba_dtypes.py
     covers its fp8 path) and a family whose record has no fp8 stage set (Family.defaults["fp8"])."""
     jobs = []
@@ -454,17 +384,8 @@ def fp8_pipeline_jobs(families, device: str, skipped: list, excluded) -> list:
             skipped.append({"name": name, "stage": "hytopk_indexer",
                             "reason": f"the {f} family has no fp8 stage set yet"})
         else:
-            jobs.append(("pipeline", "hytopk_indexer", f, "fp8"))
+            jobs.append(("pipeline", "hytopk_indexer", f, "indexer_fp8"))
     return jobs
-
-
-def fp8_usable() -> tuple[bool, str]:
-    try:
-        from ..families.cupy import wgmma
-        wgmma.require_sm90()
-        return True, ""
-    except Exception as e:
-        return False, f"fp8 rows need the wgmma core on a Hopper GPU: {type(e).__name__}: {e}"
 
 
 def torch_indexer_topk(q, w, keys, lo, hi, k, rows_per_chunk):
@@ -520,8 +441,8 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
         say(n_)
     stages = list(stages or registry.STAGES)
     for s in stages:
-        if s not in registry.STAGES:
-            raise ValueError(f"argument 'stage': unknown stage {s!r}; choose from {sorted(registry.STAGES)}")
+        if s not in registry.CARDS:
+            raise ValueError(f"argument 'stage': unknown stage {s!r}; choose from {sorted(registry.CARDS)}")
 
     missing, usable = {}, {}
     for f in families or ():
@@ -545,6 +466,12 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
     runner = Runner(wl, timer, repeats)
 
     jobs, skipped = stage_jobs(stages, wanted, excluded, usable, missing, device, wl.table_ok)
+    # the floors (score-only) are baselines: they run whatever --stage/--variant pick (a --variant
+    # naming a floor variant picks among them), ahead of no stage row and outside the time budget
+    floors = [f for f in registry.FLOORS if f not in stages]
+    floor_wanted = {n: x for n, x in wanted.items() if registry.variant_stage(n) in floors}
+    floor_jobs, floor_skipped = stage_jobs(floors, floor_wanted, excluded, usable, missing, device, wl.table_ok)
+    skipped += floor_skipped
     # under a time budget the families go in their records' order of preference (CuPy, the
     # headline, first), then the rest
     rank = {f: i for i, f in enumerate(registry.preference())}
@@ -561,9 +488,7 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
         if wl.table_ok and not (f == "numba" and device == "cpu"):
             jobs.append(("pipeline", "hytopk", f, None))
     jobs += fp8_pipeline_jobs(pipes, device, skipped, excluded)
-    jobs += [("baseline", b, None, None) for b in ("torch", "dense+topk", "score-only")]
-    if device != "cpu" and usable.get("cupy") and not variant_names and not excluded("fp8"):
-        jobs.append(("baseline", "fp8", None, None))
+    jobs += [("baseline", b, None, None) for b in ("torch", "dense+topk")] + floor_jobs
 
     advance = progress_factory(len(jobs)) if progress_factory else (lambda label: None)
     live = device != "cpu"          # GPU runs are long: a line per row as it lands (logs show progress)
@@ -579,10 +504,10 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
             # pipelines and baselines always run; per-stage rows stop at the time budget
             skipped.append({"name": v.name, "stage": s, "reason": f"time budget ({budget_s:.0f} s) used up"})
             continue
-        if kind == "stage":
+        if kind in ("stage", "floor"):
             rows.append(runner.stage_row(s, v, src))
-        elif kind == "pipeline" and src == "fp8":
-            rows.append(runner.fp8_pipeline_row(v))
+        elif kind == "pipeline" and src in registry.SOURCES:
+            rows.append(runner.pipeline_row(v, s, source=src))
         elif kind == "pipeline" and src in ("fastest", "fastest, one pass"):
             chosen = fastest_of_family(rows, v)
             if chosen:
@@ -604,23 +529,6 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
                 rows.append(runner.dense_topk_baseline(min(dense, key=lambda r: r.time_ms)))
             else:
                 notes.append("baseline dense+topk: no correct dense variant here")
-        elif s == "score-only":
-            for variant in ("simt", "mma_sync", "wgmma", "wgmma_ws", "wgmma_ws2"):
-                if excluded(f"score_only[{variant}]"):
-                    skipped.append({"name": f"cupy score_only[{variant}]", "stage": "score-only",
-                                    "reason": "excluded (--exclude)"})
-                    continue
-                r = runner.score_only_baseline(variant) if usable.get("cupy") else None
-                if r is None:
-                    notes.append("baseline score-only: needs workbench.families.cupy.score_only (CuPy on a GPU)")
-                    break
-                rows.append(r)
-        elif s == "fp8":
-            ok, why = fp8_usable()
-            if ok:
-                rows += runner.fp8_rows(excluded)
-            else:
-                skipped.append({"name": "cupy.filter.wgmma[indexer_fp8]", "stage": "filter", "reason": why})
         if rows and live:
             r = rows[-1]
             t = f"{r.time_ms:.4g} ms" if r.time_ms else "-"
@@ -649,12 +557,14 @@ def run_compare(preset: str | None = None, stages=None, variant_names=None, repe
 
 
 def stage_jobs(stages, wanted: dict, excluded, usable: dict, missing: dict, device: str, table_ok: bool):
-    """(jobs, skipped): a ("stage", stage, variant, source) job per row to run, one per source the
-    stage's card lists and the variant takes; a {"name", "stage", "reason"} per row that cannot run
-    here (excluded, family unavailable, gpu_only in the simulator, a table too large)."""
+    """(jobs, skipped): a (kind, stage, variant, source) job per row to run, one per source the
+    stage's card lists and the variant takes (kind: the card's role, "stage" or "floor"); a
+    {"name", "stage", "reason"} per row that cannot run here (excluded by its name or its row's
+    label, family unavailable, gpu_only in the simulator, a table too large, a source kind that
+    cannot run here)."""
     jobs, skipped = [], []
     for s in stages:
-        card = registry.STAGES[s]
+        card = registry.CARDS[s]
         for v in registry.variants(s, load=False):
             if wanted and v.name not in wanted:
                 continue
@@ -667,10 +577,17 @@ def stage_jobs(stages, wanted: dict, excluded, usable: dict, missing: dict, devi
             for src in ([x for x in v.sources if x in card.sources] if card.sources else [None]):
                 if wanted.get(v.name) and src not in wanted[v.name]:
                     continue                     # --variant name[source]: that row only
-                if src == "table" and not table_ok:
-                    skipped.append({"name": v.name, "stage": s, "reason": "table source: [n, L] table too large"})
+                kind = registry.SOURCES.get(src)
+                ok_src = kind.usable_by(v) if kind is not None else (True, "")
+                _, _, row_name, row_src = card.row_of(v, src)
+                label = f"{row_name}[{row_src}]" if row_src else row_name
+                why = ("excluded (--exclude)" if excluded(label)
+                       else "table source: [n, L] table too large" if kind is not None and kind.needs_table and not table_ok
+                       else ok_src[1] if not ok_src[0] else None)
+                if why:
+                    skipped.append({"name": label, "stage": s, "reason": why})
                     continue
-                jobs.append(("stage", s, v, src))
+                jobs.append((card.role, s, v, src))
     return jobs, skipped
 
 

@@ -88,7 +88,9 @@ class _Oracle:
 
     def key_checksum(self, row_chunk=64) -> int:
         """Sum of the order keys of every in-context score, modulo 2**64 (the
-        score-only floor's checksum)."""
+        score-only floor's checksum; computed once per oracle: every floor row checks against it)."""
+        if getattr(self, "_key_checksum", None) is not None:
+            return self._key_checksum
         total = 0
         for a in range(0, self.n, row_chunk):
             b = min(self.n, a + row_chunk)
@@ -98,7 +100,8 @@ class _Oracle:
             hi = torch.as_tensor(self.hi_h[a:b], device=S.device)[:, None]
             key = torch.where((pos >= lo) & (pos < hi), order_keys_t(S), torch.zeros(1, dtype=torch.int64, device=S.device))
             total += sum(key.sum(1).tolist())          # per-row sums < 2**52: exact in int64
-        return total % (1 << 64)
+        self._key_checksum = total % (1 << 64)
+        return self._key_checksum
 
 
 class ReferenceOracle(_Oracle):

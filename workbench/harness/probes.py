@@ -202,7 +202,11 @@ def _indexer_probe(stage):
 
 
 def probes(stage: str, source: str | None = None) -> list[Probe]:
-    """The probes of one stage (for a source stage: of one score source, default both)."""
+    """The probes of one stage (for a source stage: of one score source, default both). A source
+    that re-encodes the indexer inputs (fp8) and the score-only floor (a checksum, no selection)
+    have none: their rows are checked on the workload only."""
+    if stage == "score_only" or source not in (None, "table", "indexer"):
+        return []
     if stage in ("threshold", "filter", "recover"):
         return [_source_probes(stage, s) for s in (("table", "indexer") if source is None else (source,))]
     if stage == "check":

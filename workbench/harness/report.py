@@ -8,8 +8,9 @@ import tempfile
 from pathlib import Path
 
 BASE_COLS = (("torch", "×torch"), ("dense+topk", "×dense+topk"), ("score-only", "×floor"), ("flop-bound", "×bound"))
-# the floor column: the score-only run of the default bf16 core present (wgmma_ws on Hopper, else mma_sync)
-FLOORS = ("score-only-wgmma_ws", "score-only-mma_sync", "score-only")
+# the floor column: the score-only run of the default bf16 core present (wgmma_ws on Hopper, else mma_sync;
+# on a CPU the reference family's floor)
+FLOORS = ("score-only-wgmma_ws", "score-only-mma_sync", "score-only", "score-only-reference")
 
 
 def _fmt(x, spec="{:.3g}"):

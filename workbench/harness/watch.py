@@ -67,7 +67,10 @@ def default_dirs(kernels_dir=None, numba_dir=None) -> list[Path]:
 
 
 def stage_of_source(path: Path) -> list[str]:
-    """filter_mma.cu -> ['filter']; a header (.cuh) or an unknown name -> every stage."""
+    """filter_mma.cu -> ['filter'], score_only.cu -> ['score_only'] (a floor's card); a header
+    (.cuh) or an unknown name -> every stage."""
+    if path.suffix == ".cu" and path.stem in registry.FLOORS:
+        return [path.stem]
     if path.suffix == ".cu":
         head = path.stem.split("_")[0]
         if head in registry.STAGES:

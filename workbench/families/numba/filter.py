@@ -13,12 +13,11 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, int64
+from numba import cuda
 
 from ...registry import register
 from . import common as C
 from . import tile as TL
-from .tile import KEY_SMEM, Q_SMEM
 from .common import BLOCK
 
 ITEMS = 4                      # positions per thread per round
@@ -26,8 +25,11 @@ MAX_GRID_Y = 65535
 
 
 @cuda.jit(device=True)
-def block_span(lo, hi, t, span):
-    """[start, stop) of query t's context that this block covers (start >= stop: none)."""
+def block_span(lo, hi, t, span, n):
+    """[start, stop) of query t's context that this block covers (start >= stop: none, also for
+    a block past the n queries)."""
+    if t >= n:
+        return np.int64(0), np.int64(0)
     start = np.int64(lo[t]) + np.int64(cuda.blockIdx.y) * span
     return start, min(np.int64(hi[t]), start + span)
 
@@ -65,9 +67,7 @@ def filter_kernel(kind: str, flavour: str):
         hit = cuda.local.array(ITEMS, np.int32)
         pos = cuda.local.array(ITEMS, np.int64)
         val = cuda.local.array(ITEMS, np.float32)
-        if t >= count.shape[0]:
-            return
-        start, stop = block_span(lo, hi, t, span)
+        start, stop = block_span(lo, hi, t, span, count.shape[0])
         if start >= stop:
             return
         tkey = C.order_key(T[t])
@@ -88,37 +88,32 @@ def filter_kernel(kind: str, flavour: str):
 
 
 @lru_cache(maxsize=None)
-def filter_tiled_kernel(flavour: str, hg: int):
+def filter_tiled_kernel(flavour: str, hg: int, cfg: TL.Tile):
     """The fused score-and-filter kernel for indexer sources: a round scores one tile of TK keys."""
     append = appender(flavour)
-    score = TL.score_tile(hg)
-    TK, ITEMS_T = TL.TK, TL.ITEMS
+    score, scratch = TL.score_tile(hg, cfg), TL.scratch(cfg)
+    TK, ITEMS_T, NT = cfg.tk, cfg.items, cfg.block
 
-    @cuda.jit
+    @cuda.jit(**cfg.jit)                # launch bounds: the shape's registers per thread
     def kernel(q2, w, keys, scaled, lo, hi, T, span, cand_idx, cand_val, count):
-        key_s = cuda.shared.array(KEY_SMEM, float32)
-        q_s = cuda.shared.array(Q_SMEM, float32)
-        acc_s = cuda.shared.array(TK, float32)
-        pos_s = cuda.shared.array(TK, int64)
+        key_s, q_s, acc_s, pos_s = scratch()
         local = cuda.shared.array(2, np.int32)
         hit = cuda.local.array(ITEMS_T, np.int32)
         pos = cuda.local.array(ITEMS_T, np.int64)
         val = cuda.local.array(ITEMS_T, np.float32)
         t = cuda.blockIdx.x
         tid = cuda.threadIdx.x
-        if t >= count.shape[0]:
-            return
-        start, stop = block_span(lo, hi, t, span)
+        start, stop = block_span(lo, hi, t, span, count.shape[0])
         if start >= stop:
             return
         tkey = C.order_key(T[t])
         for base in range(start, stop, TK):
-            for j in range(tid, TK, BLOCK):
+            for j in range(tid, TK, NT):
                 pos_s[j] = base + j if base + j < stop else -1
             score(q2, w, keys, scaled, t, pos_s, key_s, q_s, acc_s)
             mine = 0
             for it in range(ITEMS_T):
-                j = it * BLOCK + tid
+                j = it * NT + tid
                 hit[it] = 0
                 if j < TK and pos_s[j] >= 0 and C.order_key(acc_s[j]) >= tkey:
                     hit[it] = 1
@@ -143,14 +138,15 @@ def run_filter(flavour, source, lo, hi, T, capacity):
     c_max = int((hi_h.astype(np.int64) - lo_h).max())
     if c_max <= 0:
         return cand_idx, cand_val, count
-    span = BLOCK * ITEMS if kind == "table" else TL.TK
+    cfg = TL.current()
+    span = BLOCK * ITEMS if kind == "table" else cfg.tk
     while C.blocks(c_max, span) > MAX_GRID_Y:
         span *= 2
     grid = (n, C.blocks(c_max, span))
     if kind == "table":
         filter_kernel(kind, flavour)[grid, BLOCK, s](a, b, c, lo, hi, T, np.int64(span), cand_idx, cand_val, count)
     else:
-        filter_tiled_kernel(flavour, TL.heads_per_warp(b.shape[1]))[grid, BLOCK, s](
+        filter_tiled_kernel(flavour, cfg.heads_per_warp(b.shape[1]), cfg)[grid, cfg.block, s](
             a, b, c, np.int64(kind == "indexer_fp8"), lo, hi, T, np.int64(span), cand_idx, cand_val, count)
     return cand_idx, cand_val, count
 

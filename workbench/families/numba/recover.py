@@ -10,12 +10,11 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, int64
+from numba import cuda
 
 from ...registry import register
 from . import common as C
 from . import tile as TL
-from .tile import KEY_SMEM, Q_SMEM
 from .common import BLOCK
 from .select import select_rows
 
@@ -45,17 +44,14 @@ def materialise_kernel(kind):
 
 
 @lru_cache(maxsize=None)
-def materialise_tiled_kernel(hg: int):
+def materialise_tiled_kernel(hg: int, cfg: TL.Tile):
     """Indexer rows: block (listed row, tiles of its context) through the tiled scorer."""
-    score = TL.score_tile(hg)
-    TK = TL.TK
+    score, scratch = TL.score_tile(hg, cfg), TL.scratch(cfg)
+    TK, NT = cfg.tk, cfg.block
 
-    @cuda.jit
+    @cuda.jit(**cfg.jit)                # launch bounds: the shape's registers per thread
     def kernel(q2, w, keys, scaled, lo, hi, rows, vals, pos, count):
-        key_s = cuda.shared.array(KEY_SMEM, float32)
-        q_s = cuda.shared.array(Q_SMEM, float32)
-        acc_s = cuda.shared.array(TK, float32)
-        pos_s = cuda.shared.array(TK, int64)
+        key_s, q_s, acc_s, pos_s = scratch()
         j = cuda.blockIdx.x
         if j >= rows.shape[0]:
             return
@@ -65,10 +61,10 @@ def materialise_tiled_kernel(hg: int):
         if cuda.blockIdx.y == 0 and cuda.threadIdx.x == 0:
             count[j] = lim
         for i0 in range(np.int64(cuda.blockIdx.y) * TK, lim, np.int64(cuda.gridDim.y) * TK):
-            for e in range(cuda.threadIdx.x, TK, BLOCK):
+            for e in range(cuda.threadIdx.x, TK, NT):
                 pos_s[e] = lo_t + i0 + e if i0 + e < lim else -1
             score(q2, w, keys, scaled, t, pos_s, key_s, q_s, acc_s)
-            for e in range(cuda.threadIdx.x, TK, BLOCK):
+            for e in range(cuda.threadIdx.x, TK, NT):
                 if i0 + e < lim:
                     vals[j, i0 + e] = acc_s[e]
                     pos[j, i0 + e] = lo_t + i0 + e
@@ -92,8 +88,9 @@ def run_recover(flavour, source, lo, hi, rows, k):
         grid_y = min(C.blocks(width, BLOCK), 1024)
         materialise_kernel(kind)[(nr, grid_y), BLOCK, s](a, b, c, lo, hi, rows, vals, pos, count)
     else:
-        grid_y = min(C.blocks(width, TL.TK), 1024)
-        materialise_tiled_kernel(TL.heads_per_warp(b.shape[1]))[(nr, grid_y), BLOCK, s](
+        cfg = TL.current()
+        grid_y = min(C.blocks(width, cfg.tk), 1024)
+        materialise_tiled_kernel(cfg.heads_per_warp(b.shape[1]), cfg)[(nr, grid_y), cfg.block, s](
             a, b, c, np.int64(kind == "indexer_fp8"), lo, hi, rows, vals, pos, count)
     return select_rows(flavour, vals, pos, count, k, s)
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, int32, int64
+from numba import cuda, int32
 
 from . import common as C
-from .tile import BLOCK, KEY_SMEM, Q_SMEM, TK, heads_per_warp, score_tile, tile_has_key
+from . import tile as TL
 
 
 @cuda.jit(device=True)
@@ -34,29 +34,27 @@ POSITIONS = {"dense": dense_position, "replay": replay_position}
 
 
 @lru_cache(maxsize=None)
-def score_rows_kernel(position: str, hg: int):
+def score_rows_kernel(position: str, hg: int, cfg: TL.Tile):
     """out[t, j] = I(t, s) for s = position(t, j), -inf where there is no key; grid (query,
     column tiles), each block loops over its tiles."""
     where = POSITIONS[position]
-    score = score_tile(hg)
+    score, scratch, tile_has_key = TL.score_tile(hg, cfg), TL.scratch(cfg), TL.has_key(cfg)
+    TK, NT = cfg.tk, cfg.block
 
-    @cuda.jit
+    @cuda.jit(**cfg.jit)                # launch bounds: the shape's registers per thread
     def kernel(q2, w, keys, a, b, out, scaled):
-        key_s = cuda.shared.array(KEY_SMEM, float32)
-        q_s = cuda.shared.array(Q_SMEM, float32)
-        acc_s = cuda.shared.array(TK, float32)
-        pos_s = cuda.shared.array(TK, int64)
+        key_s, q_s, acc_s, pos_s = scratch()
         flag = cuda.shared.array(1, int32)
         t = cuda.blockIdx.x
         if t >= out.shape[0]:
             return
         width = out.shape[1]
         for c0 in range(cuda.blockIdx.y * TK, width, cuda.gridDim.y * TK):
-            for j in range(cuda.threadIdx.x, TK, BLOCK):
+            for j in range(cuda.threadIdx.x, TK, NT):
                 pos_s[j] = where(a, b, keys, t, c0 + j) if c0 + j < width else -1
             if tile_has_key(pos_s, flag):
                 score(q2, w, keys, scaled, t, pos_s, key_s, q_s, acc_s)
-            for j in range(cuda.threadIdx.x, TK, BLOCK):
+            for j in range(cuda.threadIdx.x, TK, NT):
                 if c0 + j < width:
                     out[t, c0 + j] = acc_s[j] if pos_s[j] >= 0 else C.NEG_INF
             cuda.syncthreads()          # pos_s / acc_s are rewritten by the next tile
@@ -75,7 +73,8 @@ def score_rows(position, q, w, keys, a, b, width, kscale=None):
     if not (n and width):
         return out
     kk, scaled = (keys, 0) if kscale is None else (C.pack_scaled_keys(keys, kscale, s), 1)
-    grid_y = min(C.blocks(width, TK), MAX_GRID_Y)
-    score_rows_kernel(position, heads_per_warp(H))[(n, grid_y), BLOCK, s](
+    cfg = TL.current()
+    grid_y = min(C.blocks(width, cfg.tk), MAX_GRID_Y)
+    score_rows_kernel(position, cfg.heads_per_warp(H), cfg)[(n, grid_y), cfg.block, s](
         q.reshape(n, H * D), w, kk, a, b, out, np.int64(scaled))
     return out

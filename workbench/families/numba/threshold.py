@@ -12,12 +12,11 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-from numba import cuda, float32, int64
+from numba import cuda
 
 from ...registry import register
 from . import common as C
 from . import tile as TL
-from .tile import KEY_SMEM, Q_SMEM
 from .common import BLOCK, RADIX
 
 
@@ -38,17 +37,14 @@ def sample_kernel(kind):
 
 
 @lru_cache(maxsize=None)
-def sample_tiled_kernel(hg: int):
+def sample_tiled_kernel(hg: int, cfg: TL.Tile):
     """Indexer sample scores: block (query, tile of TK samples) through the tiled scorer."""
-    score = TL.score_tile(hg)
-    TK = TL.TK
+    score, scratch = TL.score_tile(hg, cfg), TL.scratch(cfg)
+    TK, NT = cfg.tk, cfg.block
 
-    @cuda.jit
+    @cuda.jit(**cfg.jit)                # launch bounds: the shape's registers per thread
     def kernel(q2, w, keys, scaled, lo, hi, M, out):
-        key_s = cuda.shared.array(KEY_SMEM, float32)
-        q_s = cuda.shared.array(Q_SMEM, float32)
-        acc_s = cuda.shared.array(TK, float32)
-        pos_s = cuda.shared.array(TK, int64)
+        key_s, q_s, acc_s, pos_s = scratch()
         t = cuda.blockIdx.x
         j0 = np.int64(cuda.blockIdx.y) * TK
         if t >= out.shape[0]:
@@ -58,10 +54,10 @@ def sample_tiled_kernel(hg: int):
             return
         lo_t = np.int64(lo[t])
         cnt = np.int64(hi[t]) - lo_t
-        for j in range(cuda.threadIdx.x, TK, BLOCK):
+        for j in range(cuda.threadIdx.x, TK, NT):
             pos_s[j] = lo_t + ((j0 + j) * cnt) // np.int64(M[t]) if j0 + j < m else -1
         score(q2, w, keys, scaled, t, pos_s, key_s, q_s, acc_s)
-        for j in range(cuda.threadIdx.x, TK, BLOCK):
+        for j in range(cuda.threadIdx.x, TK, NT):
             if j0 + j < m:
                 out[t, j0 + j] = acc_s[j]
     return kernel
@@ -102,7 +98,8 @@ def run_threshold(flavour, source, lo, hi, M, r):
     if m_max and kind == "table":
         sample_kernel(kind)[(n, C.blocks(m_max, BLOCK)), BLOCK, s](a, b, c, lo, hi, M, samples)
     elif m_max:
-        sample_tiled_kernel(TL.heads_per_warp(b.shape[1]))[(n, C.blocks(m_max, TL.TK)), BLOCK, s](
+        cfg = TL.current()
+        sample_tiled_kernel(cfg.heads_per_warp(b.shape[1]), cfg)[(n, C.blocks(m_max, cfg.tk)), cfg.block, s](
             a, b, c, np.int64(kind == "indexer_fp8"), lo, hi, M, samples)
     threshold_kernel(flavour)[n, BLOCK, s](samples, M, r, T)
     return T
