@@ -22,7 +22,8 @@ def _candidates(rng, n, capacity, kind):
     """(cand_idx, cand_val, count): distinct positions per row, stored in random order, the
     slots past the count poisoned (a kernel that reads them gets a different answer)."""
     count = rng.integers(0, capacity + 1, n).astype(np.int32)
-    count[:4] = [0, 1, capacity, min(capacity, 3)]
+    edge = [0, 1, capacity, min(capacity, 3)][:n]                              # empty, one, full rows
+    count[:len(edge)] = edge
     ci = np.full((n, capacity), 7, np.int32)
     cv = np.full((n, capacity), np.float32(3e38), np.float32)                  # poison: would win
     for t in range(n):
