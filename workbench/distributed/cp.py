@@ -291,16 +291,20 @@ class ContextParallelHyTopK:
         st = call.stages
         count_dev = self._dev(count)
         failed, rows = st.check(count_dev, self.lo_dev, self.hi_dev, self.k, self.capacity)
-        failed = self.family.to_host(failed).astype(bool)
-        rows_h = self.family.to_host(rows).astype(np.int64)
-        total = self.comm.all_sum(rows_h.size)
+        # the select runs on a lane while the host waits for the check and every rank's failure
+        # count (a fallback discards it: every query then takes the exact ring)
+        with self.family.lanes(1) as (lane,):
+            with lane:
+                sel = st.select(self._dev(cand_idx), self._dev(cand_val), count_dev, self.k)
+            failed = self.family.to_host(failed).astype(bool)
+            rows_h = self.family.to_host(rows).astype(np.int64)
+            total = self.comm.all_sum(rows_h.size)
         fell_back = total > self.max_failed
         dev = self.comm.device
         if fell_back:
             idx, val = self.exact_ring(call, np.arange(len(self.rows)), max(1, self.max_failed))
         else:
-            idx, val = st.select(self._dev(cand_idx), self._dev(cand_val), count_dev, self.k)
-            idx, val = as_torch(idx, dev), as_torch(val, dev)
+            idx, val = as_torch(sel[0], dev), as_torch(sel[1], dev)
             if total:                       # every rank joins the ring, failed rows or not
                 ridx, rval = self.exact_ring(call, np.sort(rows_h), max(1, rows_h.size))
                 sel = torch.as_tensor(np.sort(rows_h), device=dev)
