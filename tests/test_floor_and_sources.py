@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 import reference as R
 from workbench import registry
@@ -51,6 +52,7 @@ def test_floor_check_rejects_a_wrong_checksum(tiny):
     oracle = ReferenceOracle(q, w, keys, lo, hi)
     good = R.stage_score_only(R.IndexerSource(q, w, keys), lo, hi)
     assert C.score_only(good, oracle=oracle)[0]
+    assert C.score_only(torch.from_numpy(good.view(np.int64)), oracle=oracle)[0]    # the CuPy floors' int64 view
     hi_short = hi.copy()
     hi_short[np.argmax(hi - lo)] -= 1                         # one score left out: off by one at hi
     ok, why = C.score_only(R.stage_score_only(R.IndexerSource(q, w, keys), lo, hi_short), oracle=oracle)

@@ -378,11 +378,3 @@ def has_key(cfg: Tile):
         cuda.syncthreads()
         return any_key
     return tile_has_key
-
-
-def heads_per_warp(H: int) -> int:
-    return current().heads_per_warp(H)
-
-
-def smem_bytes() -> int:
-    return current().smem_bytes()
