@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 import reference as R
 from workbench import registry
@@ -51,6 +52,7 @@ def test_floor_check_rejects_a_wrong_checksum(tiny):
     oracle = ReferenceOracle(q, w, keys, lo, hi)
     good = R.stage_score_only(R.IndexerSource(q, w, keys), lo, hi)
     assert C.score_only(good, oracle=oracle)[0]
+    assert C.score_only(torch.from_numpy(good.view(np.int64)), oracle=oracle)[0]    # the CuPy floors' int64 view
     hi_short = hi.copy()
     hi_short[np.argmax(hi - lo)] -= 1                         # one score left out: off by one at hi
     ok, why = C.score_only(R.stage_score_only(R.IndexerSource(q, w, keys), lo, hi_short), oracle=oracle)
@@ -126,3 +128,15 @@ def test_compare_cli_has_floor_and_fp8_rows(tmp_path):
     floor = by[("baseline", "score-only-reference", "reference score_only (checksum)", None)]
     assert floor["correct"] and floor["detail"] == "checksum matches"
     assert "reference score_only (checksum)" in p.stdout and "reference.filter[indexer_fp8]" in p.stdout
+
+
+def test_watch_maps_the_floor_kernel_to_its_card_and_runs_its_row():
+    """score_only.cu is the floor's kernel: watch re-checks the floor variants (on the indexer
+    source, the card's), not every stage."""
+    from pathlib import Path
+    from workbench.harness import watch as W
+    assert W.stage_of_source(Path("score_only.cu")) == ["score_only"]
+    assert registry.load_family("reference")
+    loop = W.WatchLoop(preset="tiny", say=lambda m: None)
+    outs = loop.check_and_time(Path("score_only.cu"), [registry.get("reference.score_only")], 0.0)
+    assert [(o.variant, o.correct) for o in outs] == [("reference.score_only", True)]

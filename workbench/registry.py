@@ -167,8 +167,8 @@ SOURCE_STAGES = tuple(name for name, card in STAGES.items() if card.sources)   #
 # Floors: stages outside the pipeline whose rows are the baselines the stage rows are rated
 # against. Compare runs them like any stage (their card's arguments, check and work model).
 FLOORS: dict[str, StageCard] = {c.name: c for c in (
-    StageCard("score_only", "(source, lo, hi) -> checksum uint64[1]: the wrapping sum of the order keys of "
-              "every in-context score (the scoring of a fused filter, nothing selected)",
+    StageCard("score_only", "(source, lo, hi) -> checksum uint64[1] (or its int64 view): the wrapping sum of "
+              "the order keys of every in-context score (the scoring of a fused filter, nothing selected)",
               ("source", "lo", "hi"), "reference:stage_score_only", f"{_CHECKS}:score_only",
               lambda w, source: (w.hd2 * w.sum_c, w.keys_bytes), sources=("indexer", "indexer_fp8"),
               role="floor", row=_floor_row),

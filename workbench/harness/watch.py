@@ -157,7 +157,7 @@ class WatchLoop:
             if not ok or (v.gpu_only and runner.wl.device == "cpu"):
                 self.say(escape(f"  {v.name}: skipped ({why or 'gpu_only: needs a real GPU'})"))
                 continue
-            if v.stage in registry.SOURCE_STAGES:       # the real use (indexer) when the variant takes it
+            if registry.CARDS[v.stage].sources:         # the real use (indexer) when the variant takes it
                 srcs = ["indexer"] if "indexer" in v.sources else list(v.sources[:1])
             else:
                 srcs = [None]

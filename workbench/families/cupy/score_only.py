@@ -44,8 +44,9 @@ def score_only(q, w, keys, lo, hi, variant="simt"):
 # The wgmma cores take fp8 e4m3 inputs too (their floor beside the fused fp8 filter).
 def _floor(core: str, sources=("indexer",)):
     def fn(source, lo, hi):
-        return score_only(source.q, source.w, source.keys, lo, hi, variant=core) if core in ("simt", "mma_sync") \
+        out = score_only(source.q, source.w, source.keys, lo, hi, variant=core) if core in ("simt", "mma_sync") \
             else _wgmma_floor(core, source, lo, hi)
+        return out.view(cp.int64)         # the same bits; torch takes int64 through DLPack everywhere
     fn.__name__ = f"score_only_{core}"
     fn.__doc__ = f"the score-only floor of the {core} core: its scoring over every context, a checksum out"
     register("score_only", f"cupy.score_only.{core}", sources=sources, gpu_only=True)(fn)

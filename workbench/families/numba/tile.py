@@ -49,7 +49,8 @@ class Tile:
     kpt: int = 8                   # keys per lane: TK = 32 * kpt keys per tile
     dt: int = 32                   # key dims staged per step
     hg: int = 8                    # heads per warp and round at most (HG x KPT dots per thread)
-    hsum: str = "smem"             # head sum: "warps" (warp after warp) or "smem" (a thread per key)
+    hsum: str = "warps"            # head sum: "warps" (warp after warp) or "smem" (a thread per key);
+    #                                "warps" at occupancy 2 was the sweep's fastest (H200, 2026-11-30 run 3)
     block: int = BLOCK             # threads per block
     batch: int = 8                 # staged key values a thread loads before it stores them (registers)
     occupancy: int = 2             # blocks per SM the kernels are compiled for (launch bounds: registers
@@ -174,8 +175,8 @@ _ACTIVE = [DEFAULT]
 # without spills in 48 KiB of static shared memory: tests/test_numba_ptx.py; registers noted at H = 64)
 SWEEP = tuple(Tile(kpt=k, dt=d, hg=h, hsum=s, block=b, batch=n, occupancy=o) for k, d, h, s, b, n, o in (
     (8, 32, 8, "warps", 256, 8, 0),    # run 4's shape (0.75x CuPy SIMT then), unsigned indices: 125 regs
-    (8, 32, 8, "smem", 256, 8, 2),     # the default: 128 regs, 2 blocks (16 warps) per SM
-    (8, 32, 8, "warps", 256, 8, 2),
+    (8, 32, 8, "smem", 256, 8, 2),     # 128 regs, 2 blocks (16 warps) per SM
+    (8, 32, 8, "warps", 256, 8, 2),    # the default: run 3's fastest, 26.2 TFLOP/s at dsv32-32k
     (8, 32, 8, "smem", 256, 8, 0),     # ptxas's choice: 118 regs
     (8, 32, 8, "smem", 256, 32, 2),    # every staged load in flight
     (8, 16, 8, "smem", 256, 8, 2),
@@ -378,11 +379,3 @@ def has_key(cfg: Tile):
         cuda.syncthreads()
         return any_key
     return tile_has_key
-
-
-def heads_per_warp(H: int) -> int:
-    return current().heads_per_warp(H)
-
-
-def smem_bytes() -> int:
-    return current().smem_bytes()
