@@ -35,12 +35,19 @@ A=tests/test_attention_gpu.py
 ATTEND=("$A::test_random_inputs_match_reference[empty-1-mla16]" "$A::test_random_inputs_match_reference[shared-2-mla16]"
         "$A::test_random_inputs_match_reference[dups-2-gqa_pad]" "$A::test_backward_matches_reference[dups-True-mla8]"
         "$A::test_backward_matches_reference[empty-False-gqa_pad]")
-# the table top-k kernels (issue 21): radix top-k (collect and >cap-ties paths, unaligned bases), streaming filter, plan
+# the table top-k kernels (issue 21): radix top-k (collect and >cap-ties paths, unaligned bases), streaming
+# filters (v1, v2: pieces, every threshold kind, the stage's spill), plans (v1, v2), fused v2, select_smem
 TT=tests/test_table_topk_gpu.py
 TABLEJOB=("$TT::test_more_ties_at_the_kth_key_than_fit_in_shared_memory" "$TT::test_unaligned_table_base_and_edges"
           "$TT::test_filter_stage_matches_reference_including_overflow" "$TT::test_recover_stage_on_a_subset_of_rows"
-          "$TT::test_table_hytopk_plan_matches_reference[float32-alias_between_samples-edge]"
-          "$TT::test_table_hytopk_plan_matches_reference[bfloat16-relu_plateau-causal_tail]")
+          "$TT::test_table_hytopk_plan_matches_reference[v1-float32-alias_between_samples-edge]"
+          "$TT::test_table_hytopk_plan_matches_reference[v1-bfloat16-relu_plateau-causal_tail]"
+          "$TT::test_table_hytopk_plan_matches_reference[v2-float32-alias_between_samples-edge]"
+          "$TT::test_table_hytopk_plan_matches_reference[v2-bfloat16-relu_plateau-causal_tail]"
+          "$TT::test_filter_stage_long_rows_pieces_and_every_threshold_kind[v2-float32]"
+          "$TT::test_fused_hytopk_counts_are_the_contracts[float32-relu_plateau-v2]"
+          "$TT::test_fused_hytopk_counts_are_the_contracts[bfloat16-specials-v2]"
+          "$TT::test_select_smem_matches_reference_in_and_past_shared_memory")
 
 status=0
 job() {   # job TOOL NAME PYTEST-ARGS...

@@ -50,7 +50,8 @@ def _device_limits(dev: int):
     return int(attrs["MultiProcessorCount"]), int(attrs["MaxSharedMemoryPerBlockOptin"])
 
 
-def _limits():
+def device_limits():
+    """(SM count, opt-in shared memory per block) of the current device."""
     return _device_limits(cp.cuda.Device().id)
 
 
@@ -72,7 +73,7 @@ def topk_cap(k: int, limit_bytes: int) -> int:
 def check_topk_k(k) -> tuple[int, int]:
     """(k, cap) for this device, or a ValueError naming 'k' when its sort buffers do not fit."""
     k = V.check_k(k)
-    _, limit = _limits()
+    _, limit = device_limits()
     cap = topk_cap(k, limit)
     if cap < 1:
         raise ValueError(f"argument 'k' = {k}: the table top-k needs {4 * topk_smem_words(k, 1)} bytes of "
@@ -125,7 +126,7 @@ def launch_filter(s, cxx, lo, hi, T, capacity, cand_idx, cand_val, count):
     P = _per_vec(cxx)
     tile = BLOCK * FILTER_U
     tiles_per_row = -(-(L // P + 2) // tile)
-    sms, _ = _limits()
+    sms, _ = device_limits()
     grid = min(n * tiles_per_row, sms * FILTER_BLOCKS_PER_SM)
     launch(kernel("table_topk.cu", f"hytopk_table_filter<{cxx}>"), (grid,),
            (s, np.int64(L), np.int32(n), lo, hi, T, np.int32(capacity), np.int64(tiles_per_row),

@@ -128,9 +128,9 @@ def launch_fused(s, cxx, lo, hi, k, cap, oversample, count, flagged, nflagged, i
 def launch_listed_topk(s, cxx, lo, hi, k, topk_cap, rows, nrows, idx, val):
     """table_topk.cu's radix top-k of the rows in rows[0 .. *nrows) (device-side count), each to
     its own output row, on a grid of two blocks per SM striding over the list."""
-    from .table import TOPK_BLOCK, _limits, topk_smem_words
+    from .table import TOPK_BLOCK, device_limits, topk_smem_words
     n, L = s.shape
-    sms, _ = _limits()
+    sms, _ = device_limits()
     launch(kernel("table_topk.cu", f"hytopk_table_topk_listed<{cxx}>"), (max(1, min(n, 2 * sms)),),
            (s, np.int64(L), np.int32(n), rows, nrows, lo, hi, np.int32(k), np.int32(topk_cap),
             np.int32(int(s.data.ptr % 16 == 0)), idx, val), 4 * topk_smem_words(k, topk_cap), threads=TOPK_BLOCK)

@@ -16,7 +16,7 @@ replay) writes the tile's key positions into shared memory (``pos_s``, -1 = no k
   block's threads all work; MC key slots per lane at a time, as the buffer holds them).
 
 The shape is a ``Tile`` (keys per lane, staged dims, heads per warp, head sum, threads per
-block): the default is ``DEFAULT`` (``HYTOPK_NUMBA_TILE="kpt=8,dt=32,hg=8,hsum=smem,block=256"``
+block): the default is ``DEFAULT`` (``HYTOPK_NUMBA_TILE="kpt=8,dt=32,hg=8,hsum=warps,block=256"``
 overrides it, ``HYTOPK_NUMBA_KPT`` only the keys per lane); ``use(tile)`` switches it for a
 block of code (scripts/bench_numba_scorer.py --sweep times every shape of ``SWEEP``).
 
