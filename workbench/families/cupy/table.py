@@ -171,9 +171,12 @@ def _is_table(source) -> bool:
 
 
 @register("filter", "cupy.filter.auto", gpu_only=True,
-          notes="table sources: cupy.filter.table_stream; indexer sources: cupy.filter.simt")
+          notes="table sources: cupy.filter.table_v2; indexer sources: cupy.filter.simt")
 def filter_auto(source, lo, hi, T, capacity):
-    return (filter_table_stream if _is_table(source) else _filter.filter_simt)(source, lo, hi, T, capacity)
+    if _is_table(source):                   # run 3: 3.1-4.1 TB/s against 0.9-1.2 for table_stream
+        from .table_v2 import filter_table_v2
+        return filter_table_v2(source, lo, hi, T, capacity)
+    return _filter.filter_simt(source, lo, hi, T, capacity)
 
 
 @register("recover", "cupy.recover.auto", gpu_only=True,
@@ -192,7 +195,8 @@ def _check_lo_hi(lo, hi, n, L, host_check):
 
 METHODS = ("radix", "fused", "fused_v2")
 DESIGNS = ("v1", "v2")
-DEFAULT_METHOD = "fused"     # table_topk's default (what torch.ops.hytopk.topk runs): see the H200 bench
+DEFAULT_METHOD = "fused_v2"  # table_topk's default (what torch.ops.hytopk.topk runs): fastest on every
+#                              row of the H200 bench (results/h200-2026-11-30-s3/run3-table_topk.json)
 
 
 def table_topk(scores, lo, hi, k, *, out=None, host_check=True, hist_atomics=DEFAULT_HIST_ATOMICS, method=None):
@@ -273,7 +277,7 @@ class TableHyTopK:
     (block threshold, table_topk.cu's filter, select_bitonic) or "v2" (table_v2.py's threshold,
     filter and shared-memory select); check and recovery are the same."""
 
-    def __init__(self, n, L, lo, hi, k, *, capacity=None, oversample=3.0, kernels="v1"):
+    def __init__(self, n, L, lo, hi, k, *, capacity=None, oversample=3.0, kernels="v2"):
         if kernels not in DESIGNS:
             raise ValueError(f"argument 'kernels' must be one of {DESIGNS}, got {kernels!r}")
         self.kernels = kernels
@@ -357,7 +361,7 @@ class TableHyTopK:
                 "failed": cp.asnumpy(self.failed).astype(bool), "capacity": self.capacity}
 
 
-def table_hytopk(scores, lo, hi, k, *, capacity=None, oversample=3.0, kernels="v1"):
+def table_hytopk(scores, lo, hi, k, *, capacity=None, oversample=3.0, kernels="v2"):
     """One-shot TableHyTopK: plan (host lo/hi) and run. Returns CuPy (idx, val)."""
     s, _ = table_array(scores)
     plan = TableHyTopK(s.shape[0], s.shape[1], lo, hi, k, capacity=capacity, oversample=oversample,
