@@ -212,6 +212,8 @@ def table_topk(scores, lo, hi, k, *, out=None, host_check=True, hist_atomics=DEF
     method = DEFAULT_METHOD if method is None else method
     if method not in METHODS:
         raise ValueError(f"argument 'method' must be one of {METHODS}, got {method!r}")
+    if hist_atomics not in HIST_ATOMICS:            # checked whatever the method (fused_v2 does not use it)
+        raise ValueError(f"argument 'hist_atomics' must be one of {HIST_ATOMICS}, got {hist_atomics!r}")
     if method in ("fused", "fused_v2"):
         return fused_hytopk(scores, lo, hi, k, out=out, host_check=host_check, hist_atomics=hist_atomics,
                             design="v2" if method == "fused_v2" else "v1")
