@@ -188,3 +188,24 @@ def test_exclude_patterns_are_substrings_or_regular_expressions():
     assert _matches("wgmma$", "cupy.filter.wgmma") and not _matches("wgmma$", "cupy.filter.wgmma_ws")
     assert _matches("score_only[mma_sync]", "cupy score_only[mma_sync] (checksum)")      # a substring, not a class
     assert not _matches("(", "cupy.filter.simt")                                     # a bad expression matches nothing
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the simulator default is for machines without a GPU")
+def test_wb_main_job_without_gpu_checks_numba_in_the_simulator(tmp_path):
+    """./wb compare (the README's main job) on a CPU: the Numba variants are checked in the CUDA
+    simulator by default, one call each, not timed as winners; NUMBA_ENABLE_CUDASIM=0 opts out."""
+    import subprocess
+    import sys
+
+    from _cli_util import ROOT, _env
+    out = tmp_path / "out.json"
+    env = dict(_env(tmp_path, False), HYTOPK_PYTHON=sys.executable)
+    args = ["bash", str(ROOT / "wb"), "compare", "--preset", "tiny", "--stage", "check", "--json", str(out)]
+    p = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "CUDA simulator" in p.stderr
+    rows = {r["name"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["numba.check.block"]["correct"] is True
+    p = subprocess.run(args, cwd=tmp_path, env=dict(env, NUMBA_ENABLE_CUDASIM="0"), capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0 and "numba.check.block" not in {r["name"] for r in json.loads(out.read_text())["rows"]}
