@@ -238,9 +238,8 @@ class SelectionPlan:
         return T_all, count, idx, val
 
     def _thresholds(self, st, source):
-        """Every query's threshold, in spans whose sampled scores fit one pass's budget
-        (one span when the threshold variant keeps its samples on chip)."""
-        spans = [(0, self.n)] if st.threshold.scratch_free else self.threshold_spans
+        """Every query's threshold, in spans whose sampled scores fit one pass's budget."""
+        spans = self.threshold_spans
         if len(spans) == 1:
             return st.threshold(source, self.lo_d, self.hi_d, self.M_d, self.r_d)
         T = st.family.empty((self.n,), np.float32)

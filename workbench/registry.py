@@ -201,7 +201,6 @@ class Variant:
     sources: tuple = ("table", "indexer")   # for stages that take a source (the card's sources): which it accepts
     gpu_only: bool = False          # needs a real GPU (warp intrinsics): never run in the simulator
     notes: str = ""
-    scratch_free: bool = False      # threshold: its samples stay on chip (no [n, M] scores in memory)
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)
@@ -211,7 +210,7 @@ _VARIANTS: dict[str, Variant] = {}
 _LOAD_ERRORS: dict[str, str] = {}
 
 
-def register(stage: str, name: str, *, sources=("table", "indexer"), gpu_only=False, notes="", scratch_free=False):
+def register(stage: str, name: str, *, sources=("table", "indexer"), gpu_only=False, notes=""):
     """Decorator: ``@register("select", "numba.select.block")``. The family is the name's prefix."""
     if stage not in CARDS and stage not in ATTENTION_STAGES:
         raise ValueError(f"unknown stage {stage!r}; stages are {sorted(CARDS) + sorted(ATTENTION_STAGES)}")
@@ -220,8 +219,7 @@ def register(stage: str, name: str, *, sources=("table", "indexer"), gpu_only=Fa
         raise ValueError(f"variant name {name!r} must start with a family: {sorted(FAMILY_MODULES)}")
 
     def deco(fn):
-        v = Variant(stage, name, family, fn, tuple(sources), gpu_only, notes or (fn.__doc__ or "").strip().split("\n")[0],
-                    bool(scratch_free))
+        v = Variant(stage, name, family, fn, tuple(sources), gpu_only, notes or (fn.__doc__ or "").strip().split("\n")[0])
         _VARIANTS[name] = v
         return fn
     return deco

@@ -162,7 +162,7 @@ class CupyFamily(Family):
             total += count.to(total.dtype)
             return True
         with launch_stream():
-            cnt = as_device(count if count.dtype == _torch().int32 else count.to(_torch().int32))
+            cnt = as_device(count.int())             # int32 (no copy when it is already)
             launch(kernel("device_recovery.cu", "hytopk_append_rows"), (n,),
                    (np.int32(n), np.int32(src_w), as_device(src_idx.contiguous()), as_device(src_val.contiguous()),
                     cnt, np.int32(offset), np.int32(width), np.int32(dst_idx.stride(0)),
@@ -174,11 +174,6 @@ class CupyFamily(Family):
             rows = as_device(rows)
             dst_idx[rows] = src_idx
             dst_val[rows] = src_val
-
-
-def _torch():
-    import torch
-    return torch
 
 
 RECOVERY_SCRATCH_BYTES = 128 << 20
