@@ -1,0 +1,71 @@
+"""One launch of each kernel that an open issue's target depends on, for `ncu` (counters, stall
+reasons). Cases: table (issue 21: the v2 threshold, streaming filter, shared-memory select and
+fused kernel at 4096 x 131072 float32, k = 2048), pipeline (issue 14: the threshold and select of
+the dsv32-128k preset), attend (issue 18: the forward at 128 heads MLA, one and pair at 8 heads).
+
+    ncu --clock-control none -k regex:"select|fused|threshold|attend" --section SpeedOfLight \\
+        python scripts/profile_kernels.py table pipeline attend
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def table():
+    import cupy as cp
+    import torch
+    from workbench.families.cupy import table as tab
+    n, L, k = 4096, 131072, 2048
+    g = torch.Generator(device="cuda").manual_seed(0)
+    scores = torch.randn((n, L), device="cuda", dtype=torch.float32, generator=g)
+    lo_h, hi_h = [0] * n, [L] * n
+    import numpy as np
+    plan = tab.TableHyTopK(n, L, np.array(lo_h), np.array(hi_h), k, kernels="v2")
+    plan(scores)
+    lo = torch.zeros(n, dtype=torch.int32, device="cuda")
+    hi = torch.full((n,), L, dtype=torch.int32, device="cuda")
+    tab.fused_hytopk(scores, lo, hi, k, count=cp.empty(n, cp.int32), host_check=False, design="v2")
+    cp.cuda.Device().synchronize()
+
+
+def pipeline():
+    import dataclasses  # noqa: F401
+    import numpy as np
+    import torch
+    import workbench
+    from reference import dtypes as DT
+    from workbench.harness.presets import get as get_preset, make_inputs
+    p = get_preset("dsv32-128k")
+    q, w, keys, lo, hi = make_inputs(p)
+    qt = torch.from_numpy(q).cuda().to(torch.bfloat16)
+    kt = torch.from_numpy(keys).cuda().to(torch.bfloat16)
+    wt_ = torch.from_numpy(w).cuda()
+    lot, hit = torch.from_numpy(lo.astype(np.int32)).cuda(), torch.from_numpy(hi.astype(np.int32)).cuda()
+    b = workbench.backend("cupy")
+    st = b.stages_for_kind("bf16")
+    plan1 = b.plan(lot, hit, p.k, L=p.L, query_chunk=p.n)
+    src = b._source(*b._indexer_args(qt, wt_, kt, None, DT.check_indexer_dtypes(qt, wt_, kt)))
+    T = st.threshold(src, plan1.lo_d, plan1.hi_d, plan1.M_d, plan1.r_d)
+    ci, cv, cnt = st.filter(src, plan1.lo_d, plan1.hi_d, T, plan1.capacity)
+    st.select(ci, cv, cnt, p.k)
+    torch.cuda.synchronize()
+
+
+def attend():
+    import torch
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_attention import mla_inputs
+    from workbench.families.cupy import attend as CA
+    for H, n, variants in ((128, 1024, (1,)), (8, 8192, (1, 2))):
+        q, kv, idx = mla_inputs(n, H, 65536, 2048)
+        kk, vv = kv[:, None, :], kv[:, None, :512]
+        for qpt in variants:
+            CA.attend_forward(q, kk, vv, idx, None, qpt=qpt)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    for case in sys.argv[1:] or ("table", "pipeline", "attend"):
+        globals()[case]()
+        print(f"profile_kernels: {case} done", flush=True)
