@@ -75,7 +75,7 @@ class WsInputs:
                 q, keys = (float32_to_bf16_bits(a, cp) for a in (q, keys))
             q, keys = q.view(cp.uint16), keys.view(cp.uint16)
             w = _f32_weights(w)
-            ks = cp.zeros(1, cp.float32)                          # not read by the bf16 kernels
+            ks = cp.empty(1, cp.float32)      # not read by the bf16 kernels (no memset node per stage)
             self.kind, eb, rounded = ("ws" if consumers == 4 else "ws2"), 2, INST.tiled_shape
         else:
             raise TypeError(f"argument 'source': the wgmma_ws variants take an IndexerSource or an "
