@@ -5,12 +5,14 @@ and the host's Python cost of a call, no kernel run. Array values are meaningles
 Only for subprocesses (tests/fake_cupy/run_pipeline.py): it must never reach the process of the
 other tests."""
 import contextlib as _cl
+import time as _time
 
 import numpy as _np
 from numpy import *  # noqa: F401,F403
 
 __version__ = "fake"
 COUNTS = {}                 # array-op name -> calls (graph nodes CuPy would add: fills, copies, casts)
+DATA_S = [0.0]              # seconds NumPy spent moving data in the stand-ins (not the host cost CuPy would have)
 
 
 class _Ptr:
@@ -32,15 +34,22 @@ class ndarray(_np.ndarray):
 
     def astype(self, *a, **kw):
         _count("astype")
-        return _wrap(_np.ndarray.astype(self, *a, **kw))
+        t = _time.perf_counter()
+        out = _wrap(_np.ndarray.astype(self, *a, **kw))
+        DATA_S[0] += _time.perf_counter() - t
+        return out
 
     def fill(self, v):
         _count("fill")
-        return _np.ndarray.fill(self, v)
+        t = _time.perf_counter()
+        _np.ndarray.fill(self, v)
+        DATA_S[0] += _time.perf_counter() - t
 
     def __setitem__(self, key, value):
         _count("setitem")
-        return _np.ndarray.__setitem__(self, key, value)
+        t = _time.perf_counter()
+        _np.ndarray.__setitem__(self, key, value)
+        DATA_S[0] += _time.perf_counter() - t
 
 
 def _count(name):
@@ -55,7 +64,10 @@ def _wrapped(fn, name=None):
     def f(*a, **kw):
         if name:
             _count(name)
-        return _wrap(fn(*a, **kw))
+        t = _time.perf_counter()
+        out = _wrap(fn(*a, **kw))
+        DATA_S[0] += _time.perf_counter() - t
+        return out
     f.__name__ = fn.__name__
     return f
 
