@@ -165,7 +165,7 @@ def bench(name, args):
         row("CapturedSelect call (static inputs)", sel)
         out["host_us_captured_select_call"] = host_us(sel)              # the replay alone
         out["host_us_captured_select_copy_in"] = host_us(lambda: sel(qt, wt_, kt))   # + copies of q, w, keys
-        del sel, eager, got
+        sel = eager = got = None                # the graph and its pool go
     except Exception as e:
         out["captured_select_error"] = f"{type(e).__name__}: {e}"[:400]
         print(f"  {name:18s} CapturedSelect ERROR {out['captured_select_error']}", flush=True)
