@@ -29,7 +29,7 @@ KERNELS = {
                            ("hytopk_append_rows", "plain")),
     "select.cu": (("hytopk_select", "plain"), ("hytopk_select_bitonic", "plain"))
                  + tuple((f"hytopk_select_smem_e{e}", "plain") for e in (1, 2, 4, 8, 16)),
-    "recover.cu": (("hytopk_score_rows", "indexer"), ("hytopk_select_rows", "plain")),
+    "recover.cu": (("hytopk_score_rows", "indexer"), ("hytopk_select_rows", "plain"), ("hytopk_select_rows_to", "plain")),
     "table_topk.cu": (("hytopk_table_filter", "tables"), ("hytopk_table_topk", "tables"),
                       ("hytopk_table_topk_listed", "tables")),
     "table_v2.cu": (("hytopk_table_threshold", "tables"), ("hytopk_table_filter_pieces", "tables"),
