@@ -62,14 +62,16 @@ using namespace hytopk::attw;
 
 // q [n, Hq, 576] bf16 (contiguous); kv rows at kv + s * kv_stride (elements; 16-byte aligned rows);
 // idx [n, kk] int32 in [-1, L) (-1 and out-of-range slots masked; duplicates count per slot);
-// out [n, Hq, 512] float or bf16 bits; lse [n, Hq] float. grid (n, ceil(Hq / 64)).
+// out [n, Hq, 512] float or bf16 bits; lse [n, Hq] float. grid n * nhb (nhb = ceil(Hq / 64)): the
+// head blocks of one query are adjacent blocks, so they run together and gather the same rows from L2.
 template <bool OUT_BF16>
 __global__ void __launch_bounds__(384, 1)
 hytopk_attend_fwd_wgmma(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv, long long kv_stride,
-                        const int* __restrict__ idx, int kk, int n, long long L, int Hq, float scale_log2,
-                        void* __restrict__ out, float* __restrict__ lse) {
+                        const int* __restrict__ idx, int kk, int n, long long L, int Hq, int nhb,
+                        float scale_log2, void* __restrict__ out, float* __restrict__ lse) {
     extern __shared__ __align__(128) unsigned char smem[];
-    const int t = blockIdx.x, h0 = blockIdx.y * ROWS;
+    const int t = (int)(blockIdx.x / (unsigned)nhb), h0 = (int)(blockIdx.x % (unsigned)nhb) * ROWS;
+    if (t >= n) return;                                               // (the whole block)
     const u32 base = smem_addr(smem);
     const u32 sq = base + Q_OFF, sk0 = base + K_OFF, sp0 = base + P_OFF;
     float* red = reinterpret_cast<float*>(smem + RED_OFF);
@@ -235,7 +237,11 @@ hytopk_attend_fwd_wgmma(const bf16_t* __restrict__ q, const bf16_t* __restrict__
         // (a divergent path makes ptxas serialise them)
         {
             const u32 v0 = sk + (u32)(c * 32 * 128);  // column 256c: 32 chunks of 8 d
+#ifndef HYTOPK_ATTW_V_SWAP           // MN-major no swizzle: lead = the K (key) direction, PTX ISA canonical layouts
             constexpr u32 V_HI = 128u >> 4, V_LEAD = (u32)(GROUP >> 4);
+#else                                // probe: the two offsets' roles swapped
+            constexpr u32 V_HI = (u32)(GROUP >> 4), V_LEAD = 128u >> 4;
+#endif
             const u32 other = sp0 + (u32)((c ^ 1) * P_BYTES);
             wgmma_fence();
 #pragma unroll

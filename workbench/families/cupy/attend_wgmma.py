@@ -54,19 +54,18 @@ def attend_forward_wgmma(q, k, v, idx, scale=None, *, out_dtype="bfloat16"):
         out_bf16 = out_dtype == "bfloat16"
         out = cp.empty((b.n, b.Hq, b.DV), cp.uint16 if out_bf16 else cp.float32)
         lse = cp.empty((b.n, b.Hq), cp.float32)
-        H = INST.ATTEND_WGMMA_HEADS
-        grid = (b.n, -(-b.Hq // H))
+        nhb = -(-b.Hq // INST.ATTEND_WGMMA_HEADS)            # head blocks per query: adjacent blocks
         if b.n == 0 or b.Hq == 0:
             return out, lse
-        if grid[1] > 65535:
-            raise ValueError(f"argument 'q': {b.Hq} heads need more than 65535 head blocks")
+        if b.n * nhb >= 2 ** 31:
+            raise ValueError(f"argument 'q': {b.n} queries x {nhb} head blocks exceed one launch's 2^31 - 1 blocks")
         fn = _fn(INST.attend_wgmma_name(out_bf16))
         smem = INST.ATTEND_WGMMA_SMEM
         if fn.max_dynamic_shared_size_bytes < smem:
             fn.max_dynamic_shared_size_bytes = smem
-        fn(grid, (INST.ATTEND_WGMMA_THREADS,),
+        fn((b.n * nhb,), (INST.ATTEND_WGMMA_THREADS,),
            (b.q, b.k, np.int64(b.k_stride), b.idx, np.int32(b.kk), np.int32(b.n), np.int64(b.L), np.int32(b.Hq),
-            b.scale_log2, out, lse), shared_mem=smem)
+            np.int32(nhb), b.scale_log2, out, lse), shared_mem=smem)
         return out, lse
 
 
