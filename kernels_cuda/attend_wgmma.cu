@@ -224,10 +224,14 @@ hytopk_attend_fwd_wgmma(const bf16_t* __restrict__ q, const bf16_t* __restrict__
         }
         lsum[0] = lsum[0] * alpha[0] + ps[0];
         lsum[1] = lsum[1] * alpha[1] + ps[1];
+        // x * 1 == x: skip the 128 multiplies when no row of the warp got a new maximum (most tiles
+        // after the first few); warp-uniform, and no MMA inside the branch
+        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-        for (int i = 0; i < 32; ++i) {
-            o[4 * i + 0] *= alpha[0]; o[4 * i + 1] *= alpha[0];
-            o[4 * i + 2] *= alpha[1]; o[4 * i + 3] *= alpha[1];
+            for (int i = 0; i < 32; ++i) {
+                o[4 * i + 0] *= alpha[0]; o[4 * i + 1] *= alpha[0];
+                o[4 * i + 2] *= alpha[1]; o[4 * i + 3] *= alpha[1];
+            }
         }
         fence_proxy_async();                          // P stores -> the other consumer's wgmma
         bar_sync(BAR_P, 256);
