@@ -55,6 +55,27 @@ __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
     return r;
 }
 
+// mbarrier wait that traps (a launch error) instead of hanging the GPU when a phase never completes:
+// no wait of a working launch comes near 2 s (%globaltimer, ns; one 32-bit register: the consumers
+// run at the 168-register launch cap)
+__device__ __forceinline__ u32 ns_now() {
+    u32 t;
+    asm volatile("mov.u32 %0, %%globaltimer_lo;\n" : "=r"(t));
+    return t;
+}
+__device__ __forceinline__ void wait_or_trap(u32 bar, u32 parity) {
+    u32 done, t0 = 0;
+    bool timed = false;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+        if (!done) {                                   // the clock is read only once the first poll failed
+            if (!timed) { t0 = ns_now(); timed = true; }
+            else if (ns_now() - t0 > 2000000000u) asm volatile("trap;");
+        }
+    } while (!done);
+}
+
 }  // namespace attw
 }  // namespace hytopk
 
@@ -103,7 +124,7 @@ hytopk_attend_fwd_wgmma(const bf16_t* __restrict__ q, const bf16_t* __restrict__
                 fence_proxy_async();                                  // ... visible to the consumers' wgmma
                 mbar_arrive(full0 + 8 * (st ^ 1));
             }
-            if (it >= 2) mbar_wait(empty0 + 8 * st, (u32)(((it >> 1) - 1) & 1));
+            if (it >= 2) wait_or_trap(empty0 + 8 * st, (u32)(((it >> 1) - 1) & 1));
             const u32 dst = sk0 + (u32)(st * TILE_BYTES) + (u32)(r8 * 16);
             const int j0 = it * NK;
 #pragma unroll
@@ -156,7 +177,7 @@ hytopk_attend_fwd_wgmma(const bf16_t* __restrict__ q, const bf16_t* __restrict__
     for (int it = 0; it < ntiles; ++it) {
         const int st = it & 1;
         const u32 sk = sk0 + (u32)(st * TILE_BYTES);
-        mbar_wait(full0 + 8 * st, (u32)((it >> 1) & 1));
+        wait_or_trap(full0 + 8 * st, (u32)((it >> 1) & 1));
 
         // S_c = Q K_c^T: 64 rows x 32 keys, 36 k-steps of 16 (256 bytes of each operand's rows)
         float s[16];

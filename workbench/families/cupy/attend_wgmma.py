@@ -11,6 +11,8 @@ raise a ValueError that says to use cupy.attend.one.
 """
 from __future__ import annotations
 
+import os
+
 import cupy as cp
 import numpy as np
 
@@ -26,7 +28,10 @@ FILE = "attend_wgmma.cu"
 
 
 def _fn(name: str):
-    return loader.module(FILE, (name,), options=INST.FILE_OPTIONS.get(FILE, ())).function(name)
+    opts = INST.FILE_OPTIONS.get(FILE, ())
+    if os.environ.get("HYTOPK_ATTW_V_SWAP") == "1":        # probe: V's descriptor offsets swapped
+        opts = opts + ("-DHYTOPK_ATTW_V_SWAP",)
+    return loader.module(FILE, (name,), options=opts).function(name)
 
 
 def unsupported(b: Bound) -> str | None:
