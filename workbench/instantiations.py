@@ -48,9 +48,10 @@ KERNELS = {
                       ("hytopk_threshold_group_ws", "wgmma"), ("hytopk_threshold_group128_ws", "wgmma")),
     "attend.cu": (("hytopk_attend_fwd", "attend"), ("hytopk_attend_bwd", "attend"), ("hytopk_attend_delta", "attend"), ("hytopk_attend_pair_union", "attend"),
                   ("hytopk_attend_dkv_reduce", "attend")),
+    "attend_wgmma.cu": (("hytopk_attend_fwd_wgmma", "attend_wgmma"),),
 }
 # files that need an arch-specific target (wgmma exists on sm_90a only): NVRTC options, nvcc -gencode
-FILE_OPTIONS = {"wgmma.cu": ("-arch=sm_90a",), "wgmma_ws.cu": ("-arch=sm_90a",)}
+FILE_OPTIONS = {"wgmma.cu": ("-arch=sm_90a",), "wgmma_ws.cu": ("-arch=sm_90a",), "attend_wgmma.cu": ("-arch=sm_90a",)}
 
 
 def nvcc_target(file: str, arch: str) -> str:
@@ -121,6 +122,17 @@ def attend_bwd_name(mt, dqk, dv, shared, atomic) -> str:
     return f"hytopk_attend_bwd<{int(mt)}, {attend_nk(mt)}, {int(dqk)}, {int(dv)}, {_b(shared)}, {_b(atomic)}>"
 
 
+# attend_wgmma.cu: MLA only (d_qk 576, d_v 512, shared kv), 64 heads per block, out bf16 or float32
+ATTEND_WGMMA_DIMS = (576, 512)
+ATTEND_WGMMA_HEADS = 64
+ATTEND_WGMMA_THREADS = 384
+ATTEND_WGMMA_SMEM = 73728 * 3 + 2 * 4096 + 4 * 64 * 4 + 2 * 64 * 4 + 32   # attw::SMEM (static_assert in the compile check)
+
+
+def attend_wgmma_name(out_bf16) -> str:
+    return f"hytopk_attend_fwd_wgmma<{_b(out_bf16)}>"
+
+
 def attend_names() -> tuple:
     """The instantiations the compile check builds (the shipped shapes' hot ones)."""
     out = []
@@ -169,6 +181,8 @@ def geometry_asserts(file: str, shapes=SHAPES) -> list[str]:
     (compiled by the compile check next to the instantiations)."""
     if file == "attend.cu":
         return attend_static_asserts()
+    if file == "attend_wgmma.cu":
+        return [f'static_assert(hytopk::attw::SMEM == {ATTEND_WGMMA_SMEM}, "instantiations.ATTEND_WGMMA_SMEM drifted");']
     if file != "wgmma_ws.cu":
         return []
     from workbench.geometry import ws_static_asserts
@@ -195,6 +209,8 @@ def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
     out = []
     if file == "attend.cu":
         return attend_names()
+    if file == "attend_wgmma.cu":
+        return tuple(attend_wgmma_name(b) for b in (True, False))
     for kernel, over in KERNELS[file]:
         if over == "plain":
             out.append(name(kernel))
