@@ -203,7 +203,9 @@ def kernel(file: str, name: str, shapes=INST.SHAPES):
         raise KeyError(f"{name!r} is not instantiated in {file}; known: {list(names)}")
     if RECORDER is not None and RECORDER.dry:
         return DryKernel(f"{file}:{name}")
-    return loader.module(file, names, options=INST.FILE_OPTIONS.get(file, ())).function(name, max_age=LAUNCH_MAX_AGE_S)
+    fn = loader.module(file, names, options=INST.FILE_OPTIONS.get(file, ())).function(name, max_age=LAUNCH_MAX_AGE_S)
+    FN_NAMES[id(fn)] = f"{file}:{name}"      # CuPy's Function has no name: the recorder reads it here
+    return fn
 
 
 # ------------------------------------------------------------------ launch recording (tests, host-time probes)
@@ -229,6 +231,7 @@ class DryKernel:
 
 
 RECORDER: Recorder | None = None
+FN_NAMES: dict = {}        # id(Function) -> "file:name" (the loader keeps each Function alive: ids stay unique)
 
 
 @contextmanager
@@ -265,7 +268,7 @@ def launch(fn, grid, args, smem_bytes=0, threads=BLOCK):
     if smem_bytes > STATIC_SMEM_LIMIT and fn.max_dynamic_shared_size_bytes < smem_bytes:
         fn.max_dynamic_shared_size_bytes = smem_bytes
     if RECORDER is not None:
-        RECORDER.launches.append((getattr(fn, "name", str(fn)), grid, int(threads), smem_bytes))
+        RECORDER.launches.append((FN_NAMES.get(id(fn), getattr(fn, "name", str(fn))), grid, int(threads), smem_bytes))
         if RECORDER.dry:
             return
     fn(grid, (int(threads),), args, shared_mem=smem_bytes)
