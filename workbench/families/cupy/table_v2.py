@@ -78,6 +78,8 @@ def fused_cap(k: int) -> int:
     cap = (target // 4 - fixed) // 2 // 256 * 256
     if FUSED_CAP > 0:
         cap = min(int(FUSED_CAP), (_limit() // 4 - fixed) // 2)
+    elif cap < MAX_SAMPLES // 2 and FUSED_MIN_BLOCKS > 2:     # a swept small block: the samples' floor
+        cap = MAX_SAMPLES // 2
     if cap < MAX_SAMPLES // 2:
         cap = (_limit() // 4 - fixed) // 2
     if cap < MAX_SAMPLES // 2:
