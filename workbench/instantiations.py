@@ -16,6 +16,9 @@ C_TYPES = {"float32": "float", "bfloat16": "hytopk::bf16_bits"}
 TABLE = "hytopk::TableSource"
 TABLE_BF16 = "hytopk::TableBf16Source"       # a bf16 table (raw bits), widened exactly to float32
 TABLES = (TABLE, TABLE_BF16)
+# (threads, blocks per SM) of table_v2.cu's hytopk_table_fused_cfg (table_v2.py FUSED_THREADS /
+# FUSED_MIN_BLOCKS, bench_table_topk.py --fused-sweep); (512, 2) is hytopk_table_fused itself
+FUSED_CONFIGS = ((256, 3), (256, 4), (1024, 1))
 
 # file -> (kernel, what it is instantiated over)
 #   "table+indexer": every source; "indexer": indexer sources only; "tables": the table sources only;
@@ -28,12 +31,14 @@ KERNELS = {
     "device_recovery.cu": (("hytopk_recovery_slots", "plain"), ("hytopk_scatter_slots", "plain"),
                            ("hytopk_append_rows", "plain")),
     "select.cu": (("hytopk_select", "plain"), ("hytopk_select_bitonic", "plain"))
-                 + tuple((f"hytopk_select_smem_e{e}", "plain") for e in (1, 2, 4, 8, 16)),
+                 + tuple((f"hytopk_select_smem_e{e}", "plain") for e in (1, 2, 4, 8, 16))
+                 + (("hytopk_select_fast", "plain"),),
     "recover.cu": (("hytopk_score_rows", "indexer"), ("hytopk_select_rows", "plain"), ("hytopk_select_rows_to", "plain")),
     "table_topk.cu": (("hytopk_table_filter", "tables"), ("hytopk_table_topk", "tables"),
                       ("hytopk_table_topk_listed", "tables")),
     "table_v2.cu": (("hytopk_table_threshold", "tables"), ("hytopk_table_filter_pieces", "tables"),
-                    ("hytopk_table_fused", "tables"), ("hytopk_select_smem", "plain")),
+                    ("hytopk_table_fused", "tables"), ("hytopk_select_smem", "plain"),
+                    ("hytopk_table_fused_cfg", "tables_cfg")),
     "dense.cu": (("hytopk_dense", "indexer"),),
     "replay.cu": (("hytopk_replay", "indexer"),),
     "score_only.cu": (("hytopk_score_only", "indexer"),),
@@ -225,6 +230,9 @@ def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
             continue
         if over == "tables":
             out += [name(kernel, src) for src in TABLES]
+            continue
+        if over == "tables_cfg":                # the fused table kernel's swept (threads, blocks per SM)
+            out += [f"{kernel}<{src}, {t}, {b}>" for src in TABLES for t, b in FUSED_CONFIGS]
             continue
         if over == "table+indexer":
             out += [name(kernel, src) for src in TABLES]
