@@ -99,7 +99,7 @@ def bench(name, args):
         row(f"threshold {variant.rsplit('.', 1)[1]}", lambda v=v: v(src, lo_d, hi_d, M_d, r_d))
     f = row("filter", lambda: st.filter(src, lo_d, hi_d, T, plan1.capacity))
     row("select", lambda: st.select(ci, cv, cnt, k))
-    for variant in ("cupy.select.radix_bitonic", "cupy.select.radix_smem"):
+    for variant in ("cupy.select.radix_bitonic", "cupy.select.radix_smem", "cupy.select.fast"):
         v = registry.get(variant)
         row(f"select {variant.rsplit('.', 1)[1]}", lambda v=v: v(ci, cv, cnt, k))
     row("check", lambda: st.check(cnt, lo_d, hi_d, k, plan1.capacity))
@@ -118,6 +118,8 @@ def bench(name, args):
         st_v = dataclasses.replace(st, threshold=registry.get(thr), select=registry.get("cupy.select.radix_smem"))
         row(f"hytopk default passes, {thr.rsplit('.', 1)[1]} + radix_smem", lambda s_=st_v: plan_d.run(s_, src))
         row(f"hytopk one pass, {thr.rsplit('.', 1)[1]} + radix_smem", lambda s_=st_v: plan1.run(s_, src))
+    st_f = dataclasses.replace(st, select=registry.get("cupy.select.fast"))      # issue 21's select in the passes
+    row("hytopk default passes, select fast", lambda s_=st_f: plan_d.run(s_, src))
     row("hytopk default passes, capture-safe", lambda: plan_d(qt, wt_, kt, capture_safe=True))
     out["host_us_capture_safe_call"] = host_us(lambda: plan_d(qt, wt_, kt, capture_safe=True))
     from workbench.families.cupy import _launch
