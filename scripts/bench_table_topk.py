@@ -58,9 +58,10 @@ def timed(fn, repeats, torch):
 
 
 # --fused-sweep: (FUSED_THREADS, FUSED_MIN_BLOCKS, FUSED_CAP (0: the blocks' share), FUSED_AHEAD, SELECT_FAST)
+# (run 3 of results/h200-2026-12-01: the (256, 3/4) blocks flag most rows, (1024, 1) won both sizes)
 FUSED_SWEEP = (
-    (512, 2, 0, 2, 1), (512, 2, 0, 2, 0), (512, 2, 0, 0, 1), (512, 2, 0, 4, 1), (512, 2, 8192, 2, 1),
-    (256, 3, 0, 2, 1), (256, 4, 0, 2, 1), (256, 4, 0, 4, 1), (1024, 1, 0, 2, 1), (1024, 1, 0, 4, 1),
+    (512, 2, 0, 2, 1), (512, 2, 8192, 2, 1), (1024, 1, 0, 2, 1), (1024, 1, 0, 1, 1), (1024, 1, 8192, 2, 1),
+    (1024, 1, 12288, 2, 1), (1024, 1, 16384, 2, 1), (1024, 1, 0, 2, 0),
 )
 SWEEP_KEYS = ("FUSED_THREADS", "FUSED_MIN_BLOCKS", "FUSED_CAP", "FUSED_AHEAD", "SELECT_FAST")
 

@@ -33,8 +33,10 @@ FUSED_SMEM_TARGET = 110 * 1024   # two 512-thread blocks per SM (the register bo
 # threads per block and blocks per SM ((512, 2): hytopk_table_fused; others from
 # instantiations.FUSED_CONFIGS: hytopk_table_fused_cfg), the shared-memory candidate cap (0: as many
 # as FUSED_MIN_BLOCKS blocks per SM leave), and FUSED_AHEAD below.
-FUSED_THREADS = 512
-FUSED_MIN_BLOCKS = 2
+# (1024, 1) measured fastest at 4096 x 131072 and 8192 x 1048576 float32, k = 2048 (run 3 of
+# results/h200-2026-12-01: 1.33 / 9.84 ms against 1.40 / 10.67 ms for (512, 2), same indices)
+FUSED_THREADS = 1024
+FUSED_MIN_BLOCKS = 1
 FUSED_CAP = 0
 # 1: the v2 selects (select_smem, the fused kernel's select) rank the kept without a sort
 # (hytopk_select_fast.cuh block_select_fast); 0: key select + register bitonic sort (as before)
