@@ -28,7 +28,7 @@ FLOAT32 = {
     "threshold": "cupy.threshold.block",
     "filter": "cupy.filter.auto",
     "check": "cupy.check.atomic",
-    "select": "cupy.select.radix_bitonic",
+    "select": "cupy.select.fast",
     "recover": "cupy.recover.auto",
     "dense": "cupy.dense.simt",
     "replay": "cupy.replay.simt",

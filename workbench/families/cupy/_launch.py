@@ -282,10 +282,25 @@ def exact_topk_smem_bytes(k: int) -> int:
     return 4 * (RADIX + 4 + WARPS * RADIX + 6 * k)
 
 
+@functools.lru_cache(maxsize=16)
+def _device_limits(dev: int):
+    attrs = cp.cuda.Device(dev).attributes      # ~100 driver queries: once per device, not per launch
+    return int(attrs["MultiProcessorCount"]), int(attrs["MaxSharedMemoryPerBlockOptin"])
+
+
+def device_limits():
+    """(SM count, opt-in shared memory per block) of the current device."""
+    return _device_limits(cp.cuda.Device().id)
+
+
+def smem_optin() -> int:
+    return device_limits()[1]
+
+
 def check_k_fits(k: int, smem_bytes=exact_topk_smem_bytes):
     """k, if the exact top-k buffers of k entries (smem_bytes(k)) fit this device's shared memory."""
     k = V.check_k(k)
-    limit = cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
+    limit = smem_optin()
     if smem_bytes(k) > limit:
         lo, hi = 0, k                  # largest k that fits (smem_bytes grows with k)
         while lo < hi:

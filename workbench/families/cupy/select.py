@@ -8,7 +8,7 @@ import cupy as cp
 import numpy as np
 
 from ...registry import register
-from ._launch import (RADIX, bitonic_topk_smem_bytes, check_k_fits, exact_topk_smem_bytes, i32, kernel, launch,
+from ._launch import (RADIX, smem_optin, bitonic_topk_smem_bytes, check_k_fits, exact_topk_smem_bytes, i32, kernel, launch,
                       launch_stream, next_pow2)
 
 
@@ -45,7 +45,7 @@ def select_smem(cand_idx, cand_val, count, k):
     k = check_k_fits(k, bitonic_topk_smem_bytes)
     capacity = cand_idx.shape[1] if getattr(cand_idx, "ndim", 0) == 2 else 0
     P = max(next_pow2(k), SMEM_THREADS)
-    limit = cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
+    limit = smem_optin()
     if P > SMEM_THREADS * SMEM_MAX_E or smem_select_bytes(k, capacity) > limit:
         return select_bitonic(cand_idx, cand_val, count, k)
     name = f"hytopk_select_smem_e{P // SMEM_THREADS}"
@@ -70,7 +70,7 @@ def select_fast(cand_idx, cand_val, count, k):
     k = check_k_fits(k, bitonic_topk_smem_bytes)
     capacity = cand_idx.shape[1] if getattr(cand_idx, "ndim", 0) == 2 else 0
     cap = min(capacity, FAST_CAP_MAX)
-    limit = cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
+    limit = smem_optin()
     if fast_select_bytes(k, cap) > limit:
         return select_bitonic(cand_idx, cand_val, count, k)
     with launch_stream():

@@ -20,7 +20,6 @@ Tables are float32 or bf16 (torch.bfloat16 / uint16 bits, widened exactly to flo
 """
 from __future__ import annotations
 
-import functools
 
 import cupy as cp
 import numpy as np
@@ -29,7 +28,7 @@ import reference as R
 from reference import validate as V
 
 from ...registry import register
-from ._launch import (BLOCK, as_device, bitonic_topk_smem_bytes, bind, check_k_fits, i32, kernel, launch,
+from ._launch import (BLOCK, device_limits, as_device, bitonic_topk_smem_bytes, bind, check_k_fits, i32, kernel, launch,
                       launch_stream, next_pow2, table_array)
 from . import filter as _filter
 from . import recover as _recover
@@ -44,15 +43,6 @@ CAP_MAX = 16384
 PER_VEC = {"hytopk::TableSource": 4, "hytopk::TableBf16Source": 8}
 
 
-@functools.lru_cache(maxsize=16)
-def _device_limits(dev: int):
-    attrs = cp.cuda.Device(dev).attributes
-    return int(attrs["MultiProcessorCount"]), int(attrs["MaxSharedMemoryPerBlockOptin"])
-
-
-def device_limits():
-    """(SM count, opt-in shared memory per block) of the current device."""
-    return _device_limits(cp.cuda.Device().id)
 
 
 def topk_smem_words(k: int, cap: int) -> int:

@@ -18,7 +18,7 @@ import numpy as np
 
 from ...instantiations import FUSED_CONFIGS
 from ...registry import register
-from ._launch import (MAX_SAMPLES, bind, bitonic_topk_smem_bytes, check_k_fits, i32, kernel, launch,
+from ._launch import (MAX_SAMPLES, bind, smem_optin, bitonic_topk_smem_bytes, check_k_fits, i32, kernel, launch,
                       launch_stream, next_pow2)
 from ._shared import candidate_buffers, check_capacity
 
@@ -68,7 +68,7 @@ def select_smem_bytes(k: int, cap: int) -> int:
 
 
 def _limit() -> int:
-    return int(cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"])
+    return smem_optin()
 
 
 def fused_cap(k: int) -> int:
