@@ -143,7 +143,7 @@ def _new_stream(non_blocking=False):
 
 class _Device:
     compute_capability = "90"
-    attributes = {"MaxSharedMemoryPerBlockOptin": 232448}
+    attributes = {"MaxSharedMemoryPerBlockOptin": 232448, "MultiProcessorCount": 132}
     id = 0
 
     def __init__(self, *a):
