@@ -112,6 +112,52 @@ class WsGroupThresholdGeometry:
         return f"GroupThresholdShape<{kind}, {self.H}, {self.D}, {self.nrows}, {self.stages}>"
 
 
+class WsThresholdV2Geometry:
+    """ThresholdV2Shape<H, D, STAGES> of kernels_cuda/wgmma_ws_threshold.cu (bf16): one block of a
+    consumer warpgroup and a producer warp per query, STAGES gathered 64-row key tiles, the sample
+    bits ([mcap] u32) after the fixed part. STAGES 4 where two blocks fit an SM, else 3."""
+
+    KERNELS = {4: "hytopk_threshold_v2{}_ws", 3: "hytopk_threshold_v2s3{}_ws"}     # {}: "" or "_ns" (no swizzle)
+    MAX_SAMPLES = 8192
+    THREADS = 160
+    SM_SMEM = 228 * 1024     # an SM's shared memory; each block reserves 1 KiB more
+
+    def __init__(self, H: int, D: int, mcap: int, swizzle: bool = True, stages: int | None = None):
+        self.H, self.D, self.mcap = H, D, int(mcap)
+        if stages is None:
+            stages = 4 if 2 * (self.bytes_for(H, D, 4, mcap) + 1024) <= self.SM_SMEM else 3
+        self.stages = stages
+        self.name = self.KERNELS[stages].format("" if swizzle else "_ns")
+        self.threads = self.THREADS
+        self.fixed = self.fixed_bytes(H, D, stages)
+        self.smem = self.fixed + 4 * self.mcap
+
+    @staticmethod
+    def fixed_bytes(H: int, D: int, stages: int) -> int:
+        row = 2 * D
+        return H * row + stages * 64 * row + 4 * H + 4 * 64 * stages + 16 * stages + 4 * 256 + 16
+
+    @classmethod
+    def bytes_for(cls, H: int, D: int, stages: int, mcap: int) -> int:
+        return cls.fixed_bytes(H, D, stages) + 4 * int(mcap)
+
+    @staticmethod
+    def cxx(H: int, D: int, stages: int) -> str:
+        return f"ThresholdV2Shape<{H}, {D}, {stages}>"
+
+
+def ws_threshold_v2_static_asserts(shapes) -> list[str]:
+    """C++ static_asserts tying WsThresholdV2Geometry to wgmma_ws_threshold.cu, per instantiated shape."""
+    out = []
+    for H, D in shapes:
+        for st in WsThresholdV2Geometry.KERNELS:
+            s = WsThresholdV2Geometry.cxx(H, D, st)
+            fixed = WsThresholdV2Geometry.fixed_bytes(H, D, st)
+            out.append(f'static_assert({s}::FIXED_BYTES == {fixed} && {s}::THREADS == {WsThresholdV2Geometry.THREADS}, '
+                       f'"workbench/geometry.py WsThresholdV2Geometry({H}, {D}, stages={st}) != {s}");')
+    return out
+
+
 def ws_static_asserts(shapes_bf16, shapes_fp8) -> list[str]:
     """C++ static_asserts tying WsGeometry / WsReplayGeometry to the header, per instantiated shape."""
     out = []
