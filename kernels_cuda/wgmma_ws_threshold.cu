@@ -128,7 +128,7 @@ __device__ __forceinline__ void threshold_v2_body(const bf16_bits* __restrict__ 
 
     if (tid >= 128) {                                    // ---- producer warp (warp-uniform branch)
         const int lane = tid & 31;
-        const unsigned char* kb = reinterpret_cast<const unsigned char*>(keys);     // row-major [L, D]
+        const unsigned char* krows = reinterpret_cast<const unsigned char*>(keys);  // row-major [L, D]
         const unsigned char* qsrc = reinterpret_cast<const unsigned char*>(qt) + (size_t)t * S::Q_BYTES;
         for (int i = lane; i < S::Q_BYTES / 16; i += 32) cp_async16(sq + 16u * i, qsrc + 16 * i, true);   // with tile 0
         // rows j = 64 i + lane + 32 h: j * c = quo * M + rem, stepped by 64 c per tile (no division in the loop)
@@ -154,26 +154,36 @@ __device__ __forceinline__ void threshold_v2_body(const bf16_bits* __restrict__ 
             }
             __syncwarp();
             const u32 dst = sk + (u32)(st * S::TILE_BYTES);
+            if constexpr (S::LINES) {
+                // quarter warp lane / 8 copies 128-byte block kb of row 4 u + lane / 8, lane % 8 its 16-byte
+                // chunk cb. The lane's 16 positions are read first: an LDS between two copies would wait
+                // (the copies' asm clobbers memory), ~30 cycles a copy.
+                constexpr int RPL = 16;                  // rows per lane
+                const int cb = lane & 7;
+                int pos[RPL];
 #pragma unroll
-            for (int k = 0; k < S::CP_PER_LANE; ++k) {
-                int row, ch;
-                u32 off;
-                if constexpr (S::LINES) {
-                    // quarter warp lane / 8 of copy k: 128-byte block kb of one row, lane % 8 its 16-byte chunk
-                    const int p = 4 * k + (lane >> 3), cb = lane & 7, kb = p / 64;
-                    row = p % 64;
-                    ch = 8 * kb + cb;
-                    off = S::SWZ ? (u32)(kb * S::KB_BYTES + row * 128 + ((cb ^ (row & 7)) << 4))
-                                 : (u32)((row >> 3) * S::GROUP_BYTES + ch * 128 + (row & 7) * 16);
-                } else {
-                    // rows of less than 128 bytes: gather_scores' order (8 rows x 64 bytes per warp)
-                    const int e = lane + 32 * k;
-                    row = (e / (8 * S::CH)) * 8 + (e & 7);
-                    ch = (e >> 3) % S::CH;
-                    off = 16u * (u32)e;
+                for (int u = 0; u < RPL; ++u) pos[u] = s_pos[st * 64 + 4 * u + (lane >> 3)];
+#pragma unroll
+                for (int u = 0; u < RPL; ++u) {
+                    const int row = 4 * u + (lane >> 3);
+                    const bool ok = pos[u] >= 0;
+                    const unsigned char* src = krows + (ok ? (size_t)pos[u] * S::ROW_BYTES : 0) + 16 * cb;
+#pragma unroll
+                    for (int kb = 0; kb < S::CH / 8; ++kb) {
+                        const u32 off = S::SWZ ? (u32)(kb * S::KB_BYTES + row * 128 + ((cb ^ (row & 7)) << 4))
+                                               : (u32)((row >> 3) * S::GROUP_BYTES + (8 * kb + cb) * 128 + (row & 7) * 16);
+                        cp_async16(dst + off, src + 128 * kb, ok);
+                    }
                 }
-                const int s = s_pos[st * 64 + row];
-                cp_async16(dst + off, kb + (s >= 0 ? (size_t)s * S::ROW_BYTES + 16 * ch : 0), s >= 0);
+            } else {
+                // rows of less than 128 bytes (test shapes): gather_scores' order (8 rows x 64 bytes per warp)
+#pragma unroll
+                for (int k = 0; k < S::CP_PER_LANE; ++k) {
+                    const int e = lane + 32 * k;
+                    const int row = (e / (8 * S::CH)) * 8 + (e & 7), ch = (e >> 3) % S::CH;
+                    const int s = s_pos[st * 64 + row];
+                    cp_async16(dst + 16u * (u32)e, krows + (s >= 0 ? (size_t)s * S::ROW_BYTES + 16 * ch : 0), s >= 0);
+                }
             }
             cp_async_commit();
             if (i >= K) {                                // tile i - K (and q with tile 0) landed: signal it

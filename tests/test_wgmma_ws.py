@@ -82,9 +82,9 @@ def _v2_copy_map(D, swizzle):
     out = {}
     for k in range(64 * CH // 32):
         for lane in range(32):
-            if lines:
-                p, cb = 4 * k + (lane >> 3), lane & 7
-                kb, row = p // 64, p % 64
+            if lines:                                     # copy k = (u, kb): row 4 u + lane / 8, block kb
+                u, kb, cb = k // (CH // 8), k % (CH // 8), lane & 7
+                row = 4 * u + (lane >> 3)
                 ch = 8 * kb + cb
                 off = (kb * 8192 + row * 128 + ((cb ^ (row & 7)) << 4)) if swz else \
                     ((row >> 3) * CH * 128 + ch * 128 + (row & 7) * 16)
