@@ -361,6 +361,33 @@ def test_ws_threshold_is_the_rth_best_sample_of_its_own_scores(fused, dtype, H, 
 
 
 @gpu
+@pytest.mark.parametrize("fused", ["threshold_ws_v2", "threshold_ws_v2_noswizzle"])
+@pytest.mark.parametrize("H, D, layout", [(64, 64, "causal_tail"), (32, 40, "random"), (16, 128, "causal_tail"),
+                                          (64, 128, "random")])
+def test_ws_threshold_v2_shapes(fused, H, D, layout):
+    """The v2 threshold's three copy paths: rows of whole 128-byte lines in the swizzled tile
+    (D = 64: one 64-column block, D = 128: two) or the no-swizzle one, and rows of less (D = 40,
+    padded to 48: gather_scores' order); 4096 samples of the long contexts, and one context of
+    k + 5 keys (M = c = 705: a partial last tile): T bit for bit the reference's r-th best sample of
+    the core's own table."""
+    import cupy as cp
+    from workbench.families.cupy import wgmma_ws as WS
+    n, L, k = 40, 70000, 700
+    src, rng = _random_source("bf16", n, L, H, D, 5 + D)
+    lo, hi = G.layout(layout, n, L, k, rng)
+    lo, hi = lo.astype(np.int32), hi.astype(np.int32)
+    lo[1] = min(lo[1], L - k - 5)
+    hi[1] = lo[1] + k + 5                                                 # M = c: 705 samples, a partial tile
+    table = WS.dense_source(src, cp.asarray(lo), cp.asarray(hi)).get()
+    M, r = R.sample_plan(lo, hi, k, 3.0)
+    T = getattr(WS, fused)(src, cp.asarray(lo), cp.asarray(hi), cp.asarray(M), cp.asarray(r)).get()
+    want = R.stage_threshold(R.TableSource(table), lo, hi, M, r)
+    sampled = M > 0
+    assert T[sampled].view(np.uint32).tobytes() == want[sampled].view(np.uint32).tobytes()
+    assert np.isnan(T[~sampled]).all()
+
+
+@gpu
 @pytest.mark.parametrize("fused", THRESHOLDS[1:])
 def test_ws_fused_threshold_ties_take_the_first_sample(fused):
     """Plateaus of equal scores (and -0.0 beside +0.0 after the ReLU): T's bits come from the
