@@ -331,8 +331,8 @@ def test_ws_filter_flushes_full_staging_buffers():
         np.testing.assert_array_equal(np.sort(ci[t, :cnt[t]]), np.arange(lo[t], hi[t]))
 
 
-THRESHOLDS = ("threshold_ws", "threshold_ws_fused", "threshold_ws_group", "threshold_ws_group128", "threshold_ws_v2",
-              "threshold_ws_v2_noswizzle")
+THRESHOLDS = ("threshold_ws", "threshold_ws_fused", "threshold_ws_group", "threshold_ws_group128",
+              "threshold_ws_group128_lines", "threshold_ws_v2", "threshold_ws_v2_noswizzle")
 
 
 @gpu
@@ -459,7 +459,8 @@ def test_ws_group_threshold_mixed_groups(fused, H, n, kind):
 
 
 @gpu
-@pytest.mark.parametrize("fused", ["threshold_ws_group", "threshold_ws_v2", "threshold_ws_v2_noswizzle"])
+@pytest.mark.parametrize("fused", ["threshold_ws_group", "threshold_ws_group128_lines", "threshold_ws_v2",
+                                   "threshold_ws_v2_noswizzle"])
 @pytest.mark.parametrize("m", [1500, 5000])
 def test_ws_group_threshold_non_contract_m_falls_back(fused, m):
     """A direct call whose M exceeds c (positions repeat; the grouped kernels hand it to the
@@ -481,7 +482,8 @@ def test_ws_group_threshold_non_contract_m_falls_back(fused, m):
 
 @gpu
 @pytest.mark.parametrize("threshold, select", [("wgmma_ws", "radix_bitonic"), ("wgmma_ws_group128", "radix_smem"),
-                                               ("wgmma_ws_group", "radix_smem"), ("wgmma_ws_v2", "radix_bitonic"),
+                                               ("wgmma_ws_group", "radix_smem"), ("wgmma_ws_group128_lines", "radix_smem"),
+                                               ("wgmma_ws_v2", "radix_bitonic"),
                                                ("wgmma_ws_v2_noswizzle", "radix_smem")])
 def test_ws_pipeline_equals_bruteforce_of_its_dense(threshold, select):
     """bf16, n=256, L=32768, H=64, D=128, k=2048, float32 w: the core's threshold + filter +

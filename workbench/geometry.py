@@ -87,9 +87,13 @@ class WsGroupThresholdGeometry:
     KERNELS = {256: ("hytopk_threshold_group_ws", 6), 128: ("hytopk_threshold_group128_ws", 4)}
     MAX_SAMPLES = 8192
 
-    def __init__(self, H: int, D: int, elem_bytes: int, nrows: int = 256):
+    def __init__(self, H: int, D: int, elem_bytes: int, nrows: int = 256, lines: bool = False):
         self.H, self.D, self.elem_bytes, self.nrows = H, D, elem_bytes, nrows
         self.name, self.stages = self.KERNELS[nrows]
+        if lines:                                               # copies by whole 128-byte lines (N = 128 only)
+            if nrows != 128:
+                raise ValueError(f"argument 'nrows': the line-copy grouped threshold has nrows 128, got {nrows}")
+            self.name = self.name.replace("_ws", "_lines_ws")
         self.threads = 128
         self.G = min(nrows // H, 8)
         self.JC = 128 if self.G <= 2 else 64                    # sample indices per merged chunk

@@ -45,7 +45,8 @@ KERNELS = {
     "wgmma_ws.cu": tuple((f"hytopk_{k}_{kind}", over) for kind, over in (("ws", "wgmma"), ("ws_fp8", "wgmma_fp8"))
                          for k in ("filter", "dense", "score_rows", "score_only", "replay", "threshold"))
                    + (("hytopk_filter_ws2", "wgmma"), ("hytopk_score_only_ws2", "wgmma"), ("hytopk_ws_pretile", "plain"),
-                      ("hytopk_threshold_group_ws", "wgmma"), ("hytopk_threshold_group128_ws", "wgmma")),
+                      ("hytopk_threshold_group_ws", "wgmma"), ("hytopk_threshold_group128_ws", "wgmma"),
+                      ("hytopk_threshold_group128_lines_ws", "wgmma")),
     "wgmma_ws_threshold.cu": tuple((f"hytopk_threshold_v2{v}_ws", "wgmma") for v in ("", "s3", "_ns", "s3_ns")),
     "attend.cu": (("hytopk_attend_fwd", "attend"), ("hytopk_attend_bwd", "attend"), ("hytopk_attend_delta", "attend"), ("hytopk_attend_pair_union", "attend"),
                   ("hytopk_attend_dkv_reduce", "attend")),

@@ -186,7 +186,7 @@ class WsInputs:
         return T
 
 
-    def threshold_group(self, lo, hi, M, r, nrows=256):
+    def threshold_group(self, lo, hi, M, r, nrows=256, lines=False):
         """T [n] by the grouped threshold kernel: G = nrows / H adjacent queries per block score the
         union of their sample positions with one MMA; the samples' bits go to an [n, mcap] scratch
         (mcap = num_samples(L): no contract query has more), then each query's r-th best. M must be
@@ -194,7 +194,7 @@ class WsInputs:
         T = cp.empty(self.n, cp.float32)
         mcap = min(int(R.num_samples(int(self.L))), WsGroupThresholdGeometry.MAX_SAMPLES)
         if self.n and mcap > 0:
-            g = WsGroupThresholdGeometry(self.H, self.D, 2, nrows)
+            g = WsGroupThresholdGeometry(self.H, self.D, 2, nrows, lines)
             scratch = cp.empty((self.n, mcap), cp.uint32)
             launch(kernel(FILE, f"{g.name}<{self.H}, {self.D}>", self.shapes), (g.groups(self.n),),
                    (self.qt, self.w, self.keys, self.kscale, np.int64(self.L), np.int32(self.n), lo, hi, M, r,
@@ -323,7 +323,7 @@ def threshold_ws_fused(source, lo, hi, M, r):
         return _indexer(source, "cupy.threshold.wgmma_ws_fused").threshold(lo, hi, M, r)
 
 
-def _threshold_group(source, lo, hi, M, r, nrows, name):
+def _threshold_group(source, lo, hi, M, r, nrows, name, lines=False):
     if not isinstance(source, (R.IndexerSource, Fp8IndexerSource)):
         raise TypeError(f"argument 'source': {name} takes the indexer source only")
     with launch_stream():
@@ -336,7 +336,7 @@ def _threshold_group(source, lo, hi, M, r, nrows, name):
             mcap = min(int(R.num_samples(int(source.keys.shape[0]))), WsGroupThresholdGeometry.MAX_SAMPLES)
             if bool((M > cp.minimum(cp.maximum(hi - lo, 0), mcap)).any()):
                 return threshold_ws_fused(source, lo, hi, M, r)
-        return _indexer(source, name).threshold_group(lo, hi, M, r, nrows)
+        return _indexer(source, name).threshold_group(lo, hi, M, r, nrows, lines)
 
 
 _GROUP_NOTE = ("adjacent queries per block (G = {g}): each 64-sample chunk's positions merged into their "
@@ -357,6 +357,13 @@ def threshold_ws_group(source, lo, hi, M, r):
           notes=_GROUP_NOTE.format(g="128 / H, at most 8", st=4, n=128) + "; two blocks per SM")
 def threshold_ws_group128(source, lo, hi, M, r):
     return _threshold_group(source, lo, hi, M, r, 128, "cupy.threshold.wgmma_ws_group128")
+
+
+@register("threshold", "cupy.threshold.wgmma_ws_group128_lines", sources=("indexer",), gpu_only=True,
+          notes=_GROUP_NOTE.format(g="128 / H, at most 8", st=4, n=128) + "; two blocks per SM; copies by whole "
+                "128-byte lines (a quarter warp per row; the A/B of issue 14's gather fix on the grouped design)")
+def threshold_ws_group128_lines(source, lo, hi, M, r):
+    return _threshold_group(source, lo, hi, M, r, 128, "cupy.threshold.wgmma_ws_group128_lines", lines=True)
 
 
 def _shared_plan(source, lo, hi, M):
