@@ -19,7 +19,7 @@
 // full mbarrier after its own copies of that tile completed (cp.async.wait_group + proxy
 // fence), and waits on the tile's empty mbarrier before reusing its buffer. The consumer
 // waits on full, runs the MMA, releases the buffer, and writes the sample bits to shared
-// memory. Two blocks per SM (~98 KB at H = 64, D = 128, 4096 samples): up to 6 tiles (96 KB)
+// memory. Two blocks per SM (~99 KB at H = 64, D = 128, 4096 samples): up to 6 tiles (96 KB)
 // in flight per SM, and one block's select runs under the other's gather.
 //
 // Bits: the score path is gather_scores' (mma_chain with the key tile as A and the query's
@@ -30,7 +30,7 @@
 // Arguments: qt = q [n, H, D] in the core-matrix layout (hytopk_ws_pretile), w [n, H] float32,
 // keys [L, D] bf16 row-major, M and r per query (the contract's; the kernel reads m = min(M, mcap)
 // samples, p_j = lo + (j * c) // M in 64 bits), mcap = the samples' room in shared memory.
-// Threads ThresholdV2Shape::THREADS, dynamic shared memory FIXED_BYTES + 4 * mcap, grid n.
+// Threads ThresholdV2Shape::THREADS, dynamic shared memory ALIGN_PAD + FIXED_BYTES + 4 * mcap, grid n.
 #include "hytopk_wgmma_ws.cuh"
 #include "hytopk_radix.cuh"
 using namespace hytopk;
@@ -64,6 +64,9 @@ struct ThresholdV2Shape {
     static constexpr int BAR_OFF = POS_OFF + 4 * 64 * STAGES;            // full[STAGES], empty[STAGES]
     static constexpr int HIST_OFF = BAR_OFF + 16 * STAGES;               // RADIX u32 + SelectScalars
     static constexpr int FIXED_BYTES = HIST_OFF + 4 * RADIX + (int)sizeof(SelectScalars);   // then [mcap] u32 bits
+    // the launch adds ALIGN_PAD bytes: the layout starts at the first 1024-byte boundary (a misaligned swizzled
+    // tile would give wrong scores, and a trap would poison the context)
+    static constexpr int ALIGN_PAD = 1024;
     static_assert(!SWZ || TILE_BYTES % 1024 == 0, "threshold v2: swizzled tiles are 1024-byte aligned");
     static_assert(BAR_OFF % 8 == 0, "threshold v2: mbarriers are 8-byte aligned");
 };
@@ -95,7 +98,8 @@ __device__ __forceinline__ void threshold_v2_body(const bf16_bits* __restrict__ 
                                                   u32* __restrict__ T) {
     typedef ThresholdV2Shape<H, D, STAGES, SWZ> S;
     (void)L;
-    extern __shared__ __align__(1024) unsigned char smem[];
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
     const int t = (int)blockIdx.x;
     if (t >= n) return;
     const int Mt = M[t];
@@ -112,7 +116,6 @@ __device__ __forceinline__ void threshold_v2_body(const bf16_bits* __restrict__ 
     SelectScalars* sc = reinterpret_cast<SelectScalars*>(hist + RADIX);
     u32* bits = reinterpret_cast<u32*>(smem + S::FIXED_BYTES);
     const u32 sk = smem_addr(smem) + S::TILE_OFF, sq = smem_addr(smem) + S::Q_OFF, bars = smem_addr(smem + S::BAR_OFF);
-    if (S::SWZ && (sk & 1023u)) __trap();               // the swizzle needs 1024-byte aligned tiles
     const auto full = [bars](int st) { return bars + 8u * (u32)st; };
     const auto empty = [bars](int st) { return bars + 8u * (u32)(STAGES + st); };
     for (int i = tid; i < H; i += S::THREADS) s_w[i] = w[(long long)t * H + i];

@@ -67,7 +67,7 @@ def test_ws_threshold_v2_geometry(H, mcap):
     """The v2 threshold (wgmma_ws_threshold.cu) fits a block, and two blocks per SM (228 KiB, 1 KiB
     reserved per block) at the model shapes: 4 stages up to 4096 samples at D = 128, 3 at 8192."""
     g = WsThresholdV2Geometry(H, 128, mcap)
-    assert g.threads == 160 and g.smem == g.fixed + 4 * mcap <= SMEM_LIMIT
+    assert g.threads == 160 and g.smem == g.ALIGN_PAD + g.fixed + 4 * mcap <= SMEM_LIMIT
     assert 2 * (g.smem + 1024) <= 228 * 1024
     assert g.stages == (4 if mcap <= 4096 or H < 64 else 3)
     assert g.name.startswith("hytopk_threshold_v2") and WsThresholdV2Geometry(H, 128, mcap, False).name.endswith("_ns_ws")

@@ -134,16 +134,18 @@ class WsThresholdV2Geometry:
         self.name = self.KERNELS[stages].format("" if swizzle else "_ns")
         self.threads = self.THREADS
         self.fixed = self.fixed_bytes(H, D, stages)
-        self.smem = self.fixed + 4 * self.mcap
+        self.smem = self.bytes_for(H, D, stages, mcap)
 
     @staticmethod
     def fixed_bytes(H: int, D: int, stages: int) -> int:
         row = 2 * D
         return H * row + stages * 64 * row + 4 * H + 4 * 64 * stages + 16 * stages + 4 * 256 + 16
 
+    ALIGN_PAD = 1024         # the kernel starts its layout at the first 1024-byte boundary (the swizzle)
+
     @classmethod
     def bytes_for(cls, H: int, D: int, stages: int, mcap: int) -> int:
-        return cls.fixed_bytes(H, D, stages) + 4 * int(mcap)
+        return cls.ALIGN_PAD + cls.fixed_bytes(H, D, stages) + 4 * int(mcap)
 
     @staticmethod
     def cxx(H: int, D: int, stages: int) -> str:
@@ -157,7 +159,8 @@ def ws_threshold_v2_static_asserts(shapes) -> list[str]:
         for st in WsThresholdV2Geometry.KERNELS:
             s = WsThresholdV2Geometry.cxx(H, D, st)
             fixed = WsThresholdV2Geometry.fixed_bytes(H, D, st)
-            out.append(f'static_assert({s}::FIXED_BYTES == {fixed} && {s}::THREADS == {WsThresholdV2Geometry.THREADS}, '
+            out.append(f'static_assert({s}::FIXED_BYTES == {fixed} && {s}::THREADS == {WsThresholdV2Geometry.THREADS} '
+                       f'&& {s}::ALIGN_PAD == {WsThresholdV2Geometry.ALIGN_PAD}, '
                        f'"workbench/geometry.py WsThresholdV2Geometry({H}, {D}, stages={st}) != {s}");')
     return out
 
