@@ -504,7 +504,11 @@ __device__ __forceinline__ int lower_rank(const int* P, int p) {
     return (lb == JC - 1 && P[JC - 1] < p) ? JC : lb;
 }
 
-template <class In, int H, int D, int NROWS, int STAGES>
+// LINES (issue 14, *_lines kernels): a quarter warp copies 128 contiguous bytes of one row (whole
+// sectors) instead of 8 rows x 16 bytes; the same tile layout, so the same bits (wgmma_ws_threshold.cu
+// says why: the 16-byte copies are served a quarter warp at a time, and 8 rows x 16 bytes fetch each
+// sector twice).
+template <class In, int H, int D, int NROWS, int STAGES, bool LINES = false>
 __device__ __forceinline__ void threshold_group_body(HYTOPK_WS_ARGS, int n, const int* lo, const int* hi, const int* M,
                                                      const int* r, int mcap, u32* scratch, u32* T) {
     typedef GroupThresholdShape<In, H, D, NROWS, STAGES> S;
@@ -644,10 +648,19 @@ __device__ __forceinline__ void threshold_group_body(HYTOPK_WS_ARGS, int n, cons
         }
         const unsigned char* keys = reinterpret_cast<const unsigned char*>(kt);     // row-major here
         for (int i = tid; i < 64 * S::CH; i += 128) {
-            const int rr = (i / (8 * S::CH)) * 8 + (i & 7), c = (i >> 3) % S::CH;
+            int rr, c;
+            u32 off;
+            if constexpr (LINES && S::CH % 8 == 0) {               // quarter i / 8: row (i / 8) % 64, block (i / 8) / 64
+                rr = (i >> 3) & 63;
+                c = 8 * ((i >> 3) >> 6) + (i & 7);
+                off = (u32)((rr >> 3) * S::GROUP_BYTES + c * 128 + (rr & 7) * 16);
+            } else {
+                rr = (i / (8 * S::CH)) * 8 + (i & 7);
+                c = (i >> 3) % S::CH;
+                off = 16u * i;
+            }
             const int s = rr < rows ? s_upos[(head + rr) & (RING - 1)] : -1;
-            cp_async16(sk + st * S::TILE_BYTES + 16u * i, keys + (s >= 0 ? (size_t)s * S::ROW_BYTES + c * 16 : 0),
-                       s >= 0);
+            cp_async16(sk + st * S::TILE_BYTES + off, keys + (s >= 0 ? (size_t)s * S::ROW_BYTES + c * 16 : 0), s >= 0);
         }
         head += rows;
         ++issued;
@@ -800,17 +813,18 @@ __global__ void hytopk_ws_pretile(const uint4* __restrict__ src, long long rows,
 
 // Grouped threshold (threshold_group_body): 128 threads, GroupThresholdShape::SMEM_BYTES; grid ceil(n / G).
 // N = 256 rows (G = 256 / H, at most 8) with 6 stages, or N = 128 with 4 (two blocks per SM).
-#define HYTOPK_WS_GROUP_KERNEL(NAME, IN, NROWS, STAGES)                                                          \
+#define HYTOPK_WS_GROUP_KERNEL(NAME, IN, NROWS, STAGES, LINES)                                                   \
     template <int H, int D>                                                                                    \
     __global__ void __launch_bounds__(128) NAME(                                                               \
         const IN::elem* __restrict__ qt, const float* __restrict__ w, const IN::elem* __restrict__ keys,       \
         const float* __restrict__ kscale, long long L, int n, const int* __restrict__ lo,                      \
         const int* __restrict__ hi, const int* __restrict__ M, const int* __restrict__ r, int mcap,            \
         u32* __restrict__ scratch, u32* __restrict__ T) {                                                      \
-        threshold_group_body<IN, H, D, NROWS, STAGES>(qt, w, keys, kscale, L, n, lo, hi, M, r, mcap, scratch, T); \
+        threshold_group_body<IN, H, D, NROWS, STAGES, LINES>(qt, w, keys, kscale, L, n, lo, hi, M, r, mcap, scratch, T); \
     }
-HYTOPK_WS_GROUP_KERNEL(hytopk_threshold_group_ws, Bf16, 256, 6)
-HYTOPK_WS_GROUP_KERNEL(hytopk_threshold_group128_ws, Bf16, 128, 4)
+HYTOPK_WS_GROUP_KERNEL(hytopk_threshold_group_ws, Bf16, 256, 6, false)
+HYTOPK_WS_GROUP_KERNEL(hytopk_threshold_group128_ws, Bf16, 128, 4, false)
+HYTOPK_WS_GROUP_KERNEL(hytopk_threshold_group128_lines_ws, Bf16, 128, 4, true)
 
 HYTOPK_WS_KERNELS(ws, Bf16, 4)
 HYTOPK_WS_MORE_KERNELS(ws, Bf16)

@@ -47,6 +47,11 @@ def pipeline():
     plan1 = b.plan(lot, hit, p.k, L=p.L, query_chunk=p.n)
     src = b._source(*b._indexer_args(qt, wt_, kt, None, DT.check_indexer_dtypes(qt, wt_, kt)))
     T = st.threshold(src, plan1.lo_d, plan1.hi_d, plan1.M_d, plan1.r_d)
+    from workbench import registry                  # issue 14's v2 thresholds and the grouped A/B (whole-line copies)
+    for name in ("cupy.threshold.wgmma_ws_v2", "cupy.threshold.wgmma_ws_v2_noswizzle",
+                 "cupy.threshold.wgmma_ws_group128", "cupy.threshold.wgmma_ws_group128_lines"):
+        T2 = registry.get(name)(src, plan1.lo_d, plan1.hi_d, plan1.M_d, plan1.r_d)
+        print(f"profile_kernels: {name} T bits equal: {bool((T2.view(np.uint32) == T.view(np.uint32)).all())}", flush=True)
     ci, cv, cnt = st.filter(src, plan1.lo_d, plan1.hi_d, T, plan1.capacity)
     st.select(ci, cv, cnt, p.k)
     torch.cuda.synchronize()

@@ -20,7 +20,8 @@ import reference as R
 from reference import generate as G
 from reference.fp8 import Fp8IndexerSource, exact_fp8_source, quantize_indexer
 from workbench.bf16 import float32_to_bf16_bits
-from workbench.geometry import SMEM_LIMIT, WsGeometry, WsGroupThresholdGeometry, WsReplayGeometry
+from workbench.geometry import (SMEM_LIMIT, WsGeometry, WsGroupThresholdGeometry, WsReplayGeometry,
+                                WsThresholdV2Geometry)
 
 
 def bits(x):
@@ -58,6 +59,91 @@ def test_ws_group_threshold_geometry(H, nrows):
     if nrows == 128 and H in (32, 64):
         assert 2 * (g.smem + 1024) <= 228 * 1024
     assert g.groups(4096) == -(-4096 // g.G)
+
+
+@pytest.mark.parametrize("H", [16, 32, 64])
+@pytest.mark.parametrize("mcap", [0, 2048, 4096, 8192])
+def test_ws_threshold_v2_geometry(H, mcap):
+    """The v2 threshold (wgmma_ws_threshold.cu) fits a block, and two blocks per SM (228 KiB, 1 KiB
+    reserved per block) at the model shapes: 4 stages up to 4096 samples at D = 128, 3 at 8192."""
+    g = WsThresholdV2Geometry(H, 128, mcap)
+    assert g.threads == 160 and g.smem == g.ALIGN_PAD + g.fixed + 4 * mcap <= SMEM_LIMIT
+    assert 2 * (g.smem + 1024) <= 228 * 1024
+    assert g.stages == (4 if mcap <= 4096 or H < 64 else 3)
+    assert g.name.startswith("hytopk_threshold_v2") and WsThresholdV2Geometry(H, 128, mcap, False).name.endswith("_ns_ws")
+
+
+def _v2_copy_map(D, swizzle):
+    """A mirror of the v2 producer's copies of one 64-row tile (wgmma_ws_threshold.cu):
+    (copy k, lane) -> (row, 16-byte chunk of the row, byte offset in the tile)."""
+    CH = 2 * D // 16
+    lines = CH % 8 == 0
+    swz = swizzle and lines
+    out = {}
+    for k in range(64 * CH // 32):
+        for lane in range(32):
+            if lines:                                     # copy k = (u, kb): row 4 u + lane / 8, block kb
+                u, kb, cb = k // (CH // 8), k % (CH // 8), lane & 7
+                row = 4 * u + (lane >> 3)
+                ch = 8 * kb + cb
+                off = (kb * 8192 + row * 128 + ((cb ^ (row & 7)) << 4)) if swz else \
+                    ((row >> 3) * CH * 128 + ch * 128 + (row & 7) * 16)
+            else:
+                e = lane + 32 * k
+                row, ch, off = (e // (8 * CH)) * 8 + (e & 7), (e >> 3) % CH, 16 * e
+            out[k, lane] = (row, ch, off)
+    return out, CH, lines, swz
+
+
+@pytest.mark.parametrize("D", [16, 48, 64, 128])
+@pytest.mark.parametrize("swizzle", [True, False])
+def test_ws_threshold_v2_copy_map(D, swizzle):
+    """Every 16-byte chunk of the tile's 64 rows is copied once, to where the MMA's operand layout
+    has it: the no-swizzle core-matrix layout (chunk c of row r at (r / 8) * 128 CH + 128 c + 16 (r % 8))
+    or the 128-byte swizzle (the linear address of row r, chunk c of 64-column block kb, with bits
+    4-6 XORed by bits 7-9, as the hardware reads it from a 1024-byte aligned tile); and each quarter
+    warp of a copy reads whole 32-byte sectors when rows are whole 128-byte lines (one line each)."""
+    cmap, CH, lines, swz = _v2_copy_map(D, swizzle)
+    assert sorted((r, c) for r, c, _ in cmap.values()) == [(r, c) for r in range(64) for c in range(CH)]
+    assert sorted(o for _, _, o in cmap.values()) == list(range(0, 64 * CH * 16, 16))
+    for (r, c, o) in cmap.values():
+        if swz:
+            linear = (c // 8) * 8192 + r * 128 + (c % 8) * 16
+            assert o == linear ^ (((linear >> 7) & 7) << 4)
+        else:
+            assert o == (r // 8) * CH * 128 + c * 128 + (r % 8) * 16
+    if lines:
+        for k in range(64 * CH // 32):
+            for q in range(4):
+                quarter = [cmap[k, lane] for lane in range(8 * q, 8 * q + 8)]
+                assert len({r for r, _, _ in quarter}) == 1                      # one row
+                chunks = sorted(c for _, c, _ in quarter)
+                assert chunks == list(range(chunks[0], chunks[0] + 8)) and chunks[0] % 8 == 0   # one 128-byte line
+                if swz:                                                          # 8 distinct bank groups
+                    assert len({(o // 16) % 8 for _, _, o in quarter}) == 8
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ws_threshold_v2_position_steps(seed):
+    """The producer's positions, stepped by quotient and remainder of 64 c / M per tile, are the
+    contract's p_j = lo + (j * c) // M for every sampled j (contract M, and M above c)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(50):
+        c = int(rng.choice([rng.integers(1, 5000), rng.integers(1, 2**31 - 1)]))
+        M = int(min(c, max(4096, min(8192, c // 128)))) if rng.random() < 0.7 else int(rng.integers(1, 3 * c + 2))
+        m = min(M, 8192)
+        step_q, step_r = (64 * c) // M, (64 * c) % M
+        for lane in (0, 5, 31):
+            for h in (0, 1):
+                j0 = lane + 32 * h
+                quo, rem = (j0 * c) // M, (j0 * c) % M
+                for i in range((m + 63) // 64):
+                    j = 64 * i + j0
+                    if j < m:
+                        assert quo == (j * c) // M
+                    quo, rem = quo + step_q, rem + step_r
+                    if rem >= M:
+                        rem, quo = rem - M, quo + 1
 
 
 # ------------------------------------------------------------------ GPU (Hopper)
@@ -245,7 +331,8 @@ def test_ws_filter_flushes_full_staging_buffers():
         np.testing.assert_array_equal(np.sort(ci[t, :cnt[t]]), np.arange(lo[t], hi[t]))
 
 
-THRESHOLDS = ("threshold_ws", "threshold_ws_fused", "threshold_ws_group", "threshold_ws_group128")
+THRESHOLDS = ("threshold_ws", "threshold_ws_fused", "threshold_ws_group", "threshold_ws_group128",
+              "threshold_ws_group128_lines", "threshold_ws_v2", "threshold_ws_v2_noswizzle")
 
 
 @gpu
@@ -271,6 +358,33 @@ def test_ws_threshold_is_the_rth_best_sample_of_its_own_scores(fused, dtype, H, 
     np.testing.assert_array_equal(R.order_keys(T), R.order_keys(want))
     sampled = M > 0
     assert T[sampled].view(np.uint32).tobytes() == want[sampled].view(np.uint32).tobytes()
+
+
+@gpu
+@pytest.mark.parametrize("fused", ["threshold_ws_v2", "threshold_ws_v2_noswizzle"])
+@pytest.mark.parametrize("H, D, layout", [(64, 64, "causal_tail"), (32, 40, "random"), (16, 128, "causal_tail"),
+                                          (64, 128, "random")])
+def test_ws_threshold_v2_shapes(fused, H, D, layout):
+    """The v2 threshold's three copy paths: rows of whole 128-byte lines in the swizzled tile
+    (D = 64: one 64-column block, D = 128: two) or the no-swizzle one, and rows of less (D = 40,
+    padded to 48: gather_scores' order); 4096 samples of the long contexts, and one context of
+    k + 5 keys (M = c = 705: a partial last tile): T bit for bit the reference's r-th best sample of
+    the core's own table."""
+    import cupy as cp
+    from workbench.families.cupy import wgmma_ws as WS
+    n, L, k = 40, 70000, 700
+    src, rng = _random_source("bf16", n, L, H, D, 5 + D)
+    lo, hi = G.layout(layout, n, L, k, rng)
+    lo, hi = lo.astype(np.int32), hi.astype(np.int32)
+    lo[1] = min(lo[1], L - k - 5)
+    hi[1] = lo[1] + k + 5                                                 # M = c: 705 samples, a partial tile
+    table = WS.dense_source(src, cp.asarray(lo), cp.asarray(hi)).get()
+    M, r = R.sample_plan(lo, hi, k, 3.0)
+    T = getattr(WS, fused)(src, cp.asarray(lo), cp.asarray(hi), cp.asarray(M), cp.asarray(r)).get()
+    want = R.stage_threshold(R.TableSource(table), lo, hi, M, r)
+    sampled = M > 0
+    assert T[sampled].view(np.uint32).tobytes() == want[sampled].view(np.uint32).tobytes()
+    assert np.isnan(T[~sampled]).all()
 
 
 @gpu
@@ -345,8 +459,12 @@ def test_ws_group_threshold_mixed_groups(fused, H, n, kind):
 
 
 @gpu
-def test_ws_group_threshold_non_contract_m_falls_back():
-    """A direct call whose M exceeds c (positions repeat) takes the per-query kernel: same T."""
+@pytest.mark.parametrize("fused", ["threshold_ws_group", "threshold_ws_group128_lines", "threshold_ws_v2",
+                                   "threshold_ws_v2_noswizzle"])
+@pytest.mark.parametrize("m", [1500, 5000])
+def test_ws_group_threshold_non_contract_m_falls_back(fused, m):
+    """A direct call whose M exceeds c (positions repeat; the grouped kernels hand it to the
+    per-query kernel, v2 takes it), or num_samples(L) = 4096 (v2 hands it over too): same T."""
     import cupy as cp
     from workbench.families.cupy import wgmma_ws as WS
     n, L, H, D = 9, 5000, 64, 128
@@ -355,16 +473,18 @@ def test_ws_group_threshold_non_contract_m_falls_back():
     src, _ = _source("ints", q, w, keys, rng, "bf16")
     lo = np.arange(n, dtype=np.int32) * 10
     hi = lo + 1000
-    M = np.full(n, 1500, np.int32)
+    M = np.full(n, m, np.int32)
     r = np.full(n, 7, np.int32)
     args = (src, cp.asarray(lo), cp.asarray(hi), cp.asarray(M), cp.asarray(r))
-    np.testing.assert_array_equal(WS.threshold_ws_group(*args).get().view(np.uint32),
+    np.testing.assert_array_equal(getattr(WS, fused)(*args).get().view(np.uint32),
                                   WS.threshold_ws_fused(*args).get().view(np.uint32))
 
 
 @gpu
 @pytest.mark.parametrize("threshold, select", [("wgmma_ws", "radix_bitonic"), ("wgmma_ws_group128", "radix_smem"),
-                                               ("wgmma_ws_group", "radix_smem")])
+                                               ("wgmma_ws_group", "radix_smem"), ("wgmma_ws_group128_lines", "radix_smem"),
+                                               ("wgmma_ws_v2", "radix_bitonic"),
+                                               ("wgmma_ws_v2_noswizzle", "radix_smem")])
 def test_ws_pipeline_equals_bruteforce_of_its_dense(threshold, select):
     """bf16, n=256, L=32768, H=64, D=128, k=2048, float32 w: the core's threshold + filter +
     recover in the backend's pipeline is exact on the core's own scores (and with the grouped

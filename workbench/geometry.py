@@ -87,9 +87,13 @@ class WsGroupThresholdGeometry:
     KERNELS = {256: ("hytopk_threshold_group_ws", 6), 128: ("hytopk_threshold_group128_ws", 4)}
     MAX_SAMPLES = 8192
 
-    def __init__(self, H: int, D: int, elem_bytes: int, nrows: int = 256):
+    def __init__(self, H: int, D: int, elem_bytes: int, nrows: int = 256, lines: bool = False):
         self.H, self.D, self.elem_bytes, self.nrows = H, D, elem_bytes, nrows
         self.name, self.stages = self.KERNELS[nrows]
+        if lines:                                               # copies by whole 128-byte lines (N = 128 only)
+            if nrows != 128:
+                raise ValueError(f"argument 'nrows': the line-copy grouped threshold has nrows 128, got {nrows}")
+            self.name = self.name.replace("_ws", "_lines_ws")
         self.threads = 128
         self.G = min(nrows // H, 8)
         self.JC = 128 if self.G <= 2 else 64                    # sample indices per merged chunk
@@ -110,6 +114,55 @@ class WsGroupThresholdGeometry:
     def cxx(self) -> str:
         kind = "hytopk::ws::Bf16" if self.elem_bytes == 2 else "hytopk::ws::E4m3"
         return f"GroupThresholdShape<{kind}, {self.H}, {self.D}, {self.nrows}, {self.stages}>"
+
+
+class WsThresholdV2Geometry:
+    """ThresholdV2Shape<H, D, STAGES> of kernels_cuda/wgmma_ws_threshold.cu (bf16): one block of a
+    consumer warpgroup and a producer warp per query, STAGES gathered 64-row key tiles, the sample
+    bits ([mcap] u32) after the fixed part. STAGES 4 where two blocks fit an SM, else 3."""
+
+    KERNELS = {4: "hytopk_threshold_v2{}_ws", 3: "hytopk_threshold_v2s3{}_ws"}     # {}: "" or "_ns" (no swizzle)
+    MAX_SAMPLES = 8192
+    THREADS = 160
+    SM_SMEM = 228 * 1024     # an SM's shared memory; each block reserves 1 KiB more
+
+    def __init__(self, H: int, D: int, mcap: int, swizzle: bool = True, stages: int | None = None):
+        self.H, self.D, self.mcap = H, D, int(mcap)
+        if stages is None:
+            stages = 4 if 2 * (self.bytes_for(H, D, 4, mcap) + 1024) <= self.SM_SMEM else 3
+        self.stages = stages
+        self.name = self.KERNELS[stages].format("" if swizzle else "_ns")
+        self.threads = self.THREADS
+        self.fixed = self.fixed_bytes(H, D, stages)
+        self.smem = self.bytes_for(H, D, stages, mcap)
+
+    @staticmethod
+    def fixed_bytes(H: int, D: int, stages: int) -> int:
+        row = 2 * D
+        return H * row + stages * 64 * row + 4 * H + 4 * 64 * stages + 16 * stages + 4 * 256 + 16
+
+    ALIGN_PAD = 1024         # the kernel starts its layout at the first 1024-byte boundary (the swizzle)
+
+    @classmethod
+    def bytes_for(cls, H: int, D: int, stages: int, mcap: int) -> int:
+        return cls.ALIGN_PAD + cls.fixed_bytes(H, D, stages) + 4 * int(mcap)
+
+    @staticmethod
+    def cxx(H: int, D: int, stages: int) -> str:
+        return f"ThresholdV2Shape<{H}, {D}, {stages}>"
+
+
+def ws_threshold_v2_static_asserts(shapes) -> list[str]:
+    """C++ static_asserts tying WsThresholdV2Geometry to wgmma_ws_threshold.cu, per instantiated shape."""
+    out = []
+    for H, D in shapes:
+        for st in WsThresholdV2Geometry.KERNELS:
+            s = WsThresholdV2Geometry.cxx(H, D, st)
+            fixed = WsThresholdV2Geometry.fixed_bytes(H, D, st)
+            out.append(f'static_assert({s}::FIXED_BYTES == {fixed} && {s}::THREADS == {WsThresholdV2Geometry.THREADS} '
+                       f'&& {s}::ALIGN_PAD == {WsThresholdV2Geometry.ALIGN_PAD}, '
+                       f'"workbench/geometry.py WsThresholdV2Geometry({H}, {D}, stages={st}) != {s}");')
+    return out
 
 
 def ws_static_asserts(shapes_bf16, shapes_fp8) -> list[str]:

@@ -50,13 +50,16 @@ KERNELS = {
     "wgmma_ws.cu": tuple((f"hytopk_{k}_{kind}", over) for kind, over in (("ws", "wgmma"), ("ws_fp8", "wgmma_fp8"))
                          for k in ("filter", "dense", "score_rows", "score_only", "replay", "threshold"))
                    + (("hytopk_filter_ws2", "wgmma"), ("hytopk_score_only_ws2", "wgmma"), ("hytopk_ws_pretile", "plain"),
-                      ("hytopk_threshold_group_ws", "wgmma"), ("hytopk_threshold_group128_ws", "wgmma")),
+                      ("hytopk_threshold_group_ws", "wgmma"), ("hytopk_threshold_group128_ws", "wgmma"),
+                      ("hytopk_threshold_group128_lines_ws", "wgmma")),
+    "wgmma_ws_threshold.cu": tuple((f"hytopk_threshold_v2{v}_ws", "wgmma") for v in ("", "s3", "_ns", "s3_ns")),
     "attend.cu": (("hytopk_attend_fwd", "attend"), ("hytopk_attend_bwd", "attend"), ("hytopk_attend_delta", "attend"), ("hytopk_attend_pair_union", "attend"),
                   ("hytopk_attend_dkv_reduce", "attend")),
     "attend_wgmma.cu": (("hytopk_attend_fwd_wgmma", "attend_wgmma"),),
 }
 # files that need an arch-specific target (wgmma exists on sm_90a only): NVRTC options, nvcc -gencode
-FILE_OPTIONS = {"wgmma.cu": ("-arch=sm_90a",), "wgmma_ws.cu": ("-arch=sm_90a",), "attend_wgmma.cu": ("-arch=sm_90a",)}
+FILE_OPTIONS = {"wgmma.cu": ("-arch=sm_90a",), "wgmma_ws.cu": ("-arch=sm_90a",), "attend_wgmma.cu": ("-arch=sm_90a",),
+                "wgmma_ws_threshold.cu": ("-arch=sm_90a",)}
 
 
 def nvcc_target(file: str, arch: str) -> str:
@@ -188,6 +191,9 @@ def geometry_asserts(file: str, shapes=SHAPES) -> list[str]:
         return attend_static_asserts()
     if file == "attend_wgmma.cu":
         return [f'static_assert(hytopk::attw::SMEM == {ATTEND_WGMMA_SMEM}, "instantiations.ATTEND_WGMMA_SMEM drifted");']
+    if file == "wgmma_ws_threshold.cu":
+        from workbench.geometry import ws_threshold_v2_static_asserts
+        return ws_threshold_v2_static_asserts(list(dict.fromkeys(tiled_shape(*s) for s in shapes)))
     if file != "wgmma_ws.cu":
         return []
     from workbench.geometry import ws_static_asserts

@@ -23,7 +23,8 @@ import reference as R
 from reference.fp8 import Fp8IndexerSource
 from workbench import instantiations as INST
 
-from ...geometry import WsGeometry, WsGroupThresholdGeometry, WsReplayGeometry, WsThresholdGeometry
+from ...geometry import (WsGeometry, WsGroupThresholdGeometry, WsReplayGeometry, WsThresholdGeometry,
+                         WsThresholdV2Geometry)
 from ...registry import register
 from . import _scope
 from ._launch import as_device, check_k_fits, chunks, i32, input_dtype, kernel, launch, launch_stream, pad_inputs
@@ -193,7 +194,7 @@ class WsInputs:
         return T
 
 
-    def threshold_group(self, lo, hi, M, r, nrows=256):
+    def threshold_group(self, lo, hi, M, r, nrows=256, lines=False):
         """T [n] by the grouped threshold kernel: G = nrows / H adjacent queries per block score the
         union of their sample positions with one MMA; the samples' bits go to an [n, mcap] scratch
         (mcap = num_samples(L): no contract query has more), then each query's r-th best. M must be
@@ -201,11 +202,27 @@ class WsInputs:
         T = cp.empty(self.n, cp.float32)
         mcap = min(int(R.num_samples(int(self.L))), WsGroupThresholdGeometry.MAX_SAMPLES)
         if self.n and mcap > 0:
-            g = WsGroupThresholdGeometry(self.H, self.D, 2, nrows)
+            g = WsGroupThresholdGeometry(self.H, self.D, 2, nrows, lines)
             scratch = cp.empty((self.n, mcap), cp.uint32)
             launch(kernel(FILE, f"{g.name}<{self.H}, {self.D}>", self.shapes), (g.groups(self.n),),
                    (self.qt, self.w, self.keys, self.kscale, np.int64(self.L), np.int32(self.n), lo, hi, M, r,
                     np.int32(mcap), scratch, T), g.smem, threads=g.threads)
+        elif self.n:
+            T.fill(cp.nan)
+        return T
+
+    def threshold_v2(self, lo, hi, M, r, swizzle=True):
+        """T [n] by the v2 threshold kernel (wgmma_ws_threshold.cu, bf16): one block per query, a
+        producer warp gathering 64-row key tiles (a quarter warp per 128-byte line), one consumer
+        warpgroup scoring them, the r-th best in shared memory. Reads m = min(M, mcap) samples,
+        mcap = num_samples(L) (no contract query has more)."""
+        T = cp.empty(self.n, cp.float32)
+        mcap = min(int(R.num_samples(int(self.L))), WsThresholdV2Geometry.MAX_SAMPLES)
+        if self.n and mcap > 0:
+            g = WsThresholdV2Geometry(self.H, self.D, mcap, swizzle)
+            launch(kernel("wgmma_ws_threshold.cu", f"{g.name}<{self.H}, {self.D}>", self.shapes), (self.n,),
+                   (self.qt, self.w, self.keys, np.int64(self.L), np.int32(self.n), lo, hi, M, r, np.int32(mcap), T),
+                   g.smem, threads=g.threads)
         elif self.n:
             T.fill(cp.nan)
         return T
@@ -314,7 +331,7 @@ def threshold_ws_fused(source, lo, hi, M, r):
         return _indexer(source, "cupy.threshold.wgmma_ws_fused").threshold(lo, hi, M, r)
 
 
-def _threshold_group(source, lo, hi, M, r, nrows, name):
+def _threshold_group(source, lo, hi, M, r, nrows, name, lines=False):
     if not isinstance(source, (R.IndexerSource, Fp8IndexerSource)):
         raise TypeError(f"argument 'source': {name} takes the indexer source only")
     with launch_stream():
@@ -327,7 +344,7 @@ def _threshold_group(source, lo, hi, M, r, nrows, name):
             mcap = min(int(R.num_samples(int(source.keys.shape[0]))), WsGroupThresholdGeometry.MAX_SAMPLES)
             if bool((M > cp.minimum(cp.maximum(hi - lo, 0), mcap)).any()):
                 return threshold_ws_fused(source, lo, hi, M, r)
-        return _indexer(source, name).threshold_group(lo, hi, M, r, nrows)
+        return _indexer(source, name).threshold_group(lo, hi, M, r, nrows, lines)
 
 
 _GROUP_NOTE = ("adjacent queries per block (G = {g}): each 64-sample chunk's positions merged into their "
@@ -348,6 +365,13 @@ def threshold_ws_group(source, lo, hi, M, r):
           notes=_GROUP_NOTE.format(g="128 / H, at most 8", st=4, n=128) + "; two blocks per SM")
 def threshold_ws_group128(source, lo, hi, M, r):
     return _threshold_group(source, lo, hi, M, r, 128, "cupy.threshold.wgmma_ws_group128")
+
+
+@register("threshold", "cupy.threshold.wgmma_ws_group128_lines", sources=("indexer",), gpu_only=True,
+          notes=_GROUP_NOTE.format(g="128 / H, at most 8", st=4, n=128) + "; two blocks per SM; copies by whole "
+                "128-byte lines (a quarter warp per row; the A/B of issue 14's gather fix on the grouped design)")
+def threshold_ws_group128_lines(source, lo, hi, M, r):
+    return _threshold_group(source, lo, hi, M, r, 128, "cupy.threshold.wgmma_ws_group128_lines", lines=True)
 
 
 def _shared_plan(source, lo, hi, M):
@@ -404,3 +428,41 @@ def score_only_ws(source, lo, hi, consumers=4):
         checksum = cp.zeros(1, cp.uint64)
         x.launch_scan("score_only", x.n, (np.int32(x.n), lo, hi, checksum))
         return checksum
+
+
+def _threshold_v2(source, lo, hi, M, r, swizzle, name):
+    if not isinstance(source, (R.IndexerSource, Fp8IndexerSource)):
+        raise TypeError(f"argument 'source': {name} takes the indexer source only")
+    with launch_stream():
+        lo, hi, M, r = i32(lo, "lo"), i32(hi, "hi"), i32(M, "M"), i32(r, "r")
+        if isinstance(source, Fp8IndexerSource) or _shared_plan(source, lo, hi, M) is not None:
+            return threshold_ws_fused(source, lo, hi, M, r)    # fp8, or one context for all: as before
+        if _scope.current() is None and lo.shape[0]:
+            # a direct call (one sync): more samples than num_samples(L) (not the contract's M) do not
+            # fit the kernel's shared memory: the per-query kernel, which reads up to 8192
+            mcap = min(int(R.num_samples(int(source.keys.shape[0]))), WsThresholdV2Geometry.MAX_SAMPLES)
+            if bool((M > mcap).any()):
+                return threshold_ws_fused(source, lo, hi, M, r)
+        return _indexer(source, name).threshold_v2(lo, hi, M, r, swizzle)
+
+
+_V2_NOTE = ("one block per query: a producer warp steps the sample positions (no positions array, no "
+            "division in the loop) and keeps 3 (2 at 8192 samples) gathered 64-row key tiles in flight with "
+            "cp.async, a quarter warp per 128-byte line (the replay gather fetched every sector twice); one "
+            "consumer warpgroup scores each tile with the filter's score path (same bits); the r-th best in "
+            "shared memory; two blocks per SM. {layout}; bf16 (fp8 and a shared context: as "
+            "cupy.threshold.wgmma_ws_fused)")
+
+
+@register("threshold", "cupy.threshold.wgmma_ws_v2", sources=("indexer",), gpu_only=True,
+          notes=_V2_NOTE.format(layout="Key tiles in the 128-byte swizzle (one shared-memory wavefront per "
+                                       "quarter warp); D not a multiple of 64: no swizzle"))
+def threshold_ws_v2(source, lo, hi, M, r):
+    return _threshold_v2(source, lo, hi, M, r, True, "cupy.threshold.wgmma_ws_v2")
+
+
+@register("threshold", "cupy.threshold.wgmma_ws_v2_noswizzle", sources=("indexer",), gpu_only=True,
+          notes=_V2_NOTE.format(layout="Key tiles in the no-swizzle core-matrix layout of the other ws kernels "
+                                       "(8 wavefronts per quarter warp)"))
+def threshold_ws_v2_noswizzle(source, lo, hi, M, r):
+    return _threshold_v2(source, lo, hi, M, r, False, "cupy.threshold.wgmma_ws_v2_noswizzle")
