@@ -31,14 +31,16 @@ constexpr int STREAM_MIN_BLOCKS = 6;
 constexpr int SAMPLE_BLOCK = 512;        // threads of the threshold and the fused kernel
 constexpr int SAMPLE_PER = MAX_SAMPLES / SAMPLE_BLOCK;   // every sample load of a thread in flight at once
 
-// Sort slots of the v2 selects: sort_desc_v2 pads to at least one word per thread.
-__host__ __device__ constexpr int sort_slots_v2(int k) { return next_pow2(k) > SAMPLE_BLOCK ? next_pow2(k) : SAMPLE_BLOCK; }
+// Sort slots of the v2 selects: sort_desc_v2 pads to at least one word per thread of the block.
+__host__ __device__ constexpr int sort_slots_v2(int k, int threads = SAMPLE_BLOCK) {
+    return next_pow2(k) > threads ? next_pow2(k) : threads;
+}
 
 // Shared memory of hytopk_table_fused in u32 words: 256-bin histogram, select scalars (4),
 // candidate counter + pad (2), sort_slots_v2(k) (u64 word, u32 bits) sort slots, cap (position,
 // bits) candidates; the samples (<= MAX_SAMPLES keys) use the candidate area first.
-__host__ __device__ constexpr long long table_fused_smem_words(int k, int cap) {
-    return RADIX + 6 + 3LL * sort_slots_v2(k) + 2LL * cap;
+__host__ __device__ constexpr long long table_fused_smem_words(int k, int cap, int threads = SAMPLE_BLOCK) {
+    return RADIX + 6 + 3LL * sort_slots_v2(k, threads) + 2LL * cap;
 }
 
 // The filter's sink: a shared-memory stage of stage_cap entries; entries past it go straight
@@ -154,7 +156,7 @@ hytopk_table_filter_pieces(const void* __restrict__ table, long long L, int n, c
 }
 
 // HyTopK over a table, one block of THREADS threads per row (grid: n blocks; smem:
-// table_fused_smem_words(k, cap) words; cap >= MAX_SAMPLES / 2). A context of c <= k is
+// table_fused_smem_words(k, cap, THREADS) words; cap >= MAX_SAMPLES / 2). A context of c <= k is
 // returned whole, sorted. Else: M and r as CONTRACT.md §3.1/3.3 say (float64, that order),
 // the r-th best sample key K*, one streaming read of the row collecting every key >= K* into
 // shared memory (count_out[t] = the true count, §3.5), and when k <= count <= cap the exact
@@ -181,7 +183,7 @@ __device__ __forceinline__ void table_fused_body(u32* smem, const void* __restri
     u32* hist = smem;
     SelectScalars* sc = reinterpret_cast<SelectScalars*>(smem + RADIX);
     int* ncand = reinterpret_cast<int*>(smem + RADIX + 4);
-    const int KW = sort_slots_v2(k);
+    const int KW = sort_slots_v2(k, THREADS);
     u64* word = reinterpret_cast<u64*>(smem + RADIX + 6);      // 262 words: 8-byte aligned
     u32* wbits = reinterpret_cast<u32*>(word + KW);
     u32* cpos = wbits + KW;

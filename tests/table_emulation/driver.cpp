@@ -2,6 +2,7 @@
 // from argv[1], writes their outputs to argv[2]. Built and driven by emulate.py.
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include "kernels_emu.inc"
@@ -48,6 +49,24 @@ static void run(std::ifstream& in, std::ofstream& out, int n, int L, int k, int 
     });
     std::vector<unsigned char> failed(n, 0);
     for (int i = 0; i < nflagged[0]; ++i) failed[flagged[i]] = 1;
+    {   // the default launch (table_v2.py FUSED_THREADS / FUSED_MIN_BLOCKS = 1024, 1): its finished rows
+        // must equal the 512-thread kernel's bit for bit, and it must flag the same rows (same cap)
+        std::vector<int> idx2((size_t)n * k, 9), count2(n, -5), flagged2(n, -3), nflagged2(1, 0);
+        std::vector<float> val2((size_t)n * k, 9.0f);
+        emu::launch({(unsigned)n, 1, 1}, 1024, 4 * table_fused_smem_words(k, cap, 1024), [&] {
+            hytopk_table_fused_cfg<Src, 1024, 1>(table, LL, n, lo.data(), hi.data(), k, cap, aligned, 2, 3.0, 1,
+                                                 count2.data(), flagged2.data(), nflagged2.data(), idx2.data(), val2.data());
+        });
+        std::vector<unsigned char> failed2(n, 0);
+        for (int i = 0; i < nflagged2[0]; ++i) failed2[flagged2[i]] = 1;
+        for (int t = 0; t < n; ++t) {
+            bool same = failed2[t] == failed[t] && count2[t] == count[t];
+            for (int j = 0; same && !failed[t] && j < k; ++j)
+                same = idx2[(size_t)t * k + j] == idx[(size_t)t * k + j] &&
+                       std::memcmp(&val2[(size_t)t * k + j], &val[(size_t)t * k + j], 4) == 0;
+            if (!same) { std::fprintf(stderr, "fused (1024, 1): row %d differs from the 512-thread kernel\n", t); std::exit(1); }
+        }
+    }
     wr(out, idx.data(), idx.size()); wr(out, val.data(), val.size()); wr(out, count.data(), n); wr(out, failed.data(), n);
 
     // threshold v2

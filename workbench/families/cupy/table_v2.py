@@ -52,14 +52,14 @@ def _file():
     return "table_v2.cu"
 
 
-def sort_slots(k: int) -> int:
+def sort_slots(k: int, threads: int = SAMPLE_BLOCK) -> int:
     """table_v2.cu sort_slots_v2: the register sort pads to at least one word per thread."""
-    return max(next_pow2(k), SAMPLE_BLOCK)
+    return max(next_pow2(k), threads)
 
 
-def fused_smem_words(k: int, cap: int) -> int:
+def fused_smem_words(k: int, cap: int, threads: int = SAMPLE_BLOCK) -> int:
     """table_v2.cu table_fused_smem_words."""
-    return 256 + 6 + 3 * sort_slots(k) + 2 * cap
+    return 256 + 6 + 3 * sort_slots(k, threads) + 2 * cap
 
 
 def select_smem_bytes(k: int, cap: int) -> int:
@@ -75,7 +75,7 @@ def fused_cap(k: int) -> int:
     """Candidates the fused kernel collects in shared memory: FUSED_CAP when set (within the opt-in
     limit), else as many as keep FUSED_MIN_BLOCKS blocks per SM, else what the opt-in limit leaves;
     at least MAX_SAMPLES / 2 (its samples live there)."""
-    fixed = 256 + 6 + 3 * sort_slots(k)
+    fixed = 256 + 6 + 3 * sort_slots(k, FUSED_THREADS)
     target = FUSED_SMEM_TARGET * 2 // max(1, FUSED_MIN_BLOCKS)
     cap = (target // 4 - fixed) // 2 // 256 * 256
     if FUSED_CAP > 0:
@@ -86,7 +86,7 @@ def fused_cap(k: int) -> int:
         cap = (_limit() // 4 - fixed) // 2
     if cap < MAX_SAMPLES // 2:
         raise ValueError(f"argument 'k' = {k}: too large for fused_hytopk_v2 (its samples and sort buffers need "
-                         f"{4 * fused_smem_words(k, MAX_SAMPLES // 2)} bytes of shared memory, this device has "
+                         f"{4 * fused_smem_words(k, MAX_SAMPLES // 2, FUSED_THREADS)} bytes of shared memory, this device has "
                          f"{_limit()}); use method='radix'")
     return min(cap, 16384)
 
@@ -149,7 +149,7 @@ def launch_fused(s, cxx, lo, hi, k, cap, oversample, count, flagged, nflagged, i
     launch(kernel(_file(), name), (n,),
            (s, np.int64(L), np.int32(n), lo, hi, np.int32(k), np.int32(cap), np.int32(int(s.data.ptr % 16 == 0)),
             np.int32(FUSED_AHEAD), np.float64(oversample), np.int32(SELECT_FAST), count, flagged, nflagged, idx, val),
-           4 * fused_smem_words(k, cap), threads=threads)
+           4 * fused_smem_words(k, cap, threads), threads=threads)
 
 
 def launch_listed_topk(s, cxx, lo, hi, k, topk_cap, rows, nrows, idx, val):
