@@ -260,7 +260,10 @@ def _torch_allocator(device: int):
 
 # fp8 e4m3 q/keys with per-key scales (the Backend hands them over as uint8 bits + kscale): only the
 # wgmma_ws core computes them (off Hopper its inputs say so: it needs sm_90a)
-FAMILY = CupyFamily(defaults={"float32": FLOAT32, "bf16": WS_BF16 if _hopper() else MMA_SYNC_BF16, "fp8": WS_BF16})
+# bf16 on Hopper: the one-kernel sampled threshold (wgmma_ws_threshold.cu; run 4 of results/h200-2026-12-01:
+# 1.68 vs 2.34 ms at dsv32-128k, bit-equal); fp8 keeps wgmma_ws (v2 hands fp8 to the fused kernel)
+WS_BF16_V2 = dict(WS_BF16, threshold="cupy.threshold.wgmma_ws_v2")
+FAMILY = CupyFamily(defaults={"float32": FLOAT32, "bf16": WS_BF16_V2 if _hopper() else MMA_SYNC_BF16, "fp8": WS_BF16})
 
 __all__ = ["FAMILY", "score_only", "score_only_mma_sync", "CupyFamily", "table_topk", "table_hytopk",
            "fused_hytopk", "TableHyTopK"]
