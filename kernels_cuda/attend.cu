@@ -549,3 +549,127 @@ hytopk_attend_pair_union(const int* __restrict__ idx, int n, int kk, long long L
     }
     if (threadIdx.x == 0) count[p] = total;
 }
+
+// hytopk_attend_pair_union's output, sorted in registers: thread t holds entries t*R .. t*R+R-1 of the
+// N = 256 R (<= 4096) packed entries; the bitonic network's strides < R are register swaps, < 32 R
+// warp shuffles, and only the strides >= 32 R (6 of the 78 stages at N = 4096) go through shared
+// memory (padded one word per 32: conflict-free for R <= 16). Any correct sort gives the same
+// sorted array, so the output is identical to hytopk_attend_pair_union's.
+template <int R>
+__global__ void __launch_bounds__(256)
+hytopk_attend_pair_union_reg(const int* __restrict__ idx, int n, int kk, long long L, int* __restrict__ uidx,
+                             int* __restrict__ mult, int* __restrict__ count) {
+    static_assert(R == 1 || R == 2 || R == 4 || R == 8 || R == 16, "pair_union_reg: R a power of two <= 16");
+    constexpr int N = 256 * R, LOGN = (R == 1 ? 8 : R == 2 ? 9 : R == 4 ? 10 : R == 8 ? 11 : 12);
+    constexpr u32 NONE = 0xffffffffu;
+    __shared__ u32 key[N + N / 32];
+    __shared__ int wsum[8];
+#define PU_AT(i) ((i) + ((i) >> 5))
+    const int p = blockIdx.x, U = 2 * kk, tid = (int)threadIdx.x, i0 = tid * R;
+    const int lane = (int)lane_id(), w = tid >> 5;
+    u32 x[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int i = i0 + r;
+        u32 kv = NONE;
+        if (i < U) {
+            const int tag = i >= kk ? 1 : 0;
+            const int t = 2 * p + tag;
+            if (t < n) {
+                const long long s = __ldg(idx + (long long)t * kk + (i - tag * kk));
+                if (s >= 0 && s < L) kv = ((u32)s << 1) | (u32)tag;
+            }
+        }
+        x[r] = kv;
+    }
+#pragma unroll
+    for (int ls = 1; ls <= LOGN; ++ls) {
+        const int size = 1 << ls;
+#pragma unroll
+        for (int lt = ls - 1; lt >= 0; --lt) {
+            const int stride = 1 << lt;
+            if (stride < R) {                                   // both entries in this thread
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    if (r & stride) continue;
+                    const bool up = ((i0 + r) & size) == 0;
+                    const u32 a = x[r], b = x[r | stride];
+                    x[r] = up ? min(a, b) : max(a, b);
+                    x[r | stride] = up ? max(a, b) : min(a, b);
+                }
+            } else if (stride < 32 * R) {                       // partner lane
+                const int lm = stride / R;
+                const bool lower = (lane & lm) == 0;
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    const u32 y = __shfl_xor_sync(0xffffffffu, x[r], lm);
+                    const bool up = ((i0 + r) & size) == 0;
+                    x[r] = (lower == up) ? min(x[r], y) : max(x[r], y);
+                }
+            } else {                                            // partner warp: through shared memory
+                __syncthreads();                                // earlier readers are done
+#pragma unroll
+                for (int r = 0; r < R; ++r) key[PU_AT(i0 + r)] = x[r];
+                __syncthreads();
+                const bool lower = (i0 & stride) == 0;          // stride >= 32 R > r
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    const u32 y = key[PU_AT((i0 + r) ^ stride)];
+                    const bool up = ((i0 + r) & size) == 0;
+                    x[r] = (lower == up) ? min(x[r], y) : max(x[r], y);
+                }
+            }
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; ++r) key[PU_AT(i0 + r)] = x[r];
+    __syncthreads();
+    // one run of equal positions per union slot: heads counted per thread, block-scanned
+    int c = 0;
+    u32 prev = tid == 0 ? NONE : key[PU_AT(i0 - 1)];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        c += (x[r] != NONE && (prev == NONE || (x[r] >> 1) != (prev >> 1))) ? 1 : 0;
+        prev = x[r];
+    }
+    int incl = c;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
+    }
+    if (lane == 31) wsum[w] = incl;
+    __syncthreads();
+    int slot = incl - c, total = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        slot += j < w ? wsum[j] : 0;
+        total += wsum[j];
+    }
+    const long long row = (long long)p * U;
+    prev = tid == 0 ? NONE : key[PU_AT(i0 - 1)];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const u32 cur = x[r];
+        const bool head = cur != NONE && (prev == NONE || (cur >> 1) != (prev >> 1));
+        prev = cur;
+        if (!head) continue;
+        const u32 pos = cur >> 1;
+        int c0 = 0, c1 = 0;                                     // the run: query 0's entries first
+        for (int j = i0 + r; j < N; ++j) {
+            const u32 e = key[PU_AT(j)];
+            if (e == NONE || (e >> 1) != pos) break;
+            (e & 1u) ? ++c1 : ++c0;
+        }
+        uidx[row + slot] = (int)pos;
+        *reinterpret_cast<int2*>(mult + 2 * (row + slot)) = make_int2(c0, c1);
+        ++slot;
+    }
+    for (int j = total + tid; j < U; j += 256) {
+        uidx[row + j] = -1;
+        *reinterpret_cast<int2*>(mult + 2 * (row + j)) = make_int2(0, 0);
+    }
+    if (tid == 0) count[p] = total;
+#undef PU_AT
+}

@@ -303,12 +303,29 @@ def test_registered_backward_variants(name):
         _rel_close(cp.asnumpy(a), b)
 
 
+@pytest.mark.parametrize("kernel", ["reg", "smem"])
 @pytest.mark.parametrize("kind", ["random", "dups", "shared", "disjoint", "empty", "pad_only"])
-@pytest.mark.parametrize("n,kk", [(7, 100), (6, 2048), (1, 1), (4, 129)])
-def test_pair_union_kernel_equals_reference(CA, kind, n, kk):
+@pytest.mark.parametrize("n,kk", [(7, 100), (6, 2048), (1, 1), (4, 129), (5, 300), (3, 700), (9, 1500), (2, 2049)])
+def test_pair_union_kernel_equals_reference(CA, kernel, kind, n, kk):
+    """Both union kernels (2 kk = 2 .. 4098: 1 .. 16 entries per thread of the register sort, and
+    the shared-memory fallback past 4096) give the reference's arrays exactly."""
     rng = np.random.default_rng(seed(kind, n, kk))
     L = 5000
     idx = make_idx(rng, n, L, kk, kind)
-    got = CA.pair_union(cp.asarray(idx), L)
+    got = CA.pair_union(cp.asarray(idx), L, kernel=kernel)
+    for a, b in zip(got, RA.pair_union(idx)):
+        np.testing.assert_array_equal(cp.asnumpy(a), b)
+
+
+@pytest.mark.parametrize("kernel", ["reg", "smem"])
+@pytest.mark.parametrize("kk", [64, 1024, 2048])
+def test_pair_union_long_runs_and_large_positions(CA, kernel, kk):
+    """Runs of one position longer than a thread's (or a warp's) share of the sorted entries, and
+    positions up to 2^30 - 1 (the packing's limit); out-of-range / -1 slots are dropped."""
+    rng = np.random.default_rng(seed("runs", kernel, kk))
+    L = 1 << 30
+    idx = rng.choice(np.array([0, 7, L - 1, -1, 123456789], np.int64), (5, kk)).astype(np.int32)
+    idx[1, : kk // 2] = L - 1                                   # one position fills half a row
+    got = CA.pair_union(cp.asarray(idx), L, kernel=kernel)
     for a, b in zip(got, RA.pair_union(idx)):
         np.testing.assert_array_equal(cp.asnumpy(a), b)

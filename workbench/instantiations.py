@@ -46,7 +46,7 @@ KERNELS = {
                          for k in ("filter", "dense", "score_rows", "score_only", "replay", "threshold"))
                    + (("hytopk_filter_ws2", "wgmma"), ("hytopk_score_only_ws2", "wgmma"), ("hytopk_ws_pretile", "plain"),
                       ("hytopk_threshold_group_ws", "wgmma"), ("hytopk_threshold_group128_ws", "wgmma")),
-    "attend.cu": (("hytopk_attend_fwd", "attend"), ("hytopk_attend_bwd", "attend"), ("hytopk_attend_delta", "attend"), ("hytopk_attend_pair_union", "attend"),
+    "attend.cu": (("hytopk_attend_fwd", "attend"), ("hytopk_attend_bwd", "attend"), ("hytopk_attend_delta", "attend"), ("hytopk_attend_pair_union", "attend"), ("hytopk_attend_pair_union_reg", "attend"),
                   ("hytopk_attend_dkv_reduce", "attend")),
 }
 # files that need an arch-specific target (wgmma exists on sm_90a only): NVRTC options, nvcc -gencode
@@ -131,6 +131,7 @@ def attend_names() -> tuple:
             out.append(attend_bwd_name(mt, dqk, dv, shared, False))
         out.append(attend_fwd_name(4, dqk, dv, 1, shared, False))
         out.append(attend_bwd_name(4, dqk, dv, shared, True))
+    out += [f"hytopk_attend_pair_union_reg<{r}>" for r in (1, 2, 4, 8, 16)]
     out += ["hytopk_attend_pair_union", "hytopk_attend_delta<true>", "hytopk_attend_delta<false>",
             "hytopk_attend_dkv_reduce<true>", "hytopk_attend_dkv_reduce<false>"]
     return tuple(out)

@@ -121,11 +121,15 @@ class Bound:
 
 
 UNION_MAX_L = 1 << 30            # the union kernel packs (position << 1 | query) into 32 bits
+UNION_REG_MAX = 16 * THREADS     # hytopk_attend_pair_union_reg: at most 16 entries per thread
 
 
-def pair_union(idx, L):
-    """reference.attention.pair_union on the GPU: one block per pair sorts its 2 kk entries in shared
-    memory (hytopk_attend_pair_union); CuPy's sort where that does not fit (huge kk or L)."""
+def pair_union(idx, L, *, kernel="reg"):
+    """reference.attention.pair_union on the GPU, one block per pair: kernel 'reg' sorts the pair's
+    2 kk entries in registers (hytopk_attend_pair_union_reg, 2 kk <= 4096), 'smem' in shared memory
+    (hytopk_attend_pair_union, the first version; the same output); CuPy's sort where neither fits."""
+    if kernel not in ("reg", "smem"):
+        raise ValueError(f"argument 'kernel' must be 'reg' or 'smem', got {kernel!r}")
     n, kk = idx.shape
     P = (n + 1) // 2
     N = max(256, 1 << max(0, 2 * kk - 1).bit_length())
@@ -134,8 +138,13 @@ def pair_union(idx, L):
     uidx = cp.empty((P, 2 * kk), cp.int32)
     mult = cp.empty((P, 2 * kk, 2), cp.int32)
     count = cp.empty(P, cp.int32)
-    _launch(_fn("hytopk_attend_pair_union"), (P, 1),
-            (cp.ascontiguousarray(idx), np.int32(n), np.int32(kk), np.int64(L), np.int32(N), uidx, mult, count), 4 * N)
+    idx = cp.ascontiguousarray(idx)
+    if kernel == "reg" and N <= UNION_REG_MAX:
+        _launch(_fn(f"hytopk_attend_pair_union_reg<{N // THREADS}>"), (P, 1),
+                (idx, np.int32(n), np.int32(kk), np.int64(L), uidx, mult, count), 0)
+    else:
+        _launch(_fn("hytopk_attend_pair_union"), (P, 1),
+                (idx, np.int32(n), np.int32(kk), np.int64(L), np.int32(N), uidx, mult, count), 4 * N)
     return uidx, mult, count
 
 
