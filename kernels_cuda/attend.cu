@@ -11,7 +11,8 @@
 // dS = P (dP - delta) scale; dQ = dS.K accumulated per block in key-tile order (no atomics); the
 // per-slot dK = dS^T.Q and dV = P^T.dO of the block go either to `part` (one row per
 // (query, kv head, head block, slot): hytopk_attend_dkv_reduce sums them per key in a fixed
-// order: bitwise reproducible) or, ATOMIC, straight into dk/dv with float atomics.
+// order: bitwise reproducible) or, ATOMIC, straight into dk/dv with float atomics; hytopk_attend_bwd_hb2
+// lets two head blocks share one part row (commutative adds onto zero: still reproducible).
 #include "hytopk_attend.cuh"
 using namespace hytopk;
 using namespace hytopk::attend;
@@ -256,13 +257,19 @@ hytopk_attend_delta(const bf16_t* __restrict__ dout, const void* __restrict__ ou
 // ATOMIC: dk [L, Hkv, DQK] / dv [L, Hkv, DV] float += (SHARED: dk is MLA's dkv [L, DQK], dv unused);
 // else part[((tl * Hkv + g) * nhb + hb) * U + slot][W] (W = DQK + (SHARED ? 0 : DV)) = this block's
 // contribution of that slot (rows of masked slots are not written).
-template <int MT, int NK, int DQK, int DV, bool SHARED, bool ATOMIC>
-__global__ void __launch_bounds__(256, 1)
-hytopk_attend_bwd(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long long k_stride,
-                  const bf16_t* __restrict__ v, long long v_stride, const int* __restrict__ idx, int U, int n, int t0,
-                  long long L, int Hq, int Hkv, int hb_heads, float scale, float scale_log2,
-                  const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
-                  float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dv, float* __restrict__ part) {
+// MODE: BWD_PART (the part rows above), BWD_ATOMIC (dk/dv atomics) or BWD_PART_HB2 (head blocks
+// 2h and 2h+1 add into one part row ((tl * Hkv + g) * ceil(nhb / 2) + h) * U + slot of a zeroed
+// part: float addition is commutative, so 0 + a + b has the same bits in either order: still
+// bitwise reproducible, with half the part rows of BWD_PART).
+enum { BWD_PART = 0, BWD_ATOMIC = 1, BWD_PART_HB2 = 2 };
+
+template <int MT, int NK, int DQK, int DV, bool SHARED, int MODE>
+__device__ __forceinline__ void
+attend_bwd_body(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long long k_stride,
+                const bf16_t* __restrict__ v, long long v_stride, const int* __restrict__ idx, int U, int n, int t0,
+                long long L, int Hq, int Hkv, int hb_heads, float scale, float scale_log2,
+                const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+                float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dv, float* __restrict__ part) {
     using S = Shape<MT, NK, DQK, DV, 1, SHARED>;
     extern __shared__ __align__(16) unsigned char smem[];
     const int tl = blockIdx.x, t = t0 + tl;
@@ -426,11 +433,14 @@ hytopk_attend_bwd(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, lo
                 if (mul[jj] <= 0.0f) continue;                 // masked slot (or past U)
                 const long long s = __ldg(lst + slot);
                 const int col = nc * 8 + tig * 2;
-                if (ATOMIC) {
+                if (MODE == BWD_ATOMIC) {
                     float* dst = (SHARED || kpart) ? dk + (s * Hkv + g) * DQK + col
                                                    : dv + (s * Hkv + g) * DV + (col - DQK);
                     atomicAdd(dst, acc[2 * h]);
                     atomicAdd(dst + 1, acc[2 * h + 1]);
+                } else if (MODE == BWD_PART_HB2) {
+                    const long long row = (((long long)tl * Hkv + g) * ((nhb + 1) >> 1) + (hb >> 1)) * U + slot;
+                    red_add_f32x2(part + row * W + col, acc[2 * h], acc[2 * h + 1]);
                 } else {
                     const long long row = (((long long)tl * Hkv + g) * nhb + hb) * U + slot;
                     *reinterpret_cast<float2*>(part + row * W + col) = make_float2(acc[2 * h], acc[2 * h + 1]);
@@ -453,6 +463,29 @@ hytopk_attend_bwd(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, lo
     }
 }
 
+template <int MT, int NK, int DQK, int DV, bool SHARED, bool ATOMIC>
+__global__ void __launch_bounds__(256, 1)
+hytopk_attend_bwd(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long long k_stride,
+                  const bf16_t* __restrict__ v, long long v_stride, const int* __restrict__ idx, int U, int n, int t0,
+                  long long L, int Hq, int Hkv, int hb_heads, float scale, float scale_log2,
+                  const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+                  float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dv, float* __restrict__ part) {
+    attend_bwd_body<MT, NK, DQK, DV, SHARED, ATOMIC ? BWD_ATOMIC : BWD_PART>
+        (q, k, k_stride, v, v_stride, idx, U, n, t0, L, Hq, Hkv, hb_heads, scale, scale_log2, dout, lse, delta, dq, dk, dv, part);
+}
+
+// The deterministic backward with head-block pairs sharing part rows (BWD_PART_HB2; part zeroed).
+template <int MT, int NK, int DQK, int DV, bool SHARED>
+__global__ void __launch_bounds__(256, 1)
+hytopk_attend_bwd_hb2(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long long k_stride,
+                      const bf16_t* __restrict__ v, long long v_stride, const int* __restrict__ idx, int U, int n, int t0,
+                      long long L, int Hq, int Hkv, int hb_heads, float scale, float scale_log2,
+                      const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+                      float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dv, float* __restrict__ part) {
+    attend_bwd_body<MT, NK, DQK, DV, SHARED, BWD_PART_HB2>
+        (q, k, k_stride, v, v_stride, idx, U, n, t0, L, Hq, Hkv, hb_heads, scale, scale_log2, dout, lse, delta, dq, dk, dv, part);
+}
+
 // Deterministic key reduction: segment i (entries order[starts[i] .. starts[i+1]) of one key row
 // dst_row[i], sorted by entry = fixed order) is added, in that order, onto the running sums.
 // dk [rows, DQK] (+ dv [rows, DV] unless SHARED: part columns DQK.. go there).
@@ -470,6 +503,62 @@ hytopk_attend_dkv_reduce(const float* __restrict__ part, int W, int DQK, int DV,
         for (long long e = a; e < b; ++e) acc += part[order[e] * W + col];
         *dst = acc;
     }
+}
+
+// hytopk_attend_dkv_reduce's sums (per column the same order: the same bits), one warp per
+// segment: lane l takes the float4 column chunks l, l + 32, ... (W <= 128 RC, W % 4 == 0); the
+// segment's entry ids come 32 at a time (one per lane, broadcast by shuffles) and two entries'
+// rows are loaded (streaming: part is read once) before their adds, in order.
+template <bool SHARED, int RC>
+__global__ void __launch_bounds__(256)
+hytopk_attend_dkv_reduce_warp(const float* __restrict__ part, int W, int DQK, int DV,
+                              const long long* __restrict__ order, const long long* __restrict__ starts,
+                              const long long* __restrict__ dst_row, int nseg, float* __restrict__ dk,
+                              float* __restrict__ dv) {
+    const int sgm = (int)blockIdx.x * 8 + (int)(threadIdx.x >> 5);
+    if (sgm >= nseg) return;
+    const int lane = (int)lane_id(), W4 = W >> 2;
+    const long long a = starts[sgm], b = starts[sgm + 1], r = dst_row[sgm];
+    float4 acc[RC];
+    float4* dst[RC];
+#pragma unroll
+    for (int c = 0; c < RC; ++c) {
+        const int col = 4 * (lane + 32 * c);
+        dst[c] = nullptr;
+        acc[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (col < W) {
+            dst[c] = reinterpret_cast<float4*>(SHARED || col < DQK ? dk + r * DQK + col : dv + r * DV + (col - DQK));
+            acc[c] = *dst[c];
+        }
+    }
+    auto add = [](float4& s, const float4& x) { s.x += x.x; s.y += x.y; s.z += x.z; s.w += x.w; };
+    for (long long e0 = a; e0 < b; e0 += 32) {
+        const int m = (int)min(32LL, b - e0);
+        const long long mine = lane < m ? order[e0 + lane] : 0;
+        for (int j = 0; j < m; j += 2) {
+            const long long e1 = __shfl_sync(0xffffffffu, mine, j);
+            const long long e2 = __shfl_sync(0xffffffffu, mine, min(j + 1, m - 1));
+            const float4* s1 = reinterpret_cast<const float4*>(part + e1 * W);
+            const float4* s2 = reinterpret_cast<const float4*>(part + e2 * W);
+            float4 x1[RC], x2[RC];
+#pragma unroll
+            for (int c = 0; c < RC; ++c) {
+                if (lane + 32 * c < W4) {
+                    x1[c] = __ldcs(s1 + lane + 32 * c);
+                    x2[c] = __ldcs(s2 + lane + 32 * c);
+                }
+            }
+#pragma unroll
+            for (int c = 0; c < RC; ++c) add(acc[c], x1[c]);
+            if (j + 1 < m) {
+#pragma unroll
+                for (int c = 0; c < RC; ++c) add(acc[c], x2[c]);
+            }
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < RC; ++c)
+        if (dst[c]) *dst[c] = acc[c];
 }
 
 // The key list two adjacent queries share (reference.attention.pair_union, the `pair` variants'

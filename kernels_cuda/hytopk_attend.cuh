@@ -104,6 +104,16 @@ __device__ __forceinline__ u32 at_lane_off(int stride) {
     return (u32)(((lr + (lm >> 1) * 8) * stride + (lm & 1) * 8) * 2);
 }
 
+// *p += a, p[1] += b as fire-and-forget reductions (one vector red on sm_90)
+__device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+#else
+    atomicAdd(p, a);
+    atomicAdd(p + 1, b);
+#endif
+}
+
 __device__ __forceinline__ float quad_max(float x) {
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
     return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));

@@ -162,19 +162,26 @@ def _rel_close(got, want, tol=3e-2):
     assert err <= tol * scale, f"max error {err:.3g} > {tol} x {scale:.3g}"
 
 
-@pytest.mark.parametrize("shape", BWD_SHAPES, ids=BWD_IDS)
-@pytest.mark.parametrize("deterministic", [True, False])
-@pytest.mark.parametrize("kind", ["shared", "dups", "empty"])
-def test_backward_matches_reference(CA, shape, deterministic, kind):
+BWD_MODES = {"det": dict(deterministic=True), "atomic": dict(deterministic=False),
+             "det_v2": dict(deterministic=True, version=2)}
+
+
+@pytest.mark.parametrize("shape", BWD_SHAPES + [(True, 136, 1, 576, 512), (False, 192, 2, 64, 64)],
+                         ids=BWD_IDS + ["mla136_3hb", "gqa96x2_odd_hb"])
+@pytest.mark.parametrize("mode", list(BWD_MODES))
+@pytest.mark.parametrize("kind", ["shared", "dups", "empty", "disjoint", "pad_only"])
+def test_backward_matches_reference(CA, shape, mode, kind):
+    """mla136: 3 head blocks (a pair and a lone one in version 2); gqa96x2: 2 head blocks per kv head."""
     mla, Hq, Hkv, Dqk, Dv = shape
+    deterministic = mode != "atomic"
     rng = np.random.default_rng(seed(shape, deterministic, kind))
-    n, L, kk = 6, 400, 150
+    n, L, kk = 7, 400, 150                                   # odd n
     k, v, kh, vh = layout(mla, L, Hkv, Dqk, Dv, rng)
     qd, qh = bf16(rng.standard_normal((n, Hq, Dqk)))
     dod, doh = bf16(rng.standard_normal((n, Hq, Dv)))
     idx = make_idx(rng, n, L, kk, kind)
     out, lse = CA.attend_forward(qd, k, v, cp.asarray(idx), None, out_dtype="float32")
-    dq, dk, dv = CA.attend_backward(dod, qd, k, v, cp.asarray(idx), out, lse, None, deterministic=deterministic)
+    dq, dk, dv = CA.attend_backward(dod, qd, k, v, cp.asarray(idx), out, lse, None, **BWD_MODES[mode])
     rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)
     _rel_close(cp.asnumpy(dq), rq)
     if mla:
@@ -188,9 +195,12 @@ def test_backward_matches_reference(CA, shape, deterministic, kind):
     assert np.all(cp.asnumpy(dq)[(idx < 0).all(1)] == 0)
 
 
-@pytest.mark.parametrize("shape", [(True, 16, 1, 576, 512), (False, 32, 4, 128, 128)], ids=["mla16", "gqa8x4"])
-def test_deterministic_backward_is_bitwise_reproducible(CA, shape):
-    """20 runs, identical bits; a small scratch (many query chunks) gives the same bits too."""
+@pytest.mark.parametrize("shape", [(True, 16, 1, 576, 512), (False, 32, 4, 128, 128), (True, 128, 1, 576, 512),
+                                   (False, 256, 2, 64, 64)], ids=["mla16", "gqa8x4", "mla128", "gqa128x2"])
+@pytest.mark.parametrize("version", [1, 2])
+def test_deterministic_backward_is_bitwise_reproducible(CA, shape, version):
+    """20 runs, identical bits; a small scratch (many query chunks) gives the same bits too
+    (mla128 / gqa128x2: two head blocks, which version 2 adds into one part row by atomics)."""
     mla, Hq, Hkv, Dqk, Dv = shape
     rng = np.random.default_rng(7)
     n, L, kk = 64, 512, 256                                  # adjacent queries share most keys: many collisions
@@ -199,12 +209,14 @@ def test_deterministic_backward_is_bitwise_reproducible(CA, shape):
     dod, _ = bf16(rng.standard_normal((n, Hq, Dv)))
     idx = cp.asarray(make_idx(rng, n, L, kk, "shared"))
     out, lse = CA.attend_forward(qd, k, v, idx, None)
-    runs = [CA.attend_backward(dod, qd, k, v, idx, out, lse, None, deterministic=True) for _ in range(20)]
+    runs = [CA.attend_backward(dod, qd, k, v, idx, out, lse, None, deterministic=True, version=version)
+            for _ in range(20)]
     first = [bits(x) for x in runs[0] if x is not None]
     for r in runs[1:]:
         for a, b in zip(first, [bits(x) for x in r if x is not None]):
             np.testing.assert_array_equal(a, b)
-    chunked = CA.attend_backward(dod, qd, k, v, idx, out, lse, None, deterministic=True, scratch_bytes=1)
+    chunked = CA.attend_backward(dod, qd, k, v, idx, out, lse, None, deterministic=True, scratch_bytes=1,
+                                 version=version)
     for a, b in zip(first, [bits(x) for x in chunked if x is not None]):
         np.testing.assert_array_equal(a, b)
 
@@ -288,7 +300,8 @@ def test_registered_forward_variants(name):
     np.testing.assert_allclose(cp.asnumpy(lse), rl, rtol=1e-4, atol=1e-3)
 
 
-@pytest.mark.parametrize("name", ["cupy.attend_backward.deterministic", "cupy.attend_backward.atomic"])
+@pytest.mark.parametrize("name", ["cupy.attend_backward.deterministic", "cupy.attend_backward.deterministic_v2",
+                                  "cupy.attend_backward.atomic"])
 def test_registered_backward_variants(name):
     from workbench import registry
     assert name in _registered("attend_backward")
@@ -329,3 +342,20 @@ def test_pair_union_long_runs_and_large_positions(CA, kernel, kk):
     got = CA.pair_union(cp.asarray(idx), L, kernel=kernel)
     for a, b in zip(got, RA.pair_union(idx)):
         np.testing.assert_array_equal(cp.asnumpy(a), b)
+
+
+def test_backward_v2_one_head_block_equals_v1(CA):
+    """At one head block per kv head version 2 runs the same kernel and the same per-key order as
+    version 1 (only the reduction kernel differs): identical bits."""
+    rng = np.random.default_rng(11)
+    n, L, kk = 9, 300, 200
+    k, v, _, _ = layout(True, L, 1, 576, 512, rng)
+    qd, _ = bf16(rng.standard_normal((n, 16, 576)))
+    dod, _ = bf16(rng.standard_normal((n, 16, 512)))
+    idx = cp.asarray(make_idx(rng, n, L, kk, "dups"))
+    out, lse = CA.attend_forward(qd, k, v, idx, None)
+    a = CA.attend_backward(dod, qd, k, v, idx, out, lse, None, version=1)
+    b = CA.attend_backward(dod, qd, k, v, idx, out, lse, None, version=2)
+    for x, y in zip(a, b):
+        if x is not None:
+            np.testing.assert_array_equal(bits(x), bits(y))

@@ -46,8 +46,9 @@ KERNELS = {
                          for k in ("filter", "dense", "score_rows", "score_only", "replay", "threshold"))
                    + (("hytopk_filter_ws2", "wgmma"), ("hytopk_score_only_ws2", "wgmma"), ("hytopk_ws_pretile", "plain"),
                       ("hytopk_threshold_group_ws", "wgmma"), ("hytopk_threshold_group128_ws", "wgmma")),
-    "attend.cu": (("hytopk_attend_fwd", "attend"), ("hytopk_attend_bwd", "attend"), ("hytopk_attend_delta", "attend"), ("hytopk_attend_pair_union", "attend"), ("hytopk_attend_pair_union_reg", "attend"),
-                  ("hytopk_attend_dkv_reduce", "attend")),
+    "attend.cu": (("hytopk_attend_fwd", "attend"), ("hytopk_attend_bwd", "attend"), ("hytopk_attend_delta", "attend"), ("hytopk_attend_pair_union", "attend"),
+                  ("hytopk_attend_dkv_reduce", "attend"), ("hytopk_attend_pair_union_reg", "attend"),
+                  ("hytopk_attend_bwd_hb2", "attend"), ("hytopk_attend_dkv_reduce_warp", "attend")),
 }
 # files that need an arch-specific target (wgmma exists on sm_90a only): NVRTC options, nvcc -gencode
 FILE_OPTIONS = {"wgmma.cu": ("-arch=sm_90a",), "wgmma_ws.cu": ("-arch=sm_90a",)}
@@ -121,6 +122,20 @@ def attend_bwd_name(mt, dqk, dv, shared, atomic) -> str:
     return f"hytopk_attend_bwd<{int(mt)}, {attend_nk(mt)}, {int(dqk)}, {int(dv)}, {_b(shared)}, {_b(atomic)}>"
 
 
+def attend_bwd_hb2_name(mt, dqk, dv, shared) -> str:
+    return f"hytopk_attend_bwd_hb2<{int(mt)}, {attend_nk(mt)}, {int(dqk)}, {int(dv)}, {_b(shared)}>"
+
+
+ATTEND_REDUCE_RC = (1, 2, 3, 4, 5, 6, 8)        # float4 chunks per lane of hytopk_attend_dkv_reduce_warp
+
+
+def attend_reduce_warp_name(shared, W):
+    """hytopk_attend_dkv_reduce_warp for part rows of W floats, or None past 1024 columns."""
+    need = -(-(int(W) // 4) // 32)
+    rc = next((r for r in ATTEND_REDUCE_RC if r >= need), None)
+    return None if rc is None else f"hytopk_attend_dkv_reduce_warp<{_b(shared)}, {rc}>"
+
+
 def attend_names() -> tuple:
     """The instantiations the compile check builds (the shipped shapes' hot ones)."""
     out = []
@@ -132,6 +147,9 @@ def attend_names() -> tuple:
         out.append(attend_fwd_name(4, dqk, dv, 1, shared, False))
         out.append(attend_bwd_name(4, dqk, dv, shared, True))
     out += [f"hytopk_attend_pair_union_reg<{r}>" for r in (1, 2, 4, 8, 16)]
+    for dqk, dv, shared in ATTEND_SHIPPED:
+        out += [attend_bwd_hb2_name(mt, dqk, dv, shared) for mt in (2, 4)]
+        out.append(attend_reduce_warp_name(shared, dqk if shared else dqk + dv))
     out += ["hytopk_attend_pair_union", "hytopk_attend_delta<true>", "hytopk_attend_delta<false>",
             "hytopk_attend_dkv_reduce<true>", "hytopk_attend_dkv_reduce<false>"]
     return tuple(out)

@@ -86,13 +86,20 @@ class Fn:
         assert N >= 2 * kk and N >= 256 and N & (N - 1) == 0 and grid[0] == (n + 1) // 2
         u, m, c = RA.pair_union(np.where((idx >= 0) & (idx < L), idx, -1).astype(np.int32))
         uidx[:], mult[:], count[:] = u, m, c
+    def hytopk_attend_pair_union_reg(self, tp, grid, a):
+        idx, n, kk, L, uidx, mult, count = a
+        R = int(tp[0])
+        assert R in (1, 2, 4, 8, 16) and 256 * R >= 2 * kk and (R == 1 or 128 * R < 2 * kk)
+        self.hytopk_attend_pair_union([], grid, (idx, n, kk, L, np.int32(256 * R), uidx, mult, count))
     def hytopk_attend_delta(self, tp, grid, a):
         do, o, rows, DV, delta = a
         ob = tp[0] == "true"
         of = f(o) if ob else np.asarray(o, float)
         delta[:] = (f(do).reshape(rows, DV) * of.reshape(rows, DV)).sum(1)
+    def hytopk_attend_bwd_hb2(self, tp, grid, a):
+        self.hytopk_attend_bwd(tp + ["hb2"], grid, a)
     def hytopk_attend_bwd(self, tp, grid, a):
-        MT, NK, DQK, DV = map(int, tp[:4]); SH = tp[4] == "true"; AT = tp[5] == "true"
+        MT, NK, DQK, DV = map(int, tp[:4]); SH = tp[4] == "true"; AT = tp[5] == "true"; HB2 = tp[5] == "hb2"
         q, k, ks, v, vs, idx, U, n, t0, L, Hq, Hkv, hb, scale, sl2, do, lse, delta, dq, dk, dv, part = a
         Kr = f(rows_of(k, int(ks), Hkv, DQK, int(L))); Vr = f(rows_of(k if SH else v, int(ks if SH else vs), Hkv, DV, int(L)))
         qf, dof = f(q), f(do); G = Hq // Hkv; nhb = -(-G // hb); W = DQK + (0 if SH else DV)
@@ -119,8 +126,14 @@ class Fn:
                     if AT:
                         dk.reshape(-1, DQK)[s * Hkv + g] += c[:DQK]
                         if not SH: dv.reshape(-1, DV)[s * Hkv + g] += c[DQK:]
+                    elif HB2:                                          # two head blocks add onto a zeroed row
+                        part[((tl * Hkv + g) * -(-nhb // 2) + hbi // 2) * U + j] += c
                     else:
                         part[((tl * Hkv + g) * nhb + hbi) * U + j] = c
+    def hytopk_attend_dkv_reduce_warp(self, tp, grid, a):
+        W, nseg = int(a[1]), int(a[7])
+        assert grid[0] == -(-nseg // 8) and 0 < W <= 128 * int(tp[1]) and W % 4 == 0
+        self.hytopk_attend_dkv_reduce(tp, (nseg,), a)
     def hytopk_attend_dkv_reduce(self, tp, grid, a):
         part, W, DQK, DV, order, starts, dst_row, nseg, dk, dv = a
         assert grid[0] == nseg
@@ -163,9 +176,10 @@ for (mla, Hq, Hkv, Dqk, Dv, n, L, kk, kind_) in [(True, 8, 1, 32, 16, 5, 40, 13,
     dob, doh = bf(rng.standard_normal((n, Hq, Dv)))
     rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)
     out, lse = CA.attend_forward(qb, k, v, idx, None, out_dtype="float32")
-    for det in (True, False):
+    for det, ver in ((True, 1), (False, 1), (True, 2)):
         for sb in (None, 1):
-            dq, dk, dv = CA.attend_backward(dob, qb, k, v, idx, out, lse, None, deterministic=det, scratch_bytes=sb)
+            dq, dk, dv = CA.attend_backward(dob, qb, k, v, idx, out, lse, None, deterministic=det, scratch_bytes=sb,
+                                            version=ver)
             close(dq, rq, 1e-4)
             if mla and L: assert dv is None; close(dk[:, 0], RA.mla_dkv(rk, rv), 1e-4)
             elif mla: assert dk.shape[0] == 0

@@ -7,6 +7,8 @@ Variants of the `attend` stage (signature in registry.ATTENTION_STAGES):
 and of `attend_backward`:
   cupy.attend_backward.deterministic  dK/dV per (query, slot) into a bounded scratch, summed per key
                                       in a fixed order (bitwise reproducible), query chunk by chunk
+  cupy.attend_backward.deterministic_v2  the same with head-block pairs sharing scratch rows and a
+                                      warp-per-key reduction (reproducible; other bits)
   cupy.attend_backward.atomic         dK/dV by float atomics (fast, not reproducible)
 
 Inputs: bf16 (uint16 bits, torch.bfloat16) or float32 (rounded to bf16 here). MLA's shared kv is
@@ -33,6 +35,7 @@ THREADS = 256
 SMEM_OPTIN = INST.ATTEND_SMEM_LIMIT
 NULL = np.uint64(0)              # a null pointer argument
 SCRATCH_BYTES = 1 << 30          # deterministic backward: the per-slot dK/dV scratch of one query chunk
+SCRATCH_BYTES_V2 = 4 << 30       # version 2's (fewer chunks: fewer sorts, launches and dK/dV passes)
 
 
 def _fn(name: str):
@@ -174,9 +177,15 @@ def attend_forward(q, k, v, idx, scale=None, *, qpt=1, out_dtype="bfloat16"):
         return out, lse
 
 
-def attend_backward(dout, q, k, v, idx, out, lse, scale=None, *, deterministic=True, scratch_bytes=None):
+def attend_backward(dout, q, k, v, idx, out, lse, scale=None, *, deterministic=True, scratch_bytes=None,
+                    version=1):
     """(dq float32 [n, Hq, d_qk], dk float32, dv float32 or None for shared kv) of attend_forward's
-    out (as returned: bf16 or float32) for the upstream gradient dout; lse from the forward."""
+    out (as returned: bf16 or float32) for the upstream gradient dout; lse from the forward.
+    version 2 (deterministic only): head blocks 2h, 2h+1 add into one zeroed part row (half the
+    scratch traffic; still reproducible: two commutative adds onto 0), a warp-per-key float4
+    reduction, and a larger default scratch (fewer chunks); other bits than version 1's."""
+    if version not in (1, 2):
+        raise ValueError(f"argument 'version' must be 1 or 2, got {version!r}")
     with launch_stream():
         b = Bound(q, k, v, idx, scale)
         out, lse = as_device(out), as_device(lse)
@@ -208,7 +217,7 @@ def attend_backward(dout, q, k, v, idx, out, lse, scale=None, *, deterministic=T
                 do, lse, delta, dq, dk, dv if dv is not None else dk)
         if not deterministic:
             _launch(fn, (b.n, b.Hkv * nhb), common + (np.int32(0),) + tail + (dk,), smem)
-        elif b.kk and b.n:
+        elif b.kk and b.n and version == 1:
             per_query = b.Hkv * nhb * b.kk * W * 4
             chunk = max(1, min(b.n, (scratch_bytes or SCRATCH_BYTES) // max(1, per_query)))
             part = cp.empty((chunk * b.Hkv * nhb * b.kk, W), cp.float32) if b.kk and b.n else None
@@ -217,6 +226,22 @@ def attend_backward(dout, q, k, v, idx, out, lse, scale=None, *, deterministic=T
                 c = min(chunk, b.n - t0)
                 _launch(fn, (c, b.Hkv * nhb), common + (np.int32(t0),) + tail + (part,), smem)
                 _reduce_chunk(red, part, b, t0, c, nhb, W, dk, dv)
+        elif b.kk and b.n:
+            # one part row per head-block pair (one head block: the plain kernel, the same bits)
+            nrow = -(-nhb // 2)
+            if nhb > 1:
+                fn = _fn(INST.attend_bwd_hb2_name(mt, b.DQK, b.DV, b.shared))
+            per_query = b.Hkv * nrow * b.kk * W * 4
+            chunk = max(1, min(b.n, (scratch_bytes or _scratch_v2()) // max(1, per_query)))
+            part = cp.empty((chunk * b.Hkv * nrow * b.kk, W), cp.float32)
+            wname = INST.attend_reduce_warp_name(b.shared, W)
+            red = _fn(wname or f"hytopk_attend_dkv_reduce<{'true' if b.shared else 'false'}>")
+            for t0 in range(0, b.n, chunk):
+                c = min(chunk, b.n - t0)
+                if nhb > 1:
+                    part[:c * b.Hkv * nrow * b.kk].fill(0)
+                _launch(fn, (c, b.Hkv * nhb), common + (np.int32(t0),) + tail + (part,), smem)
+                _reduce_chunk(red, part, b, t0, c, nrow, W, dk, dv, warp=wname is not None)
         if b.DQK != b.d_qk:
             dq = cp.ascontiguousarray(dq[:, :, :b.d_qk])
             dk = cp.ascontiguousarray(dk[:, :, :b.d_qk])
@@ -225,8 +250,16 @@ def attend_backward(dout, q, k, v, idx, out, lse, scale=None, *, deterministic=T
         return dq, dk, dv
 
 
-def _reduce_chunk(red, part, b, t0, c, nhb, W, dk, dv):
-    """Add the chunk's per-slot rows into dk/dv, per key row in entry order (a fixed order)."""
+def _scratch_v2() -> int:
+    """Version 2's default scratch: 4 GiB (a few query chunks at MLA's 128 heads), at most a
+    quarter of the free device memory, at least version 1's."""
+    free = cp.cuda.Device().mem_info[0]
+    return max(SCRATCH_BYTES, min(SCRATCH_BYTES_V2, free // 4))
+
+
+def _reduce_chunk(red, part, b, t0, c, nhb, W, dk, dv, warp=False):
+    """Add the chunk's per-slot rows into dk/dv, per key row in entry order (a fixed order); nhb:
+    part rows per (query, kv head, slot); warp: red is hytopk_attend_dkv_reduce_warp."""
     ids = b.idx[t0:t0 + c]                                             # [c, kk]
     # entry e = ((tl * Hkv + g) * nhb + hb) * kk + slot, as the kernel writes them
     e = cp.arange(c * b.Hkv * nhb * b.kk, dtype=cp.int64).reshape(c, b.Hkv, nhb, b.kk)
@@ -246,8 +279,9 @@ def _reduce_chunk(red, part, b, t0, c, nhb, W, dk, dv):
     dst_row = row[starts]
     starts = cp.concatenate([starts, cp.asarray([comp.size], cp.int64)])
     nseg = int(dst_row.size)
-    _launch(red, (nseg, -(-W // THREADS)), (part, np.int32(W), np.int32(b.DQK), np.int32(b.DV), order, starts,
-                                             dst_row, np.int32(nseg), dk, dv if dv is not None else dk), 0)
+    grid = (-(-nseg // 8), 1) if warp else (nseg, -(-W // THREADS))
+    _launch(red, grid, (part, np.int32(W), np.int32(b.DQK), np.int32(b.DV), order, starts,
+                        dst_row, np.int32(nseg), dk, dv if dv is not None else dk), 0)
 
 
 @register("attend", "cupy.attend.one", gpu_only=True)
@@ -267,6 +301,14 @@ def attend_backward_deterministic(dout, q, k, v, idx, scale=None):
     """Fixed-order dK/dV (per-slot scratch summed per key in entry order): bitwise reproducible."""
     out, lse = attend_forward(q, k, v, idx, scale, qpt=1, out_dtype="float32")
     return attend_backward(dout, q, k, v, idx, out, lse, scale, deterministic=True)
+
+
+@register("attend_backward", "cupy.attend_backward.deterministic_v2", gpu_only=True)
+def attend_backward_deterministic_v2(dout, q, k, v, idx, scale=None):
+    """Fixed order with head-block pairs sharing part rows (commutative adds onto zero) and a
+    warp-per-key reduction: bitwise reproducible, other bits than `deterministic`."""
+    out, lse = attend_forward(q, k, v, idx, scale, qpt=1, out_dtype="float32")
+    return attend_backward(dout, q, k, v, idx, out, lse, scale, deterministic=True, version=2)
 
 
 @register("attend_backward", "cupy.attend_backward.atomic", gpu_only=True)
