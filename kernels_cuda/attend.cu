@@ -45,12 +45,15 @@ __device__ __forceinline__ void load_rows(u32 dst, int stride, int D, const bf16
 // head's row at + g*DQK (GQA [L, Hkv, DQK]) or MLA kv [L, DQK] (Hkv = 1); v likewise ([L, Hkv, DV]),
 // unused when SHARED. list [tiles, U] int32, len: per-tile lengths (null: U), mult [tiles, U, 2]
 // (null: QPT = 1). out [n, Hq, DV] (float or bf16 bits), lse [n, Hq] float.
-template <int MT, int NK, int DQK, int DV, int QPT, bool SHARED, bool OUT_BF16>
-__global__ void __launch_bounds__(256, 1)
-hytopk_attend_fwd(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long long k_stride,
-                  const bf16_t* __restrict__ v, long long v_stride, const int* __restrict__ list,
-                  const int* __restrict__ lens, const int* __restrict__ mult, int U, int n, long long L, int Hq,
-                  int Hkv, int hb_heads, float scale_log2, void* __restrict__ out, float* __restrict__ lse) {
+// NACC: independent logit accumulators per n8 tile (k-steps round robin, summed at the end): 1 is
+// one chain of DQK/16 dependent MMAs per tile (ncu: the forward's second stall at 8/16 heads, where
+// a warp has one n8 tile); 2 halves the chain (other float rounding: the _acc2 kernels).
+template <int MT, int NK, int DQK, int DV, int QPT, bool SHARED, bool OUT_BF16, int NACC>
+__device__ __forceinline__ void
+attend_fwd_body(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long long k_stride,
+                const bf16_t* __restrict__ v, long long v_stride, const int* __restrict__ list,
+                const int* __restrict__ lens, const int* __restrict__ mult, int U, int n, long long L, int Hq,
+                int Hkv, int hb_heads, float scale_log2, void* __restrict__ out, float* __restrict__ lse) {
     using S = Shape<MT, NK, DQK, DV, QPT, SHARED>;
     extern __shared__ __align__(16) unsigned char smem[];
     const int tile = blockIdx.x;
@@ -115,16 +118,43 @@ hytopk_attend_fwd(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, lo
         for (int nt = 0; nt < S::SNT; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) c[nt][e] = 0.0f;
+        if (NACC == 1) {
 #pragma unroll 4
-        for (int ks = 0; ks < DQK / 16; ++ks) {
-            u32 a[4];
-            ldsm_x4(a, a_q + (u32)(ks * 32));
+            for (int ks = 0; ks < DQK / 16; ++ks) {
+                u32 a[4];
+                ldsm_x4(a, a_q + (u32)(ks * 32));
 #pragma unroll
-            for (int nt = 0; nt < S::SNT; ++nt) {
-                u32 b0, b1;
-                ldsm_x2(b0, b1, sk + b_k + (u32)(nt * 8 * S::QS * 2 + ks * 32));
-                mma16816(c[nt], a, b0, b1);
+                for (int nt = 0; nt < S::SNT; ++nt) {
+                    u32 b0, b1;
+                    ldsm_x2(b0, b1, sk + b_k + (u32)(nt * 8 * S::QS * 2 + ks * 32));
+                    mma16816(c[nt], a, b0, b1);
+                }
             }
+        } else {
+            static_assert(NACC == 1 || (NACC == 2 && DQK % 32 == 0), "attend: NACC 1, or 2 with DQK % 32 == 0");
+            float c2[S::SNT][4];
+#pragma unroll
+            for (int nt = 0; nt < S::SNT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) c2[nt][e] = 0.0f;
+#pragma unroll 2
+            for (int ks = 0; ks < DQK / 16; ks += 2) {
+                u32 a[4], a2[4];
+                ldsm_x4(a, a_q + (u32)(ks * 32));
+                ldsm_x4(a2, a_q + (u32)(ks * 32 + 32));
+#pragma unroll
+                for (int nt = 0; nt < S::SNT; ++nt) {
+                    u32 b0, b1, b2, b3;
+                    ldsm_x2(b0, b1, sk + b_k + (u32)(nt * 8 * S::QS * 2 + ks * 32));
+                    ldsm_x2(b2, b3, sk + b_k + (u32)(nt * 8 * S::QS * 2 + ks * 32 + 32));
+                    mma16816(c[nt], a, b0, b1);
+                    mma16816(c2[nt], a2, b2, b3);
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < S::SNT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) c[nt][e] += c2[nt][e];
         }
         float mx[2] = {neg_inf(), neg_inf()};
 #pragma unroll
@@ -230,6 +260,24 @@ hytopk_attend_fwd(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, lo
             lse[row] = l > 0.0f ? (mm + log2f(l)) * 0.69314718055994531f : neg_inf();
         }
     }
+}
+
+template <int MT, int NK, int DQK, int DV, int QPT, bool SHARED, bool OUT_BF16>
+__global__ void __launch_bounds__(256, 1)
+hytopk_attend_fwd(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long long k_stride,
+                  const bf16_t* __restrict__ v, long long v_stride, const int* __restrict__ list,
+                  const int* __restrict__ lens, const int* __restrict__ mult, int U, int n, long long L, int Hq,
+                  int Hkv, int hb_heads, float scale_log2, void* __restrict__ out, float* __restrict__ lse) {
+    attend_fwd_body<MT, NK, DQK, DV, QPT, SHARED, OUT_BF16, 1>(q, k, k_stride, v, v_stride, list, lens, mult, U, n, L, Hq, Hkv, hb_heads, scale_log2, out, lse);
+}
+
+template <int MT, int NK, int DQK, int DV, int QPT, bool SHARED, bool OUT_BF16>
+__global__ void __launch_bounds__(256, 1)
+hytopk_attend_fwd_acc2(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long long k_stride,
+                       const bf16_t* __restrict__ v, long long v_stride, const int* __restrict__ list,
+                       const int* __restrict__ lens, const int* __restrict__ mult, int U, int n, long long L, int Hq,
+                       int Hkv, int hb_heads, float scale_log2, void* __restrict__ out, float* __restrict__ lse) {
+    attend_fwd_body<MT, NK, DQK, DV, QPT, SHARED, OUT_BF16, 2>(q, k, k_stride, v, v_stride, list, lens, mult, U, n, L, Hq, Hkv, hb_heads, scale_log2, out, lse);
 }
 
 // --------------------------------------------------------------------------------- backward

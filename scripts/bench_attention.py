@@ -3,9 +3,10 @@
   forward   MLA 128 heads, d_qk 576 / d_v 512, k 2048, 8192 queries, bf16: effective TFLOP/s
             2 n H k (d_qk + d_v) / t over the bf16 GEMM rate of the same run (`one` and `pair`)
   heads     8 and 16 heads per query: `pair` (two adjacent queries per block over the union of
-            their selections; the union build timed apart too) vs `one`
-  backward  deterministic and atomic, effective TFLOP/s 2 n H k (3 d_qk + 2 d_v) / t (the logits
-            are recomputed), and its ratio to the forward rate
+            their selections; the union build timed apart too, both union kernels) vs `one`, and
+            their _acc2 kernels (two logit accumulators)
+  backward  deterministic, atomic and deterministic_v2, effective TFLOP/s 2 n H k (3 d_qk + 2 d_v) / t
+            (the logits are recomputed), and its ratio to the forward rate
   baseline  dsa.py's gather + einsum vs torch.ops.hytopk.sparse_attention, forward + backward, time
             and peak memory (MHA layout of the DSA layer and the MLA layout, where the gather fits)
   step      the DSA sparse stage at dsv32-128k-like sizes with selection replay: select once, then
@@ -102,9 +103,10 @@ def forward_rows(n, H, L, k, gemm, variants=("one", "pair")):
     kk, vv = kv[:, None, :], kv[:, None, :512]
     rows = {}
     for name in variants:
-        qpt = 1 if name == "one" else 2
-        t = timed(lambda: CA.attend_forward(q, kk, vv, idx, None, qpt=qpt))
-        err = max_error(q, kk, vv, idx, CA.attend_forward(q, kk, vv, idx, None, qpt=qpt)[0])
+        qpt = 1 if name.startswith("one") else 2
+        acc = 2 if name.endswith("_acc2") else 1
+        t = timed(lambda: CA.attend_forward(q, kk, vv, idx, None, qpt=qpt, acc=acc))
+        err = max_error(q, kk, vv, idx, CA.attend_forward(q, kk, vv, idx, None, qpt=qpt, acc=acc)[0])
         rows[name] = dict(t, tflops=rate(fwd_flops(n, H, k), t), vs_gemm=rate(fwd_flops(n, H, k), t) / gemm,
                           max_abs_error_vs_torch_f32=err)
         print(f"  fwd H={H:<3} n={n} {name:<4} {t['median_ms']:8.3f} ms  {rows[name]['tflops']:6.1f} TFLOP/s "
@@ -113,6 +115,11 @@ def forward_rows(n, H, L, k, gemm, variants=("one", "pair")):
         import cupy as cp
         ic = cp.from_dlpack(idx)
         rows["pair_union_only"] = timed(lambda: CA.pair_union(ic, L))
+        rows["pair_union_smem_only"] = timed(lambda: CA.pair_union(ic, L, kernel="smem"))   # the first kernel
+        for a, b in (("pair_acc2", "one"), ("pair_acc2", "one_acc2")):
+            if a in variants and b in variants:
+                rows[f"{a}_vs_{b}"] = rows[b]["median_ms"] / rows[a]["median_ms"]
+                print(f"  {a} vs {b}: {rows[f'{a}_vs_{b}']:.2f}x", flush=True)
         if "one" in variants:
             rows["pair_vs_one"] = rows["one"]["median_ms"] / rows["pair"]["median_ms"]
             print(f"  pair vs one: {rows['pair_vs_one']:.2f}x (union build {rows['pair_union_only']['median_ms']:.3f} ms"
@@ -126,9 +133,9 @@ def backward_rows(n, H, L, k, fwd_rate):
     out, lse = CA.attend_forward(q, kk, vv, idx, None)
     dout = torch.randn(n, H, 512, device="cuda").bfloat16()
     rows = {}
-    for det in (True, False):
-        t = timed(lambda: CA.attend_backward(dout, q, kk, vv, idx, out, lse, None, deterministic=det), reps=3)
-        name = "deterministic" if det else "atomic"
+    for name, kw in (("deterministic", dict(deterministic=True)), ("atomic", dict(deterministic=False)),
+                     ("deterministic_v2", dict(deterministic=True, version=2))):
+        t = timed(lambda: CA.attend_backward(dout, q, kk, vv, idx, out, lse, None, **kw), reps=3)
         r = rate(bwd_flops(n, H, k), t)
         rows[name] = dict(t, tflops=r, vs_forward=r / fwd_rate if fwd_rate else None)
         vs = rows[name]["vs_forward"]
@@ -227,7 +234,8 @@ def main(argv=None):
     print(f"GPU {props.name}  bf16 GEMM {gemm:.0f} TFLOP/s", flush=True)
     sections = [
         ("forward", lambda: forward_rows(n, 128, L, k, gemm)),
-        ("heads", lambda: {str(H): forward_rows(n, H, L, k, gemm) for H in (8, 16)}),
+        ("heads", lambda: {str(H): forward_rows(n, H, L, k, gemm, ("one", "pair", "one_acc2", "pair_acc2"))
+                           for H in (8, 16)}),
         ("backward", lambda: backward_rows(n, 128, L, k, res.get("forward", {}).get("one", {}).get("tflops"))),
         ("baseline", lambda: {"mha": baseline_rows(256 if args.quick else 1024, 16, 128, 16384, k, mla=False),
                               "mla": baseline_rows(64 if args.quick else 256, 16, 576, 16384, k, mla=True)}),

@@ -48,7 +48,8 @@ KERNELS = {
                       ("hytopk_threshold_group_ws", "wgmma"), ("hytopk_threshold_group128_ws", "wgmma")),
     "attend.cu": (("hytopk_attend_fwd", "attend"), ("hytopk_attend_bwd", "attend"), ("hytopk_attend_delta", "attend"), ("hytopk_attend_pair_union", "attend"),
                   ("hytopk_attend_dkv_reduce", "attend"), ("hytopk_attend_pair_union_reg", "attend"),
-                  ("hytopk_attend_bwd_hb2", "attend"), ("hytopk_attend_dkv_reduce_warp", "attend")),
+                  ("hytopk_attend_bwd_hb2", "attend"), ("hytopk_attend_dkv_reduce_warp", "attend"),
+                  ("hytopk_attend_fwd_acc2", "attend")),
 }
 # files that need an arch-specific target (wgmma exists on sm_90a only): NVRTC options, nvcc -gencode
 FILE_OPTIONS = {"wgmma.cu": ("-arch=sm_90a",), "wgmma_ws.cu": ("-arch=sm_90a",)}
@@ -118,6 +119,11 @@ def attend_fwd_name(mt, dqk, dv, qpt, shared, out_bf16) -> str:
             f"{_b(shared)}, {_b(out_bf16)}>")
 
 
+def attend_fwd_acc2_name(mt, dqk, dv, qpt, shared, out_bf16) -> str:
+    """hytopk_attend_fwd_acc2: two logit accumulators (d_qk a multiple of 32)."""
+    return attend_fwd_name(mt, dqk, dv, qpt, shared, out_bf16).replace("hytopk_attend_fwd<", "hytopk_attend_fwd_acc2<")
+
+
 def attend_bwd_name(mt, dqk, dv, shared, atomic) -> str:
     return f"hytopk_attend_bwd<{int(mt)}, {attend_nk(mt)}, {int(dqk)}, {int(dv)}, {_b(shared)}, {_b(atomic)}>"
 
@@ -148,6 +154,7 @@ def attend_names() -> tuple:
         out.append(attend_bwd_name(4, dqk, dv, shared, True))
     out += [f"hytopk_attend_pair_union_reg<{r}>" for r in (1, 2, 4, 8, 16)]
     for dqk, dv, shared in ATTEND_SHIPPED:
+        out += [attend_fwd_acc2_name(1, dqk, dv, qpt, shared, True) for qpt in (1, 2)]
         out += [attend_bwd_hb2_name(mt, dqk, dv, shared) for mt in (2, 4)]
         out.append(attend_reduce_warp_name(shared, dqk if shared else dqk + dv))
     out += ["hytopk_attend_pair_union", "hytopk_attend_delta<true>", "hytopk_attend_delta<false>",

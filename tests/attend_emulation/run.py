@@ -86,6 +86,8 @@ class Fn:
         assert N >= 2 * kk and N >= 256 and N & (N - 1) == 0 and grid[0] == (n + 1) // 2
         u, m, c = RA.pair_union(np.where((idx >= 0) & (idx < L), idx, -1).astype(np.int32))
         uidx[:], mult[:], count[:] = u, m, c
+    def hytopk_attend_fwd_acc2(self, tp, grid, a):
+        self.hytopk_attend_fwd(tp, grid, a)
     def hytopk_attend_pair_union_reg(self, tp, grid, a):
         idx, n, kk, L, uidx, mult, count = a
         R = int(tp[0])
@@ -169,9 +171,9 @@ for (mla, Hq, Hkv, Dqk, Dv, n, L, kk, kind_) in [(True, 8, 1, 32, 16, 5, 40, 13,
         (k, kh), (v, vh) = bf(rng.standard_normal((L, Hkv, Dqk))), bf(rng.standard_normal((L, Hkv, Dv)))
     idx = make_idx(rng, n, L, kk, kind_)
     ro, rl = RA.attend(qh, kh, vh, idx)
-    for qpt in (1, 2):
+    for qpt, acc in ((1, 1), (2, 1), (1, 2), (2, 2)):
         for od in ("float32", "bfloat16"):
-            out, lse = CA.attend_forward(qb, k, v, idx, None, qpt=qpt, out_dtype=od)
+            out, lse = CA.attend_forward(qb, k, v, idx, None, qpt=qpt, out_dtype=od, acc=acc)
             close(f(out) if od == "bfloat16" else out, ro, 1e-2 if od == "bfloat16" else 1e-5); close(lse, rl, 1e-5)
     dob, doh = bf(rng.standard_normal((n, Hq, Dv)))
     rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)

@@ -4,6 +4,7 @@ Variants of the `attend` stage (signature in registry.ATTENTION_STAGES):
   cupy.attend.one   one query per block: its heads (of one kv head) are the MMA rows, padded to 16/32/64
   cupy.attend.pair  two adjacent queries per block over the union of their selections
                     (reference.attention.pair_union); each query masks the keys it did not select
+  cupy.attend.one_acc2 / pair_acc2  the same with two logit accumulators per n8 tile
 and of `attend_backward`:
   cupy.attend_backward.deterministic  dK/dV per (query, slot) into a bounded scratch, summed per key
                                       in a fixed order (bitwise reproducible), query chunk by chunk
@@ -151,10 +152,14 @@ def pair_union(idx, L, *, kernel="reg"):
     return uidx, mult, count
 
 
-def attend_forward(q, k, v, idx, scale=None, *, qpt=1, out_dtype="bfloat16"):
-    """(out [n, Hq, d_v], lse float32 [n, Hq]) on the GPU; qpt 1 (`one`) or 2 (`pair`)."""
+def attend_forward(q, k, v, idx, scale=None, *, qpt=1, out_dtype="bfloat16", acc=1):
+    """(out [n, Hq, d_v], lse float32 [n, Hq]) on the GPU; qpt 1 (`one`) or 2 (`pair`); acc 2: two
+    logit accumulators per n8 tile (hytopk_attend_fwd_acc2, padded d_qk a multiple of 32; other
+    float rounding of the logits than acc 1)."""
     if out_dtype not in ("bfloat16", "float32"):
         raise ValueError(f"argument 'out_dtype' must be 'bfloat16' or 'float32', got {out_dtype!r}")
+    if acc not in (1, 2):
+        raise ValueError(f"argument 'acc' must be 1 or 2, got {acc!r}")
     with launch_stream():
         b = Bound(q, k, v, idx, scale)
         out_bf16 = out_dtype == "bfloat16"
@@ -167,7 +172,8 @@ def attend_forward(q, k, v, idx, scale=None, *, qpt=1, out_dtype="bfloat16"):
         else:
             lst, mult, lens = pair_union(b.idx, b.L)
             U, tiles = lst.shape[1], lst.shape[0]
-        fn = _fn(INST.attend_fwd_name(mt, b.DQK, b.DV, qpt, b.shared, out_bf16))
+        name = INST.attend_fwd_acc2_name if acc == 2 and b.DQK % 32 == 0 else INST.attend_fwd_name
+        fn = _fn(name(mt, b.DQK, b.DV, qpt, b.shared, out_bf16))
         _launch(fn, (tiles, b.Hkv * nhb),
                 (b.q, b.k, np.int64(b.k_stride), b.v, np.int64(b.v_stride), lst, lens, mult, np.int32(U),
                  np.int32(b.n), np.int64(b.L), np.int32(b.Hq), np.int32(b.Hkv), np.int32(hb), b.scale_log2,
@@ -294,6 +300,18 @@ def attend_one(q, k, v, idx, scale=None):
 def attend_pair(q, k, v, idx, scale=None):
     """Two adjacent queries per block over the union of their selections (each masks the other's keys)."""
     return attend_forward(q, k, v, idx, scale, qpt=2, out_dtype="float32")
+
+
+@register("attend", "cupy.attend.one_acc2", gpu_only=True)
+def attend_one_acc2(q, k, v, idx, scale=None):
+    """`one` with two logit accumulators per n8 tile (half the dependent MMA chain)."""
+    return attend_forward(q, k, v, idx, scale, qpt=1, out_dtype="float32", acc=2)
+
+
+@register("attend", "cupy.attend.pair_acc2", gpu_only=True)
+def attend_pair_acc2(q, k, v, idx, scale=None):
+    """`pair` with two logit accumulators per n8 tile (half the dependent MMA chain)."""
+    return attend_forward(q, k, v, idx, scale, qpt=2, out_dtype="float32", acc=2)
 
 
 @register("attend_backward", "cupy.attend_backward.deterministic", gpu_only=True)
