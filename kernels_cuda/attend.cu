@@ -12,7 +12,7 @@
 // per-slot dK = dS^T.Q and dV = P^T.dO of the block go either to `part` (one row per
 // (query, kv head, head block, slot): hytopk_attend_dkv_reduce sums them per key in a fixed
 // order: bitwise reproducible) or, ATOMIC, straight into dk/dv with float atomics; hytopk_attend_bwd_hb2
-// lets two head blocks share one part row (commutative adds onto zero: still reproducible).
+// lets two head blocks share one part row (the second adds the first's value: a fixed order).
 #include "hytopk_attend.cuh"
 using namespace hytopk;
 using namespace hytopk::attend;
@@ -305,10 +305,13 @@ hytopk_attend_delta(const bf16_t* __restrict__ dout, const void* __restrict__ ou
 // ATOMIC: dk [L, Hkv, DQK] / dv [L, Hkv, DV] float += (SHARED: dk is MLA's dkv [L, DQK], dv unused);
 // else part[((tl * Hkv + g) * nhb + hb) * U + slot][W] (W = DQK + (SHARED ? 0 : DV)) = this block's
 // contribution of that slot (rows of masked slots are not written).
-// MODE: BWD_PART (the part rows above), BWD_ATOMIC (dk/dv atomics) or BWD_PART_HB2 (head blocks
-// 2h and 2h+1 add into one part row ((tl * Hkv + g) * ceil(nhb / 2) + h) * U + slot of a zeroed
-// part: float addition is commutative, so 0 + a + b has the same bits in either order: still
-// bitwise reproducible, with half the part rows of BWD_PART).
+// MODE: BWD_PART (the part rows above), BWD_ATOMIC (dk/dv atomics) or BWD_PART_HB2: head blocks
+// 2h and 2h+1 of a (query, kv head) share one part row ((tl * Hkv + g) * ceil(nhb / 2) + h) * U +
+// slot, in a fixed order: block 2h stores its tile's rows and raises flags[1 + pair] to the tile
+// count; block 2h+1 waits for that, then stores (2h's value + its own). Blocks take their work in
+// launch order from the counter flags[0] (2h+1 waits only on a block that started before it), so
+// the pair runs side by side and 2h's rows are still in L2 when 2h+1 reads them: half the part
+// rows to write (and to read in the reduction) of BWD_PART, and no atomics.
 enum { BWD_PART = 0, BWD_ATOMIC = 1, BWD_PART_HB2 = 2 };
 
 template <int MT, int NK, int DQK, int DV, bool SHARED, int MODE>
@@ -317,13 +320,26 @@ attend_bwd_body(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long
                 const bf16_t* __restrict__ v, long long v_stride, const int* __restrict__ idx, int U, int n, int t0,
                 long long L, int Hq, int Hkv, int hb_heads, float scale, float scale_log2,
                 const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
-                float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dv, float* __restrict__ part) {
+                float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dv, float* __restrict__ part,
+                int* __restrict__ flags) {
     using S = Shape<MT, NK, DQK, DV, 1, SHARED>;
     extern __shared__ __align__(16) unsigned char smem[];
-    const int tl = blockIdx.x, t = t0 + tl;
     const int G = Hq / Hkv;
     const int nhb = (G + hb_heads - 1) / hb_heads;
-    const int g = blockIdx.y / nhb, hb = blockIdx.y - g * nhb;
+    int tl = blockIdx.x, by = blockIdx.y;
+    if (MODE == BWD_PART_HB2) {                                // work in launch order (see above)
+        __shared__ int sid;
+        if (threadIdx.x == 0) sid = atomicAdd(flags, 1);
+        __syncthreads();
+        tl = sid / (Hkv * nhb);
+        by = sid - tl * (Hkv * nhb);
+    }
+    const int t = t0 + tl;
+    const int g = by / nhb, hb = by - g * nhb;
+    const int nrow = (nhb + 1) >> 1;
+    const bool lead = MODE == BWD_PART_HB2 && (hb & 1) == 0 && hb + 1 < nhb;   // raises the flag
+    const bool follow = MODE == BWD_PART_HB2 && (hb & 1) == 1;                 // waits, adds
+    int* const flag = MODE == BWD_PART_HB2 ? flags + 1 + ((long long)tl * Hkv + g) * nrow + (hb >> 1) : nullptr;
     const RowMap rm{hb_heads, G, hb, t, n, 1};
     constexpr int W = DQK + (SHARED ? 0 : DV);
 
@@ -431,6 +447,8 @@ attend_bwd_body(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long
             *reinterpret_cast<u32*>(pbase + S::P_BYTES + (r0 * S::PS + col) * 2) = pack_bf16(ds[0], ds[1]);
             *reinterpret_cast<u32*>(pbase + S::P_BYTES + (r1 * S::PS + col) * 2) = pack_bf16(ds[2], ds[3]);
         }
+        if (follow && threadIdx.x == 0)                        // the lead's rows of this tile are in
+            while (ld_acquire(flag) < it + 1) __nanosleep(32);
         __syncthreads();                                       // P and dS of every warp in shared memory
 
         // dQ += dS . K (this warp's column tiles), key-tile order
@@ -487,13 +505,24 @@ attend_bwd_body(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long
                     atomicAdd(dst, acc[2 * h]);
                     atomicAdd(dst + 1, acc[2 * h + 1]);
                 } else if (MODE == BWD_PART_HB2) {
-                    const long long row = (((long long)tl * Hkv + g) * ((nhb + 1) >> 1) + (hb >> 1)) * U + slot;
-                    red_add_f32x2(part + row * W + col, acc[2 * h], acc[2 * h + 1]);
+                    const long long row = (((long long)tl * Hkv + g) * nrow + (hb >> 1)) * U + slot;
+                    float2* dst = reinterpret_cast<float2*>(part + row * W + col);
+                    float2 x = make_float2(acc[2 * h], acc[2 * h + 1]);
+                    if (follow) {                               // the lead's value first: a fixed order
+                        const float2 p0 = __ldcg(dst);
+                        x = make_float2(p0.x + x.x, p0.y + x.y);
+                    }
+                    *dst = x;
                 } else {
                     const long long row = (((long long)tl * Hkv + g) * nhb + hb) * U + slot;
                     *reinterpret_cast<float2*>(part + row * W + col) = make_float2(acc[2 * h], acc[2 * h + 1]);
                 }
             }
+        }
+        if (lead) {                                            // this tile's rows visible, then the flag
+            __threadfence();
+            __syncthreads();
+            if (threadIdx.x == 0) st_release(flag, it + 1);
         }
     }
     cp_async_wait<0>();
@@ -519,19 +548,23 @@ hytopk_attend_bwd(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, lo
                   const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
                   float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dv, float* __restrict__ part) {
     attend_bwd_body<MT, NK, DQK, DV, SHARED, ATOMIC ? BWD_ATOMIC : BWD_PART>
-        (q, k, k_stride, v, v_stride, idx, U, n, t0, L, Hq, Hkv, hb_heads, scale, scale_log2, dout, lse, delta, dq, dk, dv, part);
+        (q, k, k_stride, v, v_stride, idx, U, n, t0, L, Hq, Hkv, hb_heads, scale, scale_log2, dout, lse, delta, dq, dk, dv, part,
+         nullptr);
 }
 
-// The deterministic backward with head-block pairs sharing part rows (BWD_PART_HB2; part zeroed).
+// The deterministic backward with head-block pairs sharing part rows (BWD_PART_HB2): a 1-D grid of
+// (queries of the chunk) x Hkv x nhb blocks; flags [1 + chunk * Hkv * ceil(nhb / 2)] zeroed.
 template <int MT, int NK, int DQK, int DV, bool SHARED>
 __global__ void __launch_bounds__(256, 1)
 hytopk_attend_bwd_hb2(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long long k_stride,
                       const bf16_t* __restrict__ v, long long v_stride, const int* __restrict__ idx, int U, int n, int t0,
                       long long L, int Hq, int Hkv, int hb_heads, float scale, float scale_log2,
                       const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
-                      float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dv, float* __restrict__ part) {
+                      float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dv, float* __restrict__ part,
+                      int* __restrict__ flags) {
     attend_bwd_body<MT, NK, DQK, DV, SHARED, BWD_PART_HB2>
-        (q, k, k_stride, v, v_stride, idx, U, n, t0, L, Hq, Hkv, hb_heads, scale, scale_log2, dout, lse, delta, dq, dk, dv, part);
+        (q, k, k_stride, v, v_stride, idx, U, n, t0, L, Hq, Hkv, hb_heads, scale, scale_log2, dout, lse, delta, dq, dk, dv, part,
+         flags);
 }
 
 // Deterministic key reduction: segment i (entries order[starts[i] .. starts[i+1]) of one key row

@@ -104,14 +104,14 @@ __device__ __forceinline__ u32 at_lane_off(int stride) {
     return (u32)(((lr + (lm >> 1) * 8) * stride + (lm & 1) * 8) * 2);
 }
 
-// *p += a, p[1] += b as fire-and-forget reductions (one vector red on sm_90)
-__device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
-#else
-    atomicAdd(p, a);
-    atomicAdd(p + 1, b);
-#endif
+// gpu-scope acquire load / release store of a flag (the backward's head-block pairs)
+__device__ __forceinline__ int ld_acquire(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_release(int* p, int v) {
+    asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
 __device__ __forceinline__ float quad_max(float x) {

@@ -99,7 +99,11 @@ class Fn:
         of = f(o) if ob else np.asarray(o, float)
         delta[:] = (f(do).reshape(rows, DV) * of.reshape(rows, DV)).sum(1)
     def hytopk_attend_bwd_hb2(self, tp, grid, a):
-        self.hytopk_attend_bwd(tp + ["hb2"], grid, a)
+        *a, flags = a
+        Hq, Hkv, hb = int(a[10]), int(a[11]), int(a[12]); nhb = -(-(Hq // Hkv) // hb)
+        assert grid[1] == 1 and grid[0] % (Hkv * nhb) == 0 and flags.size >= 1 + grid[0] // nhb * -(-nhb // 2)
+        assert not flags.any()                                 # zeroed: the work counter and the pair flags
+        self.hytopk_attend_bwd(tp + ["hb2"], (grid[0] // (Hkv * nhb), Hkv * nhb), a)
     def hytopk_attend_bwd(self, tp, grid, a):
         MT, NK, DQK, DV = map(int, tp[:4]); SH = tp[4] == "true"; AT = tp[5] == "true"; HB2 = tp[5] == "hb2"
         q, k, ks, v, vs, idx, U, n, t0, L, Hq, Hkv, hb, scale, sl2, do, lse, delta, dq, dk, dv, part = a
@@ -128,8 +132,9 @@ class Fn:
                     if AT:
                         dk.reshape(-1, DQK)[s * Hkv + g] += c[:DQK]
                         if not SH: dv.reshape(-1, DV)[s * Hkv + g] += c[DQK:]
-                    elif HB2:                                          # two head blocks add onto a zeroed row
-                        part[((tl * Hkv + g) * -(-nhb // 2) + hbi // 2) * U + j] += c
+                    elif HB2:                                          # the odd head block adds the even one's
+                        r = ((tl * Hkv + g) * -(-nhb // 2) + hbi // 2) * U + j
+                        part[r] = part[r] + c if hbi % 2 else c
                     else:
                         part[((tl * Hkv + g) * nhb + hbi) * U + j] = c
     def hytopk_attend_dkv_reduce_warp(self, tp, grid, a):

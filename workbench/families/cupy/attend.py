@@ -8,8 +8,8 @@ Variants of the `attend` stage (signature in registry.ATTENTION_STAGES):
 and of `attend_backward`:
   cupy.attend_backward.deterministic  dK/dV per (query, slot) into a bounded scratch, summed per key
                                       in a fixed order (bitwise reproducible), query chunk by chunk
-  cupy.attend_backward.deterministic_v2  the same with head-block pairs sharing scratch rows and a
-                                      warp-per-key reduction (reproducible; other bits)
+  cupy.attend_backward.deterministic_v2  the same with head-block pairs sharing scratch rows (in a
+                                      fixed order) and a warp-per-key reduction (reproducible)
   cupy.attend_backward.atomic         dK/dV by float atomics (fast, not reproducible)
 
 Inputs: bf16 (uint16 bits, torch.bfloat16) or float32 (rounded to bf16 here). MLA's shared kv is
@@ -187,9 +187,9 @@ def attend_backward(dout, q, k, v, idx, out, lse, scale=None, *, deterministic=T
                     version=1):
     """(dq float32 [n, Hq, d_qk], dk float32, dv float32 or None for shared kv) of attend_forward's
     out (as returned: bf16 or float32) for the upstream gradient dout; lse from the forward.
-    version 2 (deterministic only): head blocks 2h, 2h+1 add into one zeroed part row (half the
-    scratch traffic; still reproducible: two commutative adds onto 0), a warp-per-key float4
-    reduction, and a larger default scratch (fewer chunks); other bits than version 1's."""
+    version 2 (deterministic only): head blocks 2h, 2h+1 share one part row (2h+1 adds 2h's value,
+    read back from L2: half the scratch traffic, a fixed order), a warp-per-key float4 reduction,
+    and a larger default scratch (fewer chunks); other bits than version 1's past one head block."""
     if version not in (1, 2):
         raise ValueError(f"argument 'version' must be 1 or 2, got {version!r}")
     with launch_stream():
@@ -235,18 +235,21 @@ def attend_backward(dout, q, k, v, idx, out, lse, scale=None, *, deterministic=T
         elif b.kk and b.n:
             # one part row per head-block pair (one head block: the plain kernel, the same bits)
             nrow = -(-nhb // 2)
-            if nhb > 1:
-                fn = _fn(INST.attend_bwd_hb2_name(mt, b.DQK, b.DV, b.shared))
             per_query = b.Hkv * nrow * b.kk * W * 4
             chunk = max(1, min(b.n, (scratch_bytes or _scratch_v2()) // max(1, per_query)))
             part = cp.empty((chunk * b.Hkv * nrow * b.kk, W), cp.float32)
+            if nhb > 1:
+                fn = _fn(INST.attend_bwd_hb2_name(mt, b.DQK, b.DV, b.shared))
+                flags = cp.empty(1 + chunk * b.Hkv * nrow, cp.int32)   # [0]: the work counter
             wname = INST.attend_reduce_warp_name(b.shared, W)
             red = _fn(wname or f"hytopk_attend_dkv_reduce<{'true' if b.shared else 'false'}>")
             for t0 in range(0, b.n, chunk):
                 c = min(chunk, b.n - t0)
                 if nhb > 1:
-                    part[:c * b.Hkv * nrow * b.kk].fill(0)
-                _launch(fn, (c, b.Hkv * nhb), common + (np.int32(t0),) + tail + (part,), smem)
+                    flags.fill(0)
+                    _launch(fn, (c * b.Hkv * nhb, 1), common + (np.int32(t0),) + tail + (part, flags), smem)
+                else:
+                    _launch(fn, (c, b.Hkv * nhb), common + (np.int32(t0),) + tail + (part,), smem)
                 _reduce_chunk(red, part, b, t0, c, nrow, W, dk, dv, warp=wname is not None)
         if b.DQK != b.d_qk:
             dq = cp.ascontiguousarray(dq[:, :, :b.d_qk])
@@ -323,8 +326,8 @@ def attend_backward_deterministic(dout, q, k, v, idx, scale=None):
 
 @register("attend_backward", "cupy.attend_backward.deterministic_v2", gpu_only=True)
 def attend_backward_deterministic_v2(dout, q, k, v, idx, scale=None):
-    """Fixed order with head-block pairs sharing part rows (commutative adds onto zero) and a
-    warp-per-key reduction: bitwise reproducible, other bits than `deterministic`."""
+    """Fixed order with head-block pairs sharing part rows (the second adds the first's value) and
+    a warp-per-key reduction: bitwise reproducible, other bits than `deterministic`."""
     out, lse = attend_forward(q, k, v, idx, scale, qpt=1, out_dtype="float32")
     return attend_backward(dout, q, k, v, idx, out, lse, scale, deterministic=True, version=2)
 
