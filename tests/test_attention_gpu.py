@@ -170,11 +170,11 @@ BWD_MODES = {"det": dict(deterministic=True), "atomic": dict(deterministic=False
 
 
 @pytest.mark.parametrize("shape", BWD_SHAPES + [(True, 136, 1, 576, 512), (False, 192, 2, 64, 64)],
-                         ids=BWD_IDS + ["mla136_3hb", "gqa96x2_odd_hb"])
+                         ids=BWD_IDS + ["mla136_3hb", "gqa96x2_partial_hb"])
 @pytest.mark.parametrize("mode", list(BWD_MODES))
 @pytest.mark.parametrize("kind", ["shared", "dups", "empty", "disjoint", "pad_only"])
 def test_backward_matches_reference(CA, shape, mode, kind):
-    """mla136: 3 head blocks (a pair and a lone one in version 2); gqa96x2: 2 head blocks per kv head."""
+    """mla136: 3 head blocks (a pair and a lone one in version 2); gqa96x2: 2 head blocks (64 + 32 heads)."""
     mla, Hq, Hkv, Dqk, Dv = shape
     deterministic = mode != "atomic"
     rng = np.random.default_rng(seed(shape, deterministic, kind))

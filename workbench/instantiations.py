@@ -154,7 +154,7 @@ def attend_names() -> tuple:
         out.append(attend_bwd_name(4, dqk, dv, shared, True))
     out += [f"hytopk_attend_pair_union_reg<{r}>" for r in (1, 2, 4, 8, 16)]
     for dqk, dv, shared in ATTEND_SHIPPED:
-        out += [attend_fwd_acc2_name(1, dqk, dv, qpt, shared, True) for qpt in (1, 2)]
+        out += [attend_fwd_acc2_name(mt, dqk, dv, qpt, shared, True) for mt in (1, 4) for qpt in (1, 2)]
         out += [attend_bwd_hb2_name(mt, dqk, dv, shared) for mt in (2, 4)]
         out.append(attend_reduce_warp_name(shared, dqk if shared else dqk + dv))
     out += ["hytopk_attend_pair_union", "hytopk_attend_delta<true>", "hytopk_attend_delta<false>",
