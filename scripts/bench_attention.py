@@ -4,7 +4,7 @@
             2 n H k (d_qk + d_v) / t over the bf16 GEMM rate of the same run (`one` and `pair`)
   heads     8 and 16 heads per query: `pair` (two adjacent queries per block over the union of
             their selections; the union build timed apart too, both union kernels) vs `one`, and
-            their _acc2 kernels (two logit accumulators)
+            their _acc2 kernels (two logit accumulators), pair_nk64 (64-key tiles at 16 heads)
   backward  deterministic, atomic and deterministic_v2, effective TFLOP/s 2 n H k (3 d_qk + 2 d_v) / t
             (the logits are recomputed), and its ratio to the forward rate
   baseline  dsa.py's gather + einsum vs torch.ops.hytopk.sparse_attention, forward + backward, time
@@ -104,9 +104,9 @@ def forward_rows(n, H, L, k, gemm, variants=("one", "pair")):
     rows = {}
     for name in variants:
         qpt = 1 if name.startswith("one") else 2
-        acc = 2 if name.endswith("_acc2") else 1
-        t = timed(lambda: CA.attend_forward(q, kk, vv, idx, None, qpt=qpt, acc=acc))
-        err = max_error(q, kk, vv, idx, CA.attend_forward(q, kk, vv, idx, None, qpt=qpt, acc=acc)[0])
+        kw = dict(qpt=qpt, acc=2 if name.endswith("_acc2") else 1, wide="nk64" in name)
+        t = timed(lambda: CA.attend_forward(q, kk, vv, idx, None, **kw))
+        err = max_error(q, kk, vv, idx, CA.attend_forward(q, kk, vv, idx, None, **kw)[0])
         rows[name] = dict(t, tflops=rate(fwd_flops(n, H, k), t), vs_gemm=rate(fwd_flops(n, H, k), t) / gemm,
                           max_abs_error_vs_torch_f32=err)
         print(f"  fwd H={H:<3} n={n} {name:<4} {t['median_ms']:8.3f} ms  {rows[name]['tflops']:6.1f} TFLOP/s "
@@ -116,7 +116,7 @@ def forward_rows(n, H, L, k, gemm, variants=("one", "pair")):
         ic = cp.from_dlpack(idx)
         rows["pair_union_only"] = timed(lambda: CA.pair_union(ic, L))
         rows["pair_union_smem_only"] = timed(lambda: CA.pair_union(ic, L, kernel="smem"))   # the first kernel
-        for a, b in (("pair_acc2", "one"), ("pair_acc2", "one_acc2")):
+        for a, b in (("pair_acc2", "one"), ("pair_acc2", "one_acc2"), ("pair_nk64", "one")):
             if a in variants and b in variants:
                 rows[f"{a}_vs_{b}"] = rows[b]["median_ms"] / rows[a]["median_ms"]
                 print(f"  {a} vs {b}: {rows[f'{a}_vs_{b}']:.2f}x", flush=True)
@@ -234,8 +234,8 @@ def main(argv=None):
     print(f"GPU {props.name}  bf16 GEMM {gemm:.0f} TFLOP/s", flush=True)
     sections = [
         ("forward", lambda: forward_rows(n, 128, L, k, gemm)),
-        ("heads", lambda: {str(H): forward_rows(n, H, L, k, gemm, ("one", "pair", "one_acc2", "pair_acc2"))
-                           for H in (8, 16)}),
+        ("heads", lambda: {str(H): forward_rows(n, H, L, k, gemm, ("one", "pair", "one_acc2", "pair_acc2",
+                                                                   "pair_nk64")) for H in (8, 16)}),
         ("backward", lambda: backward_rows(n, 128, L, k, res.get("forward", {}).get("one", {}).get("tflops"))),
         ("baseline", lambda: {"mha": baseline_rows(256 if args.quick else 1024, 16, 128, 16384, k, mla=False),
                               "mla": baseline_rows(64 if args.quick else 256, 16, 576, 16384, k, mla=True)}),

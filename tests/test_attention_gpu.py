@@ -64,14 +64,14 @@ SHAPES = [  # (mla, Hq, Hkv, Dqk, Dv)
 ]
 IDS = ["mla128", "mla64", "mla16", "mla8", "gqa8x4", "gqa8x2_d64", "gqa_pad"]
 QPT = [1, 2]
-ACC = [1, 2]          # logit accumulators (hytopk_attend_fwd / _acc2)
+FWD_KW = {"base": {}, "acc2": dict(acc=2), "wide": dict(wide=True)}   # hytopk_attend_fwd, _acc2, 64-key tiles
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=IDS)
 @pytest.mark.parametrize("qpt", QPT)
-@pytest.mark.parametrize("acc", ACC)
+@pytest.mark.parametrize("fk", list(FWD_KW))
 @pytest.mark.parametrize("kind", ["random", "dups", "shared", "disjoint", "empty"])
-def test_exact_hot_cold_logits_bit_for_bit(CA, shape, qpt, acc, kind):
+def test_exact_hot_cold_logits_bit_for_bit(CA, shape, qpt, fk, kind):
     """Keys are hot (logit 0) or cold (logit -256 * scale / ln 2 < -149: exp2 gives exactly 0) per
     (query, head); out = the exact mean of the hot keys' small-integer values (all keys when none is hot)."""
     mla, Hq, Hkv, Dqk, Dv = shape
@@ -92,7 +92,7 @@ def test_exact_hot_cold_logits_bit_for_bit(CA, shape, qpt, acc, kind):
     q[:, :, 0] = np.where(rng.random((n, Hq)) < 0.8, 2.0, 0.0)   # q = 0: every key ties (uniform)
     qd, qh = bf16(q)
     idx = make_idx(rng, n, L, kk, kind)
-    out, lse = CA.attend_forward(qd, k, v, cp.asarray(idx), 1.0, qpt=qpt, out_dtype="float32", acc=acc)
+    out, lse = CA.attend_forward(qd, k, v, cp.asarray(idx), 1.0, qpt=qpt, out_dtype="float32", **FWD_KW[fk])
     out = cp.asnumpy(out)
     want = np.zeros((n, Hq, Dv), np.float32)
     for t in range(n):
@@ -112,29 +112,30 @@ def test_exact_hot_cold_logits_bit_for_bit(CA, shape, qpt, acc, kind):
 
 @pytest.mark.parametrize("shape", SHAPES, ids=IDS)
 @pytest.mark.parametrize("qpt", QPT)
-@pytest.mark.parametrize("acc", ACC)
+@pytest.mark.parametrize("fk", list(FWD_KW))
 @pytest.mark.parametrize("kind", ["random", "dups", "shared", "disjoint", "empty", "pad_only"])
-def test_random_inputs_match_reference(CA, shape, qpt, acc, kind):
+def test_random_inputs_match_reference(CA, shape, qpt, fk, kind):
     mla, Hq, Hkv, Dqk, Dv = shape
     rng = np.random.default_rng(seed(shape, qpt, kind, 1))
     n, L, kk = 7, 700, 300                                   # odd n: the last pair has one query
     k, v, kh, vh = layout(mla, L, Hkv, Dqk, Dv, rng)
     qd, qh = bf16(rng.standard_normal((n, Hq, Dqk)))
     idx = make_idx(rng, n, L, kk, kind)
-    out, lse = CA.attend_forward(qd, k, v, cp.asarray(idx), None, qpt=qpt, out_dtype="float32", acc=acc)
+    out, lse = CA.attend_forward(qd, k, v, cp.asarray(idx), None, qpt=qpt, out_dtype="float32", **FWD_KW[fk])
     ro, rl = RA.attend(qh, kh, vh, idx)
     np.testing.assert_allclose(cp.asnumpy(out), ro, rtol=2e-2, atol=2e-2)
     np.testing.assert_allclose(cp.asnumpy(lse), rl, rtol=1e-4, atol=1e-3)
 
 
 @pytest.mark.parametrize("qpt", QPT)
-def test_large_logits_and_k_2048(CA, qpt):
+@pytest.mark.parametrize("fk", list(FWD_KW))
+def test_large_logits_and_k_2048(CA, qpt, fk):
     rng = np.random.default_rng(5)
     n, L, kk, Hq = 4, 5000, 2048, 16
     k, v, kh, vh = layout(True, L, 1, 576, 512, rng)
     qd, qh = bf16(rng.standard_normal((n, Hq, 576)) * 8.0)     # logits ~ +-200: one-hot-ish softmax
     idx = make_idx(rng, n, L, kk, "shared")
-    out, lse = CA.attend_forward(qd, k, v, cp.asarray(idx), None, qpt=qpt, out_dtype="float32")
+    out, lse = CA.attend_forward(qd, k, v, cp.asarray(idx), None, qpt=qpt, out_dtype="float32", **FWD_KW[fk])
     ro, rl = RA.attend(qh, kh, vh, idx)
     assert np.all(np.isfinite(cp.asnumpy(out)))
     np.testing.assert_allclose(cp.asnumpy(out), ro, rtol=3e-2, atol=3e-2)
@@ -290,7 +291,8 @@ def _registered(stage):
     return [v.name for v in registry.variants(stage, "cupy")]
 
 
-@pytest.mark.parametrize("name", ["cupy.attend.one", "cupy.attend.pair", "cupy.attend.one_acc2", "cupy.attend.pair_acc2"])
+@pytest.mark.parametrize("name", ["cupy.attend.one", "cupy.attend.pair", "cupy.attend.one_acc2", "cupy.attend.pair_acc2",
+                                  "cupy.attend.pair_nk64"])
 def test_registered_forward_variants(name):
     from workbench import registry
     assert name in _registered("attend")

@@ -51,6 +51,10 @@ class Fn:
         kern = self.name.split("<")[0]
         check(kern, args)
         tp = [x.strip() for x in self.name.split("<")[1].rstrip(">").split(",")] if "<" in self.name else []
+        if kern.startswith("hytopk_attend_fwd"):                 # the launch's shared memory = the Shape's
+            from workbench import instantiations as INST
+            MT, NK, DQK, DV, QPT = map(int, tp[:5])
+            assert shared_mem == INST.attend_smem(MT, DQK, DV, QPT, tp[5] == "true", nk=NK), (self.name, shared_mem)
         getattr(self, kern)(tp, grid, args)
     def hytopk_attend_fwd(self, tp, grid, a):
         MT, NK, DQK, DV, QPT = map(int, tp[:5]); SH = tp[5] == "true"; OB = tp[6] == "true"
@@ -176,9 +180,9 @@ for (mla, Hq, Hkv, Dqk, Dv, n, L, kk, kind_) in [(True, 8, 1, 32, 16, 5, 40, 13,
         (k, kh), (v, vh) = bf(rng.standard_normal((L, Hkv, Dqk))), bf(rng.standard_normal((L, Hkv, Dv)))
     idx = make_idx(rng, n, L, kk, kind_)
     ro, rl = RA.attend(qh, kh, vh, idx)
-    for qpt, acc in ((1, 1), (2, 1), (1, 2), (2, 2)):
+    for qpt, acc, wide in ((1, 1, False), (2, 1, False), (1, 2, False), (2, 2, False), (2, 1, True), (1, 1, True)):
         for od in ("float32", "bfloat16"):
-            out, lse = CA.attend_forward(qb, k, v, idx, None, qpt=qpt, out_dtype=od, acc=acc)
+            out, lse = CA.attend_forward(qb, k, v, idx, None, qpt=qpt, out_dtype=od, acc=acc, wide=wide)
             close(f(out) if od == "bfloat16" else out, ro, 1e-2 if od == "bfloat16" else 1e-5); close(lse, rl, 1e-5)
     dob, doh = bf(rng.standard_normal((n, Hq, Dv)))
     rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)

@@ -5,6 +5,7 @@ Variants of the `attend` stage (signature in registry.ATTENTION_STAGES):
   cupy.attend.pair  two adjacent queries per block over the union of their selections
                     (reference.attention.pair_union); each query masks the keys it did not select
   cupy.attend.one_acc2 / pair_acc2  the same with two logit accumulators per n8 tile
+  cupy.attend.pair_nk64  `pair` with 64-key tiles where they fit (32 rows: 16 heads)
 and of `attend_backward`:
   cupy.attend_backward.deterministic  dK/dV per (query, slot) into a bounded scratch, summed per key
                                       in a fixed order (bitwise reproducible), query chunk by chunk
@@ -120,8 +121,8 @@ class Bound:
         rows = next(r for r in INST.ATTEND_ROWS if r >= need)
         return rows // 16, hb
 
-    def smem(self, mt, qpt, backward=False):
-        return INST.attend_smem(mt, self.DQK, self.DV, qpt, self.shared, backward)
+    def smem(self, mt, qpt, backward=False, nk=None):
+        return INST.attend_smem(mt, self.DQK, self.DV, qpt, self.shared, backward, nk)
 
 
 UNION_MAX_L = 1 << 30            # the union kernel packs (position << 1 | query) into 32 bits
@@ -152,10 +153,11 @@ def pair_union(idx, L, *, kernel="reg"):
     return uidx, mult, count
 
 
-def attend_forward(q, k, v, idx, scale=None, *, qpt=1, out_dtype="bfloat16", acc=1):
+def attend_forward(q, k, v, idx, scale=None, *, qpt=1, out_dtype="bfloat16", acc=1, wide=False):
     """(out [n, Hq, d_v], lse float32 [n, Hq]) on the GPU; qpt 1 (`one`) or 2 (`pair`); acc 2: two
-    logit accumulators per n8 tile (hytopk_attend_fwd_acc2, padded d_qk a multiple of 32; other
-    float rounding of the logits than acc 1)."""
+    logit accumulators per n8 tile (hytopk_attend_fwd_acc2, padded d_qk a multiple of 32); wide:
+    64-key tiles where they fit (INST.attend_wide_nk: 32 rows, e.g. pair at 16 heads). acc 2 and
+    wide round differently from the defaults (other summation order / softmax tiles)."""
     if out_dtype not in ("bfloat16", "float32"):
         raise ValueError(f"argument 'out_dtype' must be 'bfloat16' or 'float32', got {out_dtype!r}")
     if acc not in (1, 2):
@@ -173,11 +175,12 @@ def attend_forward(q, k, v, idx, scale=None, *, qpt=1, out_dtype="bfloat16", acc
             lst, mult, lens = pair_union(b.idx, b.L)
             U, tiles = lst.shape[1], lst.shape[0]
         name = INST.attend_fwd_acc2_name if acc == 2 and b.DQK % 32 == 0 else INST.attend_fwd_name
-        fn = _fn(name(mt, b.DQK, b.DV, qpt, b.shared, out_bf16))
+        nk = INST.attend_wide_nk(mt, b.DQK, b.DV, qpt, b.shared) if wide else INST.attend_nk(mt)
+        fn = _fn(name(mt, b.DQK, b.DV, qpt, b.shared, out_bf16, nk))
         _launch(fn, (tiles, b.Hkv * nhb),
                 (b.q, b.k, np.int64(b.k_stride), b.v, np.int64(b.v_stride), lst, lens, mult, np.int32(U),
                  np.int32(b.n), np.int64(b.L), np.int32(b.Hq), np.int32(b.Hkv), np.int32(hb), b.scale_log2,
-                 out, lse), b.smem(mt, qpt))
+                 out, lse), b.smem(mt, qpt, nk=nk))
         if b.DV != b.d_v:
             out = cp.ascontiguousarray(out[:, :, :b.d_v])
         return out, lse
@@ -315,6 +318,13 @@ def attend_one_acc2(q, k, v, idx, scale=None):
 def attend_pair_acc2(q, k, v, idx, scale=None):
     """`pair` with two logit accumulators per n8 tile (half the dependent MMA chain)."""
     return attend_forward(q, k, v, idx, scale, qpt=2, out_dtype="float32", acc=2)
+
+
+@register("attend", "cupy.attend.pair_nk64", gpu_only=True)
+def attend_pair_nk64(q, k, v, idx, scale=None):
+    """`pair` with 64-key tiles where they fit (32 rows: 16 heads): half the tiles (barriers,
+    softmax rescales) per key of the 32-key tiles."""
+    return attend_forward(q, k, v, idx, scale, qpt=2, out_dtype="float32", wide=True)
 
 
 @register("attend_backward", "cupy.attend_backward.deterministic", gpu_only=True)
