@@ -11,8 +11,8 @@
 // dS = P (dP - delta) scale; dQ = dS.K accumulated per block in key-tile order (no atomics); the
 // per-slot dK = dS^T.Q and dV = P^T.dO of the block go either to `part` (one row per
 // (query, kv head, head block, slot): hytopk_attend_dkv_reduce sums them per key in a fixed
-// order: bitwise reproducible) or, ATOMIC, straight into dk/dv with float atomics; hytopk_attend_bwd_hb2
-// lets two head blocks share one part row (the second adds the first's value: a fixed order).
+// order: bitwise reproducible) or, ATOMIC, straight into dk/dv with float atomics;
+// hytopk_attend_bwd_hb2 lets two head blocks share one part row (the second adds the first's value).
 #include "hytopk_attend.cuh"
 using namespace hytopk;
 using namespace hytopk::attend;
@@ -268,7 +268,8 @@ hytopk_attend_fwd(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, lo
                   const bf16_t* __restrict__ v, long long v_stride, const int* __restrict__ list,
                   const int* __restrict__ lens, const int* __restrict__ mult, int U, int n, long long L, int Hq,
                   int Hkv, int hb_heads, float scale_log2, void* __restrict__ out, float* __restrict__ lse) {
-    attend_fwd_body<MT, NK, DQK, DV, QPT, SHARED, OUT_BF16, 1>(q, k, k_stride, v, v_stride, list, lens, mult, U, n, L, Hq, Hkv, hb_heads, scale_log2, out, lse);
+    attend_fwd_body<MT, NK, DQK, DV, QPT, SHARED, OUT_BF16, 1>(q, k, k_stride, v, v_stride, list, lens, mult, U, n, L,
+                                                              Hq, Hkv, hb_heads, scale_log2, out, lse);
 }
 
 template <int MT, int NK, int DQK, int DV, int QPT, bool SHARED, bool OUT_BF16>
@@ -277,7 +278,8 @@ hytopk_attend_fwd_acc2(const bf16_t* __restrict__ q, const bf16_t* __restrict__ 
                        const bf16_t* __restrict__ v, long long v_stride, const int* __restrict__ list,
                        const int* __restrict__ lens, const int* __restrict__ mult, int U, int n, long long L, int Hq,
                        int Hkv, int hb_heads, float scale_log2, void* __restrict__ out, float* __restrict__ lse) {
-    attend_fwd_body<MT, NK, DQK, DV, QPT, SHARED, OUT_BF16, 2>(q, k, k_stride, v, v_stride, list, lens, mult, U, n, L, Hq, Hkv, hb_heads, scale_log2, out, lse);
+    attend_fwd_body<MT, NK, DQK, DV, QPT, SHARED, OUT_BF16, 2>(q, k, k_stride, v, v_stride, list, lens, mult, U, n, L,
+                                                              Hq, Hkv, hb_heads, scale_log2, out, lse);
 }
 
 // --------------------------------------------------------------------------------- backward
@@ -548,8 +550,8 @@ hytopk_attend_bwd(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, lo
                   const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
                   float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dv, float* __restrict__ part) {
     attend_bwd_body<MT, NK, DQK, DV, SHARED, ATOMIC ? BWD_ATOMIC : BWD_PART>
-        (q, k, k_stride, v, v_stride, idx, U, n, t0, L, Hq, Hkv, hb_heads, scale, scale_log2, dout, lse, delta, dq, dk, dv, part,
-         nullptr);
+        (q, k, k_stride, v, v_stride, idx, U, n, t0, L, Hq, Hkv, hb_heads, scale, scale_log2, dout, lse, delta, dq, dk,
+         dv, part, nullptr);
 }
 
 // The deterministic backward with head-block pairs sharing part rows (BWD_PART_HB2): a 1-D grid of
@@ -557,14 +559,14 @@ hytopk_attend_bwd(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, lo
 template <int MT, int NK, int DQK, int DV, bool SHARED>
 __global__ void __launch_bounds__(256, 1)
 hytopk_attend_bwd_hb2(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long long k_stride,
-                      const bf16_t* __restrict__ v, long long v_stride, const int* __restrict__ idx, int U, int n, int t0,
-                      long long L, int Hq, int Hkv, int hb_heads, float scale, float scale_log2,
+                      const bf16_t* __restrict__ v, long long v_stride, const int* __restrict__ idx, int U, int n,
+                      int t0, long long L, int Hq, int Hkv, int hb_heads, float scale, float scale_log2,
                       const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
                       float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dv, float* __restrict__ part,
                       int* __restrict__ flags) {
     attend_bwd_body<MT, NK, DQK, DV, SHARED, BWD_PART_HB2>
-        (q, k, k_stride, v, v_stride, idx, U, n, t0, L, Hq, Hkv, hb_heads, scale, scale_log2, dout, lse, delta, dq, dk, dv, part,
-         flags);
+        (q, k, k_stride, v, v_stride, idx, U, n, t0, L, Hq, Hkv, hb_heads, scale, scale_log2, dout, lse, delta, dq, dk,
+         dv, part, flags);
 }
 
 // Deterministic key reduction: segment i (entries order[starts[i] .. starts[i+1]) of one key row

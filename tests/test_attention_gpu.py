@@ -291,8 +291,8 @@ def _registered(stage):
     return [v.name for v in registry.variants(stage, "cupy")]
 
 
-@pytest.mark.parametrize("name", ["cupy.attend.one", "cupy.attend.pair", "cupy.attend.one_acc2", "cupy.attend.pair_acc2",
-                                  "cupy.attend.pair_nk64"])
+@pytest.mark.parametrize("name", ["cupy.attend.one", "cupy.attend.pair", "cupy.attend.one_acc2",
+                                  "cupy.attend.pair_acc2", "cupy.attend.pair_nk64"])
 def test_registered_forward_variants(name):
     from workbench import registry
     assert name in _registered("attend")
