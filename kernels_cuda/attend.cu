@@ -728,7 +728,7 @@ hytopk_attend_pair_union(const int* __restrict__ idx, int n, int kk, long long L
 // memory (padded one word per 32: conflict-free for R <= 16). Any correct sort gives the same
 // sorted array, so the output is identical to hytopk_attend_pair_union's.
 template <int R>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(256, 3)     // 3 blocks per SM: 80 registers at R = 16, no spills
 hytopk_attend_pair_union_reg(const int* __restrict__ idx, int n, int kk, long long L, int* __restrict__ uidx,
                              int* __restrict__ mult, int* __restrict__ count) {
     static_assert(R == 1 || R == 2 || R == 4 || R == 8 || R == 16, "pair_union_reg: R a power of two <= 16");
@@ -764,31 +764,30 @@ hytopk_attend_pair_union_reg(const int* __restrict__ idx, int n, int kk, long lo
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
                     if (r & stride) continue;
-                    const bool up = ((i0 + r) & size) == 0;
+                    // (i0 + r) & size: r's bit below R (compile time), i0's from R up (one per thread)
+                    const bool up = size < R ? (r & size) == 0 : (i0 & size) == 0;
                     const u32 a = x[r], b = x[r | stride];
                     x[r] = up ? min(a, b) : max(a, b);
                     x[r | stride] = up ? max(a, b) : min(a, b);
                 }
             } else if (stride < 32 * R) {                       // partner lane
                 const int lm = stride / R;
-                const bool lower = (lane & lm) == 0;
+                const bool keep_min = ((lane & lm) == 0) == ((i0 & size) == 0);   // size > R: one per thread
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
                     const u32 y = __shfl_xor_sync(0xffffffffu, x[r], lm);
-                    const bool up = ((i0 + r) & size) == 0;
-                    x[r] = (lower == up) ? min(x[r], y) : max(x[r], y);
+                    x[r] = keep_min ? min(x[r], y) : max(x[r], y);
                 }
             } else {                                            // partner warp: through shared memory
                 __syncthreads();                                // earlier readers are done
 #pragma unroll
                 for (int r = 0; r < R; ++r) key[PU_AT(i0 + r)] = x[r];
                 __syncthreads();
-                const bool lower = (i0 & stride) == 0;          // stride >= 32 R > r
+                const bool keep_min = ((i0 & stride) == 0) == ((i0 & size) == 0);   // stride >= 32 R > r
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
                     const u32 y = key[PU_AT((i0 + r) ^ stride)];
-                    const bool up = ((i0 + r) & size) == 0;
-                    x[r] = (lower == up) ? min(x[r], y) : max(x[r], y);
+                    x[r] = keep_min ? min(x[r], y) : max(x[r], y);
                 }
             }
         }
