@@ -58,3 +58,22 @@ hytopk_select_rows(const u32* __restrict__ base, long long stride, int by_query,
     const RowEntries e = {row, (u32)a};
     block_exact_topk<WARPS>(e, c, k, idx + (long long)j * k, val + (long long)j * k, smem);
 }
+
+// hytopk_select_rows of by_query = 0 rows (row j of `base` holds query rows[j] from lo
+// on), its result written to that query's row of the full outputs: idx/val[rows[j]]
+// (the device-side recovery's fused scatter: one launch fewer per recovery chunk).
+// grid: nrows blocks; smem: exact_topk_smem_words(k, WARPS) words.
+extern "C" __global__ void __launch_bounds__(BLOCK, 1)
+hytopk_select_rows_to(const u32* __restrict__ base, long long stride, const int* __restrict__ rows, int nrows,
+                      const int* __restrict__ lo, const int* __restrict__ hi, int k, int* __restrict__ idx,
+                      float* __restrict__ val) {
+    extern __shared__ __align__(16) u32 smem[];
+    const int j = blockIdx.x;
+    if (j >= nrows) return;
+    const int t = rows[j];
+    if (t < 0) return;                          // an empty recovery slot: nothing to write
+    const long long a = lo[t];
+    const long long c = min((long long)hi[t] - a, stride);
+    const RowEntries e = {base + (long long)j * stride, (u32)a};
+    block_exact_topk<WARPS>(e, c, k, idx + (long long)t * k, val + (long long)t * k, smem);
+}

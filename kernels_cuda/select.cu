@@ -1,6 +1,7 @@
 // Stage 8: exact top-k over each query's stored candidates (one block per
 // query): key select, position select among the ties at K*, radix sort.
 #include "hytopk_common.cuh"
+#include "hytopk_select_fast.cuh"
 using namespace hytopk;
 
 namespace {
@@ -241,3 +242,19 @@ HYTOPK_SELECT_SMEM(2)
 HYTOPK_SELECT_SMEM(4)
 HYTOPK_SELECT_SMEM(8)
 HYTOPK_SELECT_SMEM(16)
+
+// ------------------------------------------------------------------ stage 8 without a sort (issues 14, 21)
+// select_smem_rows (hytopk_select_fast.cuh), the body of table_v2.cu's hytopk_select_smem: the
+// candidates read once into shared memory (4 loads of each kind in flight per thread), then
+// block_select_fast (the key range's histogram, a scatter into bins, ranks inside the bins: no
+// radix passes, no bitonic sort); rows it declines (a kept bin of > FAST_BIN_MAX entries) and
+// rows with more than cap candidates take the key select + register sort. Bitwise hytopk_select.
+// grid: n blocks of FAST_SELECT_THREADS; smem: select_smem_words(k, cap) words.
+constexpr int FAST_SELECT_THREADS = 512;
+extern "C" __global__ void __launch_bounds__(FAST_SELECT_THREADS)
+hytopk_select_fast(int n, const int* __restrict__ cand_idx, const u32* __restrict__ cand_val,
+                   const int* __restrict__ count, int capacity, int k, int cap, int* __restrict__ idx,
+                   float* __restrict__ val) {
+    extern __shared__ __align__(16) u32 smem[];
+    select_smem_rows(smem, n, cand_idx, cand_val, count, capacity, k, cap, 1, idx, val);
+}

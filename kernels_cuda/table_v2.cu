@@ -8,9 +8,9 @@
 //     shared-memory stage with shared atomics and takes its slots in the row's buffer with
 //     one global atomic at the end (then a coalesced copy);
 //   - the threshold keeps all of a thread's sample loads in flight at once;
-//   - the selects sort the k kept with E words per thread in registers (sort_desc_v2): 10
-//     shared-memory stages instead of 66 at k = 2048; their key selects use __match_any_sync
-//     at the top digit only (block_radix_select_keys).
+//   - the selects rank the k kept without sorting (block_select_fast, hytopk_select_fast.cuh:
+//     one histogram over the key range, a scatter into bins, ranks inside the bins); fast = 0
+//     or a row it cannot take: key select, position select, register bitonic sort (sort_desc_v2).
 //   hytopk_table_threshold       stages 1-4 on a table: the r-th best of M samples
 //   hytopk_table_filter_pieces   stage 5 on a table: the streaming filter
 //   hytopk_table_fused           HyTopK in one kernel per row: samples, threshold, one
@@ -18,7 +18,7 @@
 //                                count is < k or > cap are listed for hytopk_table_topk_listed
 //                                (table_topk.cu), launched right after on the device
 //   hytopk_select_smem           stage 8 with each row's candidates read once into shared memory
-#include "hytopk_table.cuh"
+#include "hytopk_select_fast.cuh"
 using namespace hytopk;
 
 namespace hytopk {
@@ -39,12 +39,6 @@ __host__ __device__ constexpr int sort_slots_v2(int k) { return next_pow2(k) > S
 // bits) candidates; the samples (<= MAX_SAMPLES keys) use the candidate area first.
 __host__ __device__ constexpr long long table_fused_smem_words(int k, int cap) {
     return RADIX + 6 + 3LL * sort_slots_v2(k) + 2LL * cap;
-}
-
-// Shared memory of hytopk_select_smem in u32 words: histogram, scalars, sort slots, cap
-// (position, bits) candidates.
-__host__ __device__ constexpr long long select_smem_words(int k, int cap) {
-    return RADIX + 4 + 3LL * sort_slots_v2(k) + 2LL * cap;
 }
 
 // The filter's sink: a shared-memory stage of stage_cap entries; entries past it go straight
@@ -159,63 +153,29 @@ hytopk_table_filter_pieces(const void* __restrict__ table, long long L, int n, c
     }
 }
 
-namespace {
-struct SmemEntries {
-    const u32* p;
-    const u32* v;
-    __device__ __forceinline__ u32 pos(long long i) const { return p[i]; }
-    __device__ __forceinline__ u32 bits(long long i) const { return v[i]; }
-};
-
-// The sorted rank-order words word[0 .. kept) to one output row, -1 / -inf past kept.
-__device__ __forceinline__ void write_row(const u64* word, const u32* wbits, int kept, int k, int* out_idx,
-                                          float* out_val) {
-    for (int i = threadIdx.x; i < k; i += blockDim.x) {
-        if (i < kept) {
-            out_idx[i] = (int)~(u32)word[i];
-            out_val[i] = __uint_as_float(wbits[i]);
-        } else {
-            out_idx[i] = -1;
-            out_val[i] = __uint_as_float(0xff800000u);
-        }
-    }
-}
-
-// The exact top-k of m entries (block_keep_top_v2: the key select, the position select among
-// the ties at K*), sorted by sort_desc_v2, to one output row. word / wbits: sort_slots_v2(k) slots.
-template <class Entries>
-__device__ void select_row_v2(const Entries& e, long long m, int k, u32* hist, SelectScalars* sc, u64* word,
-                              u32* wbits, int* out_idx, float* out_val) {
-    auto put = [&](int slot, u32 key, u32 pos, u32 v) {
-        if (slot < k) { word[slot] = ((u64)key << 32) | (u64)(~pos); wbits[slot] = v; }
-    };
-    const int kept = min(k, block_keep_top_v2(e, m, k, hist, sc, put));
-    __syncthreads();
-    sort_desc_v2(word, wbits, kept);
-    write_row(word, wbits, kept, k, out_idx, out_val);
-}
-}
-
-// HyTopK over a table, one block of SAMPLE_BLOCK threads per row (grid: n blocks; smem:
+// HyTopK over a table, one block of THREADS threads per row (grid: n blocks; smem:
 // table_fused_smem_words(k, cap) words; cap >= MAX_SAMPLES / 2). A context of c <= k is
 // returned whole, sorted. Else: M and r as CONTRACT.md §3.1/3.3 say (float64, that order),
 // the r-th best sample key K*, one streaming read of the row collecting every key >= K* into
 // shared memory (count_out[t] = the true count, §3.5), and when k <= count <= cap the exact
-// select (key select, position select among the ties, bitonic sort) writes the row.
+// select writes the row (fast: block_select_fast first; else or when it declines: key select,
+// position select among the ties, bitonic sort).
 // A row whose count is < k or > cap is appended to flagged[0 .. *nflagged) (*nflagged zeroed
 // before) and its output left for hytopk_table_topk_listed.
 // ahead > 0: the L2 prefetches the row's first `ahead` steps before the samples are read (they
 // arrive while T is selected) and stays `ahead` steps ahead of the read.
-template <class Src>
-__global__ void __launch_bounds__(SAMPLE_BLOCK, 2)
-hytopk_table_fused(const void* __restrict__ table, long long L, int n, const int* __restrict__ lo,
-                   const int* __restrict__ hi, int k, int cap, int aligned, int ahead, double oversample,
-                   int* __restrict__ count_out, int* __restrict__ flagged, int* __restrict__ nflagged,
-                   int* __restrict__ idx, float* __restrict__ val) {
+template <class Src, int THREADS>
+__device__ __forceinline__ void table_fused_body(u32* smem, const void* __restrict__ table, long long L, int n,
+                                                 const int* __restrict__ lo, const int* __restrict__ hi, int k,
+                                                 int cap, int aligned, int ahead, double oversample, int fast,
+                                                 int* __restrict__ count_out, int* __restrict__ flagged,
+                                                 int* __restrict__ nflagged, int* __restrict__ idx,
+                                                 float* __restrict__ val) {
     constexpr int P = TableVec<Src>::PER_VEC;
     constexpr int U = P == 4 ? 4 : 2;             // 64 / 32 bytes in flight per thread: 64 registers, no spill
     constexpr bool PF = P == 4;                   // float32: + the L2 prefetch (bf16: it would spill)
-    extern __shared__ __align__(16) u32 smem[];
+    // sample loads in flight per thread: all of them at >= 512 threads, at most 16 (registers)
+    constexpr int PER = MAX_SAMPLES / THREADS < 16 ? MAX_SAMPLES / THREADS : 16;
     const int t = blockIdx.x;
     if (t >= n) return;
     u32* hist = smem;
@@ -253,7 +213,7 @@ hytopk_table_fused(const void* __restrict__ table, long long L, int n, const int
         rd = fmin((double)Ml, rd);
         const u32 r = (u32)max(1LL, min(Ml, (long long)fmax(rd, 1.0)));
         u32* skeys = cpos;                          // M <= 2 * cap words: cpos, then cbits
-        gather_sample_keys<Src, SAMPLE_PER>(table, row0 + a, c, Ml, (int)Ml, skeys);
+        gather_sample_keys<Src, PER>(table, row0 + a, c, Ml, (int)Ml, skeys);
         __syncthreads();
         auto sample_key = [&](long long q, u32* out) { *out = skeys[q]; return true; };
         const u32 kstar = block_radix_select_keys<true>(sample_key, Ml, r, hist, sc);
@@ -272,54 +232,48 @@ hytopk_table_fused(const void* __restrict__ table, long long L, int n, const int
         }
         if (!ok) return;                            // uniform: hytopk_table_topk_listed writes this row
         const SmemEntries ce = {cpos, cbits};
-        select_row_v2(ce, cnt, k, hist, sc, word, wbits, out_idx, out_val);
+        __syncthreads();                            // every *ncand read: the fast select's scratch covers it
+        select_row_best<(FAST_NB_MAX / THREADS > 0 ? FAST_NB_MAX / THREADS : 1)>(
+            ce, cnt, k, fast, hist, sc, word, wbits, RADIX + 6 + 3LL * KW, out_idx, out_val);
     }
 }
 
-namespace {
-struct GlobalEntries {
-    const int* idx;
-    const u32* val;
-    __device__ __forceinline__ u32 pos(long long i) const { return (u32)idx[i]; }
-    __device__ __forceinline__ u32 bits(long long i) const { return val[i]; }
-};
+
+// The shipped configuration: 512 threads, two blocks per SM (64 registers).
+template <class Src>
+__global__ void __launch_bounds__(SAMPLE_BLOCK, 2)
+hytopk_table_fused(const void* __restrict__ table, long long L, int n, const int* __restrict__ lo,
+                   const int* __restrict__ hi, int k, int cap, int aligned, int ahead, double oversample, int fast,
+                   int* __restrict__ count_out, int* __restrict__ flagged, int* __restrict__ nflagged,
+                   int* __restrict__ idx, float* __restrict__ val) {
+    extern __shared__ __align__(16) u32 smem[];
+    table_fused_body<Src, SAMPLE_BLOCK>(smem, table, L, n, lo, hi, k, cap, aligned, ahead, oversample, fast,
+                                        count_out, flagged, nflagged, idx, val);
 }
 
-// Stage 8 with the candidates in shared memory: each row's m = min(count, capacity) stored
-// candidates are read once, coalesced, into shared memory when m <= cap (else selected from
-// global memory, as hytopk_select_bitonic does), then the same exact select (FAST key
-// select, position select among the ties at K*) reads only shared memory and the register
-// bitonic sort (sort_desc_v2) orders the k kept: hytopk_select_bitonic reads the candidates
-// from global memory once per radix level and sorts through shared memory at every stage.
+// The same kernel at THREADS threads and MINB blocks per SM (table_v2.py FUSED_CONFIGS, the
+// bench's --fused-sweep): more, smaller blocks keep an SM's read going while one of them selects.
+template <class Src, int THREADS, int MINB>
+__global__ void __launch_bounds__(THREADS, MINB)
+hytopk_table_fused_cfg(const void* __restrict__ table, long long L, int n, const int* __restrict__ lo,
+                       const int* __restrict__ hi, int k, int cap, int aligned, int ahead, double oversample,
+                       int fast, int* __restrict__ count_out, int* __restrict__ flagged,
+                       int* __restrict__ nflagged, int* __restrict__ idx, float* __restrict__ val) {
+    extern __shared__ __align__(16) u32 smem[];
+    table_fused_body<Src, THREADS>(smem, table, L, n, lo, hi, k, cap, aligned, ahead, oversample, fast, count_out,
+                                   flagged, nflagged, idx, val);
+}
+
+// Stage 8 with the candidates in shared memory (select_smem_rows, hytopk_select_fast.cuh): each
+// row's m = min(count, capacity) stored candidates are read once, coalesced, into shared memory
+// when m <= cap (else selected from global memory, as hytopk_select_bitonic does); fast:
+// block_select_fast (a histogram over the key range, ranks inside the bins: no sort), else or
+// when it declines the key select, position select among the ties and register bitonic sort.
 // grid: n blocks of SAMPLE_BLOCK threads; smem: select_smem_words(k, cap) words.
-extern "C" __global__ void __launch_bounds__(SAMPLE_BLOCK)
+extern "C" __global__ void __launch_bounds__(SAMPLE_BLOCK, 2)
 hytopk_select_smem(int n, const int* __restrict__ cand_idx, const u32* __restrict__ cand_val,
                    const int* __restrict__ count, int capacity, int k, int cap, int* __restrict__ idx,
-                   float* __restrict__ val) {
+                   float* __restrict__ val, int fast) {
     extern __shared__ __align__(16) u32 smem[];
-    const int t = blockIdx.x;
-    if (t >= n) return;
-    const long long row = (long long)t * capacity;
-    const int m = min(max(count[t], 0), capacity);
-    int* out_idx = idx + (long long)t * k;
-    float* out_val = val + (long long)t * k;
-    u32* hist = smem;
-    SelectScalars* sc = reinterpret_cast<SelectScalars*>(smem + RADIX);
-    const int KW = sort_slots_v2(k);
-    u64* word = reinterpret_cast<u64*>(smem + RADIX + 4);      // 260 words: 8-byte aligned
-    u32* wbits = reinterpret_cast<u32*>(word + KW);
-    if (m <= cap) {                                 // uniform over the block
-        u32* spos = wbits + KW;
-        u32* sbits = spos + cap;
-        for (int i = threadIdx.x; i < m; i += blockDim.x) {
-            spos[i] = (u32)cand_idx[row + i];
-            sbits[i] = cand_val[row + i];
-        }
-        __syncthreads();
-        const SmemEntries e = {spos, sbits};
-        select_row_v2(e, m, k, hist, sc, word, wbits, out_idx, out_val);
-    } else {
-        const GlobalEntries e = {cand_idx + row, cand_val + row};
-        select_row_v2(e, m, k, hist, sc, word, wbits, out_idx, out_val);
-    }
+    select_smem_rows(smem, n, cand_idx, cand_val, count, capacity, k, cap, fast, idx, val);
 }

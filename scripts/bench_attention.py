@@ -1,7 +1,8 @@
 """Sparse attention over the selected keys (kernels_cuda/attend.cu) on the GPU, one run, side by side:
 
   forward   MLA 128 heads, d_qk 576 / d_v 512, k 2048, 8192 queries, bf16: effective TFLOP/s
-            2 n H k (d_qk + d_v) / t over the bf16 GEMM rate of the same run (`one` and `pair`)
+            2 n H k (d_qk + d_v) / t over the bf16 GEMM rate of the same run (`one`, `pair`, and
+            `wgmma`: attend_wgmma.cu, sm_90a)
   heads     8 and 16 heads per query: `pair` (two adjacent queries per block over the union of
             their selections; the union build timed apart too, both union kernels) vs `one`, and
             their _acc2 kernels (two logit accumulators), pair_nk64 (64-key tiles at 16 heads)
@@ -98,29 +99,46 @@ def max_error(q, kk, vv, idx, out):
     return float((got - ref).abs().max())
 
 
+def _forward_fn(name, q, kk, vv, idx):
+    """The forward of variant `name` (bf16 out): one / pair and their _acc2 / pair_nk64 kernels
+    (attend.cu) or wgmma (attend_wgmma.cu)."""
+    if name == "wgmma":
+        from workbench.families.cupy import attend_wgmma as AW
+        return lambda: AW.attend_forward_wgmma(q, kk, vv, idx, None)
+    kw = dict(qpt=1 if name.startswith("one") else 2, acc=2 if name.endswith("_acc2") else 1, wide="nk64" in name)
+    return lambda: CA.attend_forward(q, kk, vv, idx, None, **kw)
+
+
 def forward_rows(n, H, L, k, gemm, variants=("one", "pair")):
     q, kv, idx = mla_inputs(n, H, L, k)
     kk, vv = kv[:, None, :], kv[:, None, :512]
     rows = {}
     for name in variants:
-        qpt = 1 if name.startswith("one") else 2
-        kw = dict(qpt=qpt, acc=2 if name.endswith("_acc2") else 1, wide="nk64" in name)
-        t = timed(lambda: CA.attend_forward(q, kk, vv, idx, None, **kw))
-        err = max_error(q, kk, vv, idx, CA.attend_forward(q, kk, vv, idx, None, **kw)[0])
+        fn = _forward_fn(name, q, kk, vv, idx)
+        try:
+            t = timed(fn)
+        except Exception as e:                     # a failing variant must not lose the others' rows
+            rows[name] = {"error": f"{type(e).__name__}: {e}"}
+            print(f"  fwd H={H:<3} n={n} {name:<5} FAILED {type(e).__name__}: {e}", flush=True)
+            continue
+        err = max_error(q, kk, vv, idx, fn()[0])
         rows[name] = dict(t, tflops=rate(fwd_flops(n, H, k), t), vs_gemm=rate(fwd_flops(n, H, k), t) / gemm,
                           max_abs_error_vs_torch_f32=err)
         print(f"  fwd H={H:<3} n={n} {name:<4} {t['median_ms']:8.3f} ms  {rows[name]['tflops']:6.1f} TFLOP/s "
               f"({rows[name]['vs_gemm']:.2f} of GEMM)  max err {err:.2e}", flush=True)
-    if "pair" in variants:
+    if "median_ms" in rows.get("wgmma", {}) and "median_ms" in rows.get("one", {}):
+        rows["wgmma_vs_one"] = rows["one"]["median_ms"] / rows["wgmma"]["median_ms"]
+        print(f"  wgmma vs one: {rows['wgmma_vs_one']:.2f}x", flush=True)
+    if "median_ms" in rows.get("pair", {}):
         import cupy as cp
         ic = cp.from_dlpack(idx)
         rows["pair_union_only"] = timed(lambda: CA.pair_union(ic, L))
         rows["pair_union_smem_only"] = timed(lambda: CA.pair_union(ic, L, kernel="smem"))   # the first kernel
         for a, b in (("pair_acc2", "one"), ("pair_acc2", "one_acc2"), ("pair_nk64", "one")):
-            if a in variants and b in variants:
+            if "median_ms" in rows.get(a, {}) and "median_ms" in rows.get(b, {}):
                 rows[f"{a}_vs_{b}"] = rows[b]["median_ms"] / rows[a]["median_ms"]
                 print(f"  {a} vs {b}: {rows[f'{a}_vs_{b}']:.2f}x", flush=True)
-        if "one" in variants:
+        if "median_ms" in rows.get("one", {}):
             rows["pair_vs_one"] = rows["one"]["median_ms"] / rows["pair"]["median_ms"]
             print(f"  pair vs one: {rows['pair_vs_one']:.2f}x (union build {rows['pair_union_only']['median_ms']:.3f} ms"
                   " inside pair)", flush=True)
@@ -233,7 +251,7 @@ def main(argv=None):
            "flops": {"forward": "2 n H k (d_qk + d_v)", "backward": "2 n H k (3 d_qk + 2 d_v)"}}
     print(f"GPU {props.name}  bf16 GEMM {gemm:.0f} TFLOP/s", flush=True)
     sections = [
-        ("forward", lambda: forward_rows(n, 128, L, k, gemm)),
+        ("forward", lambda: forward_rows(n, 128, L, k, gemm, ("one", "pair", "wgmma"))),
         ("heads", lambda: {str(H): forward_rows(n, H, L, k, gemm, ("one", "pair", "one_acc2", "pair_acc2",
                                                                    "pair_nk64")) for H in (8, 16)}),
         ("backward", lambda: backward_rows(n, 128, L, k, res.get("forward", {}).get("one", {}).get("tflops"))),

@@ -1,7 +1,8 @@
 """The HyTopK pipeline around its filter (issue 14), one run per preset, bf16 inputs as torch
 tensors: the filter alone, threshold and select alone, HyTopK in one pass and in the default
-bounded-memory passes (two lanes and one), the capture-safe run, the torch op replayed from a
-CUDA graph, host time per call, peak scratch memory, and dense + the fastest exact top-k.
+bounded-memory passes (two lanes and one), the capture-safe run (and its launch count), the torch op
+replayed from a CUDA graph, workbench.torch.CapturedSelect, host time per call (host_us_* rows),
+peak scratch memory, and dense + the fastest exact top-k.
 
     python scripts/bench_pipeline.py --preset dsv32-128k --preset glm5-128k --json out.json
 
@@ -119,6 +120,10 @@ def bench(name, args):
         row(f"hytopk one pass, {thr.rsplit('.', 1)[1]} + radix_smem", lambda s_=st_v: plan1.run(s_, src))
     row("hytopk default passes, capture-safe", lambda: plan_d(qt, wt_, kt, capture_safe=True))
     out["host_us_capture_safe_call"] = host_us(lambda: plan_d(qt, wt_, kt, capture_safe=True))
+    from workbench.families.cupy import _launch
+    with _launch.record_launches() as rec:                 # the RawKernel launches of one call (graph nodes)
+        plan_d(qt, wt_, kt, capture_safe=True)
+    out["launches_capture_safe_call"] = len(rec.launches)
     if args.profile:
         out["profile_default_passes"] = kernel_profile(lambda: plan_d(qt, wt_, kt))
 
@@ -147,6 +152,23 @@ def bench(name, args):
     except Exception as e:
         out["graph_error"] = f"{type(e).__name__}: {e}"[:400]
         print(f"  {name:18s} CUDA graph ERROR {out['graph_error']}", flush=True)
+
+    # workbench.torch.CapturedSelect: the op captured once, each call one replay (issue 14: <= 50 us)
+    try:
+        from workbench.torch import CapturedSelect
+        sel = CapturedSelect(qt.clone(), wt_.clone(), kt.clone(), lot, hit, k)
+        eager = op()
+        got = sel(qt, wt_, kt)
+        torch.cuda.synchronize()
+        out["captured_select_equals_eager"] = bool(torch.equal(eager[0], got[0]) and
+                                                   eager[1].view(torch.int32).equal(got[1].view(torch.int32)))
+        row("CapturedSelect call (static inputs)", sel)
+        out["host_us_captured_select_call"] = host_us(sel)              # the replay alone
+        out["host_us_captured_select_copy_in"] = host_us(lambda: sel(qt, wt_, kt))   # + copies of q, w, keys
+        sel = eager = got = None                # the graph and its pool go
+    except Exception as e:
+        out["captured_select_error"] = f"{type(e).__name__}: {e}"[:400]
+        print(f"  {name:18s} CapturedSelect ERROR {out['captured_select_error']}", flush=True)
 
     # peak scratch of the default passes (through the op: torch's allocator), outputs excluded
     torch.cuda.synchronize()
@@ -181,7 +203,10 @@ def bench(name, args):
         ratios["dense_plus_best_topk_vs_default_passes"] = out["dense_plus_best_topk_ms"] / dflt
     out["ratios"] = ratios
     print(f"  {name}: {json.dumps(ratios)}  host us: capture-safe call {out['host_us_capture_safe_call']:.0f}, "
-          f"graph replay {out.get('host_us_graph_replay', float('nan')):.0f}, op eager {out['host_us_op_eager_call']:.0f};"
+          f"graph replay {out.get('host_us_graph_replay', float('nan')):.0f}, op eager {out['host_us_op_eager_call']:.0f}, "
+          f"CapturedSelect {out.get('host_us_captured_select_call', float('nan')):.0f} "
+          f"(+ copies {out.get('host_us_captured_select_copy_in', float('nan')):.0f}), "
+          f"launches/call {out['launches_capture_safe_call']};"
           f" peak scratch / table {out['peak_scratch_vs_table']:.4f}", flush=True)
     plans.clear()
     torch.cuda.empty_cache()

@@ -25,6 +25,10 @@ backend.plan.table, backend.topk).
 Each row also records whether its values equal torch.topk's (bit for bit: the multiset of
 the k best values does not depend on tie order) and whether every HyTopK path's idx equals the
 radix table_topk's (idx_equals_radix), and how many rows each fused kernel sent to its fallback.
+--fused-sweep: also times fused_hytopk_v2 under each launch configuration of FUSED_SWEEP (threads
+per block, blocks per SM, candidate cap, L2 prefetch distance, fast select on/off: table_v2.py's
+module constants), each checked for idx equal to the radix path (row["fused_sweep"]), and
+select_only_v2 with the old select (table_v2.SELECT_FAST = 0, "select_only_v2[sort]").
 """
 from __future__ import annotations
 
@@ -53,6 +57,45 @@ def timed(fn, repeats, torch):
     return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times), "repeats": repeats}
 
 
+# --fused-sweep: (FUSED_THREADS, FUSED_MIN_BLOCKS, FUSED_CAP (0: the blocks' share), FUSED_AHEAD, SELECT_FAST)
+FUSED_SWEEP = (
+    (512, 2, 0, 2, 1), (512, 2, 0, 2, 0), (512, 2, 0, 0, 1), (512, 2, 0, 4, 1), (512, 2, 8192, 2, 1),
+    (256, 3, 0, 2, 1), (256, 4, 0, 2, 1), (256, 4, 0, 4, 1), (1024, 1, 0, 2, 1), (1024, 1, 0, 4, 1),
+)
+SWEEP_KEYS = ("FUSED_THREADS", "FUSED_MIN_BLOCKS", "FUSED_CAP", "FUSED_AHEAD", "SELECT_FAST")
+
+
+def fused_sweep(tab, tab_v2, scores, lo, hi, k, i_radix, repeats, torch, cp):
+    """fused_hytopk_v2 under each FUSED_SWEEP configuration: time, rows flagged, idx == radix."""
+    out = []
+    saved = {key: getattr(tab_v2, key) for key in SWEEP_KEYS}
+    count = cp.empty(scores.shape[0], cp.int32)
+    try:
+        for cfg in FUSED_SWEEP:
+            for key, v in zip(SWEEP_KEYS, cfg):
+                setattr(tab_v2, key, v)
+            rec = dict(zip(SWEEP_KEYS, cfg))
+            try:
+                fn = lambda: tab.fused_hytopk(scores, lo, hi, k, count=count, host_check=False, design="v2")  # noqa: E731
+                rec.update(timed(fn, repeats, torch))
+                i = fn()[0]
+                rec["idx_equals_radix"] = bool(torch.equal(torch.from_dlpack(i_radix), torch.from_dlpack(i)))
+                rec["cap"] = tab_v2.fused_cap(k)
+                c = cp.asnumpy(count)
+                rec["rows_flagged"] = int(((c < k) | (c > rec["cap"])).sum())
+                rec["GBps"] = scores.numel() * scores.element_size() / (rec["median_ms"] * 1e-3) / 1e9
+            except Exception as e:          # a configuration that does not launch here: say so, go on
+                rec["error"] = f"{type(e).__name__}: {e}"[:200]
+            out.append(rec)
+            print("    fused_v2 " + " ".join(f"{key}={v}" for key, v in zip(SWEEP_KEYS, cfg))
+                  + (f": {rec['median_ms']:8.3f} ms {rec['GBps']:6.0f} GB/s idx==radix {rec['idx_equals_radix']} "
+                     f"flagged {rec['rows_flagged']}" if "error" not in rec else f": {rec['error']}"), flush=True)
+    finally:
+        for key, v in saved.items():
+            setattr(tab_v2, key, v)
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", required=True, help="where to write the results")
@@ -62,6 +105,8 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--quick", action="store_true",
                     help="leave out table_topk (match atomics), backend.plan.table and backend.topk")
+    ap.add_argument("--fused-sweep", action="store_true",
+                    help="also time fused_hytopk_v2 under each FUSED_SWEEP launch configuration")
     args = ap.parse_args(argv)
 
     import cupy as cp
@@ -130,6 +175,9 @@ def main(argv=None):
                     res["threshold_only" + sfx] = timed(lambda: plan.threshold_only(scores), args.repeats, torch)
                     res["filter_only" + sfx] = timed(lambda: plan.filter_only(scores), args.repeats, torch)
                     res["select_only" + sfx] = timed(lambda: plan.select_only(), args.repeats, torch)
+                tab_v2.SELECT_FAST = 0                           # the select before block_select_fast
+                res["select_only_v2[sort]"] = timed(lambda: plans["v2"].select_only(), args.repeats, torch)
+                tab_v2.SELECT_FAST = 1
                 ahead = tab_v2.FILTER_AHEAD
                 tab_v2.FILTER_AHEAD = 0
                 res["filter_only_v2[no prefetch]"] = timed(lambda: plans["v2"].filter_only(scores), args.repeats, torch)
@@ -155,6 +203,8 @@ def main(argv=None):
                                                        hist_atomics="match")[0]
                 row["idx_equals_radix"] = {name: bool(torch.equal(torch.from_dlpack(i1), torch.from_dlpack(i)))
                                            for name, i in same_idx.items()}
+                if args.fused_sweep:
+                    row["fused_sweep"] = fused_sweep(tab, tab_v2, scores, lo, hi, k, i1, args.repeats, torch, cp)
                 c1, c2 = cp.asnumpy(count), cp.asnumpy(count2)
                 row["fused_rows_past_cap_or_below_k"] = int(((c1 < k) | (c1 > tab.check_topk_k(k)[1])).sum())
                 row["fused_v2_rows_flagged"] = int(((c2 < k) | (c2 > tab_v2.fused_cap(k))).sum())

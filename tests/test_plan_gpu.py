@@ -192,3 +192,73 @@ def test_op_keeps_one_plan_per_layout():
     assert len(plans._PLANS) == 3
     ref = R.hytopk_indexer(*host[:3], host[3], hi2.cpu().numpy(), k)
     assert np.array_equal(idx.cpu().numpy(), ref.idx)
+
+
+# ---- issue 14 (s4): the device-side recovery in one slots launch, selections written in place;
+# ---- CapturedSelect (workbench/torch/captured.py); the launch recorder on the GPU
+
+@pytest.mark.parametrize("kind", KINDS + ("table",))
+@pytest.mark.parametrize("regime", ["recover", "fallback"])
+def test_capture_safe_recovery_over_several_chunks_equals_eager(monkeypatch, kind, regime):
+    """Recovery chunks of 16 slots over 64 queries (4 chunks): the rows recoveries write their
+    selections straight into idx/val, the table source's recovery scatters; eager's bits."""
+    import workbench.families.cupy as fc
+    b = _cupy()
+    monkeypatch.setattr(fc, "_recovery_chunk", lambda n, longest: 16)
+    q, w, keys, ks, lo, hi, k, host = _case(kind="float32" if kind == "table" else kind, layout="varlen", seed=3)
+    max_failed = 64 if regime == "recover" else 2
+    plan = b.plan(lo, hi, k, L=keys.shape[0], capacity=k + 8, max_failed=max_failed)
+    if kind == "table":
+        table = torch.from_numpy(R.indexer_scores(*host[:3], host[3], host[4])).cuda()
+        eager, dev = plan.table(table, capture_safe=False), plan.table(table, capture_safe=True)
+    else:
+        eager, dev = plan(q, w, keys, kscale=ks, capture_safe=False), plan(q, w, keys, kscale=ks, capture_safe=True)
+    assert _bits(eager) == _bits(dev)
+    e, d = eager.host(), dev.host()
+    assert e.fell_back == d.fell_back == (regime == "fallback") and eager.nfailed > 0
+
+
+def test_capture_safe_launches_on_the_gpu_match_the_cpu_count():
+    """The launch recorder on the GPU (launches run): the capture-safe call of a 2-pass plan
+    issues one recovery-slots launch and no scatter (tests/test_launch_count.py counts the
+    same sequence dry on the CPU)."""
+    from workbench.families.cupy import _launch
+    b = _cupy()
+    q, w, keys, ks, lo, hi, k, _ = _case(kind="bf16", n=64)
+    plan = b.plan(lo, hi, k, L=keys.shape[0], capacity=k + 8, query_chunk=32)
+    plan(q, w, keys, capture_safe=True)
+    with _launch.record_launches() as rec:
+        plan(q, w, keys, capture_safe=True)
+    names = [x.split(":", 1)[1].split("<", 1)[0] for x in rec.names()]
+    assert names.count("hytopk_recovery_slots") == 1 and "hytopk_scatter_slots" not in names
+    assert names.count("hytopk_select_rows_to") == names.count("hytopk_score_rows_ws") >= 1
+
+
+@pytest.mark.parametrize("kind", ["bf16", "fp8"])
+@pytest.mark.parametrize("regime", ["clean", "recover", "fallback"])
+def test_captured_select_equals_eager_and_follows_new_inputs(kind, regime):
+    _cupy()
+    import workbench.torch as wt
+    from workbench.torch import dispatch
+    dispatch.reset()
+    q, w, keys, ks, lo, hi, k, _ = _case(kind=kind, layout="varlen", seed=5)
+    q2, w2, keys2, ks2, *_ = _case(kind=kind, layout="varlen", seed=11)
+    capacity = None if regime == "clean" else k + 8
+    max_failed = 2 if regime == "fallback" else 64
+    op = lambda *a: torch.ops.hytopk.select(*a[:3], lo, hi, k, capacity, 3.0, max_failed, a[3])  # noqa: E731
+    want1, want2 = op(q, w, keys, ks), op(q2, w2, keys2, ks2)
+    sel = wt.CapturedSelect(q.clone(), w.clone(), keys.clone(), lo, hi, k, kscale=None if ks is None else ks.clone(),
+                            capacity=capacity, max_failed=max_failed)
+    for inputs, want in (((q, w, keys, ks), want1), ((q2, w2, keys2, ks2), want2), ((q, w, keys, ks), want1)):
+        idx, val = sel(*inputs[:3], kscale=inputs[3])
+        torch.cuda.synchronize()
+        assert idx.cpu().numpy().tobytes() == want[0].cpu().numpy().tobytes()
+        assert val.cpu().numpy().tobytes() == want[1].cpu().numpy().tobytes()
+    sel.q.copy_(q2), sel.w.copy_(w2), sel.keys.copy_(keys2)        # in place: the replay alone
+    if ks2 is not None:
+        sel.kscale.copy_(ks2)
+    idx, val = sel()
+    torch.cuda.synchronize()
+    assert idx.cpu().numpy().tobytes() == want2[0].cpu().numpy().tobytes()
+    with pytest.raises(ValueError, match="argument 'q'"):
+        sel(q[:-1], w, keys)

@@ -31,6 +31,7 @@ def driver(tmp_path_factory):
 
 
 @pytest.mark.parametrize("family,lay,k,capacity,bf16,offset", [
+    ("gaussian", "full", 256, 2000, False, 0),      # the fast select's own path (no kept bin > 64)
     ("ties_at_kth", "varlen", 300, 300, True, 3),
     ("specials", "edge", 512, 2000, False, 2),
     ("equal", "full", 64, 1000, False, 1),

@@ -16,6 +16,9 @@ C_TYPES = {"float32": "float", "bfloat16": "hytopk::bf16_bits"}
 TABLE = "hytopk::TableSource"
 TABLE_BF16 = "hytopk::TableBf16Source"       # a bf16 table (raw bits), widened exactly to float32
 TABLES = (TABLE, TABLE_BF16)
+# (threads, blocks per SM) of table_v2.cu's hytopk_table_fused_cfg (table_v2.py FUSED_THREADS /
+# FUSED_MIN_BLOCKS, bench_table_topk.py --fused-sweep); (512, 2) is hytopk_table_fused itself
+FUSED_CONFIGS = ((256, 3), (256, 4), (1024, 1))
 
 # file -> (kernel, what it is instantiated over)
 #   "table+indexer": every source; "indexer": indexer sources only; "tables": the table sources only;
@@ -28,12 +31,14 @@ KERNELS = {
     "device_recovery.cu": (("hytopk_recovery_slots", "plain"), ("hytopk_scatter_slots", "plain"),
                            ("hytopk_append_rows", "plain")),
     "select.cu": (("hytopk_select", "plain"), ("hytopk_select_bitonic", "plain"))
-                 + tuple((f"hytopk_select_smem_e{e}", "plain") for e in (1, 2, 4, 8, 16)),
-    "recover.cu": (("hytopk_score_rows", "indexer"), ("hytopk_select_rows", "plain")),
+                 + tuple((f"hytopk_select_smem_e{e}", "plain") for e in (1, 2, 4, 8, 16))
+                 + (("hytopk_select_fast", "plain"),),
+    "recover.cu": (("hytopk_score_rows", "indexer"), ("hytopk_select_rows", "plain"), ("hytopk_select_rows_to", "plain")),
     "table_topk.cu": (("hytopk_table_filter", "tables"), ("hytopk_table_topk", "tables"),
                       ("hytopk_table_topk_listed", "tables")),
     "table_v2.cu": (("hytopk_table_threshold", "tables"), ("hytopk_table_filter_pieces", "tables"),
-                    ("hytopk_table_fused", "tables"), ("hytopk_select_smem", "plain")),
+                    ("hytopk_table_fused", "tables"), ("hytopk_select_smem", "plain"),
+                    ("hytopk_table_fused_cfg", "tables_cfg")),
     "dense.cu": (("hytopk_dense", "indexer"),),
     "replay.cu": (("hytopk_replay", "indexer"),),
     "score_only.cu": (("hytopk_score_only", "indexer"),),
@@ -50,9 +55,10 @@ KERNELS = {
                   ("hytopk_attend_dkv_reduce", "attend"), ("hytopk_attend_pair_union_reg", "attend"),
                   ("hytopk_attend_bwd_hb2", "attend"), ("hytopk_attend_dkv_reduce_warp", "attend"),
                   ("hytopk_attend_fwd_acc2", "attend")),
+    "attend_wgmma.cu": (("hytopk_attend_fwd_wgmma", "attend_wgmma"),),
 }
 # files that need an arch-specific target (wgmma exists on sm_90a only): NVRTC options, nvcc -gencode
-FILE_OPTIONS = {"wgmma.cu": ("-arch=sm_90a",), "wgmma_ws.cu": ("-arch=sm_90a",)}
+FILE_OPTIONS = {"wgmma.cu": ("-arch=sm_90a",), "wgmma_ws.cu": ("-arch=sm_90a",), "attend_wgmma.cu": ("-arch=sm_90a",)}
 
 
 def nvcc_target(file: str, arch: str) -> str:
@@ -154,6 +160,17 @@ def attend_reduce_warp_name(shared, W):
     return None if rc is None else f"hytopk_attend_dkv_reduce_warp<{_b(shared)}, {rc}>"
 
 
+# attend_wgmma.cu: MLA only (d_qk 576, d_v 512, shared kv), 64 heads per block, out bf16 or float32
+ATTEND_WGMMA_DIMS = (576, 512)
+ATTEND_WGMMA_HEADS = 64
+ATTEND_WGMMA_THREADS = 384
+ATTEND_WGMMA_SMEM = 73728 * 3 + 2 * 4096 + 4 * 64 * 4 + 2 * 64 * 4 + 32   # attw::SMEM (static_assert in the compile check)
+
+
+def attend_wgmma_name(out_bf16) -> str:
+    return f"hytopk_attend_fwd_wgmma<{_b(out_bf16)}>"
+
+
 def attend_names() -> tuple:
     """The instantiations the compile check builds (the shipped shapes' hot ones)."""
     out = []
@@ -209,6 +226,8 @@ def geometry_asserts(file: str, shapes=SHAPES) -> list[str]:
     (compiled by the compile check next to the instantiations)."""
     if file == "attend.cu":
         return attend_static_asserts()
+    if file == "attend_wgmma.cu":
+        return [f'static_assert(hytopk::attw::SMEM == {ATTEND_WGMMA_SMEM}, "instantiations.ATTEND_WGMMA_SMEM drifted");']
     if file != "wgmma_ws.cu":
         return []
     from workbench.geometry import ws_static_asserts
@@ -235,6 +254,8 @@ def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
     out = []
     if file == "attend.cu":
         return attend_names()
+    if file == "attend_wgmma.cu":
+        return tuple(attend_wgmma_name(b) for b in (True, False))
     for kernel, over in KERNELS[file]:
         if over == "plain":
             out.append(name(kernel))
@@ -249,6 +270,9 @@ def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
             continue
         if over == "tables":
             out += [name(kernel, src) for src in TABLES]
+            continue
+        if over == "tables_cfg":                # the fused table kernel's swept (threads, blocks per SM)
+            out += [f"{kernel}<{src}, {t}, {b}>" for src in TABLES for t, b in FUSED_CONFIGS]
             continue
         if over == "table+indexer":
             out += [name(kernel, src) for src in TABLES]

@@ -24,6 +24,8 @@
 #define __noinline__
 
 struct uint4 { unsigned x, y, z, w; };
+struct uint2 { unsigned x, y; };
+inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 struct emu_dim3 { unsigned x, y, z; };
 
 namespace emu {
@@ -100,6 +102,7 @@ inline auto max(A a, B b) -> std::common_type_t<A, B> { return a > b ? a : b; }
 
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
+inline int __clz(unsigned x) { return x ? __builtin_clz(x) : 32; }
 inline float __uint_as_float(unsigned b) { float f; std::memcpy(&f, &b, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned b; std::memcpy(&b, &f, 4); return b; }
 inline uint4 __ldcs(const uint4* p) { return *p; }

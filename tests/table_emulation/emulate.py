@@ -8,7 +8,7 @@ case by case by driver.cpp, checked against the reference.
 
 check_case runs fused_v2 (the fused kernel + the radix kernel on its flagged rows), the v2
 threshold, the v2 filter (on T, or the contract's threshold) and select_smem (on the filter's
-output) with the launch geometry of workbench/families/cupy/table_v2.py, and asserts each
+output; with the fast select and without) with the launch geometry of workbench/families/cupy/table_v2.py, and asserts each
 against the reference (bit for bit where the contract says so). offset: the table's base
 pointer that many elements past 16-byte alignment."""
 from __future__ import annotations
@@ -99,7 +99,8 @@ def check_case(driver, s, lo, hi, k, capacity, T=None, offset=0, bf16=False):
     fi, fv, fcount, ffailed = take(np.int32, (n, k)), take(np.float32, (n, k)), take(np.int32, (n,)), take(np.uint8, (n,))
     T2 = take(np.float32, (n,))
     ci, cv, cnt = take(np.int32, (n, capacity)), take(np.float32, (n, capacity)), take(np.int32, (n,))
-    si, sv = take(np.int32, (n, k)), take(np.float32, (n, k))
+    si, sv = take(np.int32, (n, k)), take(np.float32, (n, k))          # fast = 1
+    si0, sv0 = take(np.int32, (n, k)), take(np.float32, (n, k))        # fast = 0
     assert at == len(b)
 
     assert _same(fi, fv, *R.topk(wide, lo, hi, k)), "fused_v2: not the exact top-k"
@@ -118,5 +119,7 @@ def check_case(driver, s, lo, hi, k, capacity, T=None, offset=0, bf16=False):
             assert np.array_equal(wide[t, pos].view(np.uint32), np.array([x for _, x in got], np.uint32))
             assert (R.order_keys(wide[t, pos]) >= R.order_keys(T[t:t + 1])[0]).all()
         assert (ci[t, m:] == -1).all(), f"filter v2: row {t} written past its count"
-    assert _same(si, sv, *R.stage_select(ci, cv, cnt, k)), "select_smem"
+    sel = R.stage_select(ci, cv, cnt, k)
+    assert _same(si, sv, *sel), "select_smem (fast select)"
+    assert _same(si0, sv0, *sel), "select_smem (key select + sort)"
     return fcount, ffailed

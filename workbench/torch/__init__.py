@@ -5,6 +5,7 @@
     scores   = workbench.torch.replay_scores(q, w, keys, idx)     # differentiable, sparse backward
     loss     = workbench.torch.indexer_kl_loss(q, w, keys, idx, target)
     out      = workbench.torch.checkpoint_with_replay(fn, *args)  # selection saved, not recomputed
+    sel      = workbench.torch.CapturedSelect(q, w, keys, lo, hi, k)  # select as a CUDA graph: sel(q, w, keys)
 
 Inputs (reference.dtypes): q/keys float32, bfloat16 or float8_e4m3fn (then ``kscale=``, a float32
 scale per key row); w float32 or bfloat16. ``fp8=True`` quantises float q/keys here
@@ -17,6 +18,7 @@ import torch
 
 from . import attention, dispatch, fp8, ops, scoring, table_topk
 from .attention import sparse_attention
+from .captured import CapturedSelect
 from .fp8 import quantize as _quantize, replay_scores_ste as _replay_scores_ste
 from .ops import CALLS, indexer_kl_loss, selected_kl
 from .replay import checkpoint_with_replay, replay_policy
@@ -49,6 +51,6 @@ def replay_scores(q, w, keys, idx, *, kscale=None, fp8=False, deterministic=None
     return torch.ops.hytopk.replay_scores(q, w, keys, idx, deterministic, kscale)
 
 
-__all__ = ["sparse_attention", "attention", "select", "topk", "replay_scores", "indexer_kl_loss", "selected_kl",
+__all__ = ["CapturedSelect", "sparse_attention", "attention", "select", "topk", "replay_scores", "indexer_kl_loss", "selected_kl",
            "checkpoint_with_replay",
            "replay_policy", "CALLS", "dispatch", "fp8", "ops", "scoring"]

@@ -17,7 +17,7 @@ from . import _scope
 from ._launch import BLOCK, as_device, chunks, gpu_status, kernel, launch, launch_stream
 from ._shared import ROWS_PER_PASS
 from .check import check_on_device
-from . import attend, check, dense, filter, recover, replay, select, table, table_v2, threshold, mma_sync, wgmma, wgmma_ws  # noqa: F401  (register variants)
+from . import attend, attend_wgmma, check, dense, filter, recover, replay, select, table, table_v2, threshold, mma_sync, wgmma, wgmma_ws  # noqa: F401  (register variants)
 from .score_only import score_only
 from .table import TableHyTopK, fused_hytopk, table_hytopk, table_topk
 from .mma_sync import score_only_mma_sync
@@ -126,32 +126,44 @@ class CupyFamily(Family):
 
     def recover_on_device(self, recover, source, lo, hi, count, k, capacity, max_failed, idx, val):
         """Check, recovery and fallback with no host sync (CUDA-graph capture): the check kernel
-        counts the failed queries on the device; recovery runs over fixed chunks of
-        ROWS_PER_PASS slots covering every query, each slot holding a failed query (at most
-        max_failed) or, when more failed, every query in turn (CONTRACT.md §3.7), or -1 (a slot
-        whose kernels return at once); results are scattered into idx/val in place.
-        Returns device (failed bool[n], fell_back bool[1], nfailed int32[1])."""
+        counts the failed queries on the device; one launch fills the recovery slots of every
+        chunk (S slots each, chunks covering every query): slot e holds a failed query (at most
+        max_failed) or, when more failed, query e (CONTRACT.md §3.7), or -1 (kernels return at
+        once). Each chunk is then a rows launch and a select writing straight into idx/val (a
+        rows recovery takes the outputs: _scope.CallFacts.recovery_out), or, for a recovery
+        that returns its rows (the table source), its launches and one scatter. The chunks
+        exist only to bound the scratch (S rows x the longest context, at most one pass's
+        budget): 2 launches each. Returns device (failed bool[n], fell_back bool[1], nfailed int32[1])."""
         with launch_stream():
             n = int(count.shape[0])
             failed, rows, nfailed = check_on_device(count, lo, hi, k, capacity)
-            fell_back = cp.zeros(1, cp.uint8)
-            S = _recovery_chunk(n, _scope.longest_context())
-            slots = cp.empty(S, cp.int32)
+            fell_back = cp.empty(1, cp.uint8)            # written by the slots kernel
             facts = _scope.current()
-            saved = facts.recovery_rows if facts is not None else None
+            S = _recovery_chunk(n, _scope.longest_context())
+            nchunks = chunks(n, S)
+            slots = cp.empty(nchunks * S, cp.int32)
+            # chunk 0 of nchunks * S slots = every chunk's slots at once (the kernel grid-strides)
+            launch(kernel("device_recovery.cu", "hytopk_recovery_slots"), (min(chunks(slots.shape[0], BLOCK), 1024),),
+                   (np.int32(n), nfailed, rows, np.int32(max_failed), np.int32(0), np.int32(slots.shape[0]), slots,
+                    fell_back))
+            saved = (facts.recovery_rows, facts.recovery_out) if facts is not None else None
             if facts is not None:
-                facts.recovery_rows = S                  # one materialisation per chunk: fewer launches
+                facts.recovery_rows = S                  # one materialisation per chunk
+                facts.recovery_out = (idx, val)
             try:
-                for c in range(chunks(n, S)):
-                    launch(kernel("device_recovery.cu", "hytopk_recovery_slots"), (1,),
-                           (np.int32(n), nfailed, rows, np.int32(max_failed), np.int32(c), np.int32(S), slots,
-                            fell_back))
-                    ridx, rval = recover(source, lo, hi, slots, k)
+                c = 0
+                while c < nchunks:
+                    ridx, rval = recover(source, lo, hi, slots[c * S:(c + 1) * S], k)
+                    if ridx is None:                     # wrote into idx/val: the other chunks in one call
+                        if c + 1 < nchunks:
+                            recover(source, lo, hi, slots[(c + 1) * S:], k)
+                        break
                     launch(kernel("device_recovery.cu", "hytopk_scatter_slots"), (S, chunks(k, BLOCK)),
-                           (slots, np.int32(S), np.int32(k), ridx, rval, idx, val))
+                           (slots[c * S:(c + 1) * S], np.int32(S), np.int32(k), ridx, rval, idx, val))
+                    c += 1
             finally:
                 if facts is not None:
-                    facts.recovery_rows = saved
+                    facts.recovery_rows, facts.recovery_out = saved
             return failed.astype(cp.bool_), fell_back.astype(cp.bool_), nfailed
 
     def append_rows(self, dst_idx, dst_val, width, stored, total, src_idx, src_val, count, offset):
@@ -181,9 +193,13 @@ RECOVERY_SCRATCH_BYTES = 128 << 20
 
 def _recovery_chunk(n: int, longest: int | None) -> int:
     """Slots per chunk of the device-side recovery: as many rows as a materialisation of
-    RECOVERY_SCRATCH_BYTES holds (at least ROWS_PER_PASS, at most n): every chunk is a few
-    launches whether it holds a query or not, so fewer chunks mean a smaller CUDA graph."""
-    fit = RECOVERY_SCRATCH_BYTES // (4 * max(1, longest or 1))
+    RECOVERY_SCRATCH_BYTES holds, or of one pass's budget on large problems
+    (pipeline.pass_scratch_bytes over the longest context: table / 80), at least
+    ROWS_PER_PASS, at most n: every chunk is 2 launches whether it holds a query or not, so
+    fewer chunks mean a smaller CUDA graph (32768 x 256K: 81 chunks, not 256)."""
+    from ...pipeline import pass_scratch_bytes
+    longest = max(1, longest or 1)
+    fit = max(RECOVERY_SCRATCH_BYTES, pass_scratch_bytes(n, longest)) // (4 * longest)
     return int(max(1, min(max(n, 1), max(ROWS_PER_PASS, fit))))
 
 

@@ -201,7 +201,49 @@ def kernel(file: str, name: str, shapes=INST.SHAPES):
     names, known = _names(file, tuple(map(tuple, shapes)))
     if name not in known:
         raise KeyError(f"{name!r} is not instantiated in {file}; known: {list(names)}")
-    return loader.module(file, names, options=INST.FILE_OPTIONS.get(file, ())).function(name, max_age=LAUNCH_MAX_AGE_S)
+    if RECORDER is not None and RECORDER.dry:
+        return DryKernel(f"{file}:{name}")
+    fn = loader.module(file, names, options=INST.FILE_OPTIONS.get(file, ())).function(name, max_age=LAUNCH_MAX_AGE_S)
+    FN_NAMES[id(fn)] = f"{file}:{name}"      # CuPy's Function has no name: the recorder reads it here
+    return fn
+
+
+# ------------------------------------------------------------------ launch recording (tests, host-time probes)
+class Recorder:
+    """The launches issued while recording: (kernel, grid, threads, smem) per launch. ``dry``:
+    kernels are neither compiled nor run (a CPU run of the launch sequence: its count and the
+    host's Python cost per launch, with no GPU)."""
+
+    def __init__(self, dry: bool = False):
+        self.dry = dry
+        self.launches: list = []
+
+    def names(self) -> list:
+        return [l[0] for l in self.launches]
+
+
+class DryKernel:
+    """What kernel() hands out in a dry recording: a name and the attribute launch() sets."""
+
+    def __init__(self, name):
+        self.name = name
+        self.max_dynamic_shared_size_bytes = STATIC_SMEM_LIMIT
+
+
+RECORDER: Recorder | None = None
+FN_NAMES: dict = {}        # id(Function) -> "file:name" (the loader keeps each Function alive: ids stay unique)
+
+
+@contextmanager
+def record_launches(dry: bool = False):
+    """``with record_launches() as rec:`` every launch() in the block is listed in rec.launches
+    (dry=True: and not run; see Recorder)."""
+    global RECORDER
+    outer, RECORDER = RECORDER, Recorder(dry)
+    try:
+        yield RECORDER
+    finally:
+        RECORDER = outer
 
 
 LAUNCH_MAX_AGE_S = 0.05     # a launch trusts a freshness check this young (edits show up within it)
@@ -225,6 +267,10 @@ def launch(fn, grid, args, smem_bytes=0, threads=BLOCK):
     smem_bytes = int(smem_bytes)
     if smem_bytes > STATIC_SMEM_LIMIT and fn.max_dynamic_shared_size_bytes < smem_bytes:
         fn.max_dynamic_shared_size_bytes = smem_bytes
+    if RECORDER is not None:
+        RECORDER.launches.append((FN_NAMES.get(id(fn), getattr(fn, "name", str(fn))), grid, int(threads), smem_bytes))
+        if RECORDER.dry:
+            return
     fn(grid, (int(threads),), args, shared_mem=smem_bytes)
 
 

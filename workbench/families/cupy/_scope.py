@@ -19,6 +19,7 @@ class CallFacts:
     max_len: int | None = None                     # the longest context hi - lo of the call
     uploads: dict = field(default_factory=dict)    # a plan's device constants (sample positions, ...)
     recovery_rows: int | None = None               # rows a recovery materialises at a time (None: its own)
+    recovery_out: tuple | None = None              # (idx, val): a rows recovery writes its selections there
 
 
 CURRENT: CallFacts | None = None

@@ -85,16 +85,29 @@ def select_rows(base, stride, by_query, rows, lo, hi, k, idx, val):
             idx, val), exact_topk_smem_bytes(k))
 
 
+def select_rows_to(base, stride, rows, lo, hi, k, idx, val):
+    """select_rows of materialised rows (by_query = 0), each result written to its query's row
+    idx/val[rows[j]] of the full outputs (slots -1 write nothing)."""
+    launch(kernel("recover.cu", "hytopk_select_rows_to"), (rows.shape[0],),
+           (base, np.int64(stride), rows, np.int32(rows.shape[0]), lo, hi, np.int32(k), idx, val),
+           exact_topk_smem_bytes(k))
+
+
 def recover_rows(x, lo, hi, rows, k):
     """Exact top-k of the failed rows: x.score_rows(part, lo, hi, buf, stride) (a core's rows
     kernel) materialises ROWS_PER_PASS rows at a time, select_rows selects. Every core's
-    recovery of the indexer source runs this loop."""
+    recovery of the indexer source runs this loop. Inside a device-side recovery that hands
+    its outputs over (_scope.CallFacts.recovery_out) each selection goes straight to its
+    query's row of them (no scatter launch) and this returns (None, None)."""
     lo, hi, rows = i32(lo, "lo"), i32(hi, "hi"), i32(rows, "rows")
     nr = rows.shape[0]
-    idx = cp.empty((nr, k), cp.int32)
-    val = cp.empty((nr, k), cp.float32)
+    facts = _scope.current()
+    out = facts.recovery_out if facts is not None else None
+    if out is None:
+        idx = cp.empty((nr, k), cp.int32)
+        val = cp.empty((nr, k), cp.float32)
     if nr == 0:
-        return idx, val
+        return (None, None) if out is not None else (idx, val)
     longest = _scope.longest_context()            # in a pipeline call: from its host ranges, no sync
     lengths = (hi - lo)[rows] if longest is None else None
     step = _scope.recovery_rows(ROWS_PER_PASS)    # rows per materialisation (a capture-safe call: more)
@@ -103,6 +116,9 @@ def recover_rows(x, lo, hi, rows, k):
         stride = max(1, longest if longest is not None else int(lengths[s:s + step].max()))
         buf = cp.empty((part.shape[0], stride), cp.float32)
         x.score_rows(part, lo, hi, buf, stride)
-        select_rows(buf, stride, 0, part, lo, hi, k, idx[s:s + step], val[s:s + step])
+        if out is not None:
+            select_rows_to(buf, stride, part, lo, hi, k, *out)
+        else:
+            select_rows(buf, stride, 0, part, lo, hi, k, idx[s:s + step], val[s:s + step])
         del buf
-    return idx, val
+    return (None, None) if out is not None else (idx, val)

@@ -52,6 +52,43 @@ def select_smem(cand_idx, cand_val, count, k):
     return _select(name, lambda k: smem_select_bytes(k, capacity), cand_idx, cand_val, count, k, SMEM_THREADS)
 
 
+FAST_THREADS = 512              # select.cu FAST_SELECT_THREADS
+FAST_CAP_MAX = 8192             # candidates held in shared memory (two blocks per SM at k = 2048)
+
+
+def fast_select_bytes(k: int, cap: int) -> int:
+    """hytopk_select_fast.cuh select_smem_words, in bytes."""
+    return 4 * (RADIX + 4 + 3 * max(next_pow2(k), 512) + 2 * cap)
+
+
+@register("select", "cupy.select.fast", gpu_only=True,
+          notes="candidates read once into shared memory, then no sort: one histogram over the key range "
+                "(up to 2048 bins), a scatter into the bins up to rank k, each kept entry's rank by comparisons "
+                "inside its bin; a kept bin of > 64 entries: key select + register bitonic sort; more than "
+                "8192 candidates or k too large for shared memory: cupy.select.radix_bitonic")
+def select_fast(cand_idx, cand_val, count, k):
+    k = check_k_fits(k, bitonic_topk_smem_bytes)
+    capacity = cand_idx.shape[1] if getattr(cand_idx, "ndim", 0) == 2 else 0
+    cap = min(capacity, FAST_CAP_MAX)
+    limit = cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
+    if fast_select_bytes(k, cap) > limit:
+        return select_bitonic(cand_idx, cand_val, count, k)
+    with launch_stream():
+        cand_idx = i32(cand_idx, "cand_idx")
+        cand_val = cp.ascontiguousarray(cp.asarray(cand_val, cp.float32))
+        count = i32(count, "count")
+        n, capacity = cand_idx.shape
+        if cand_val.shape != (n, capacity) or count.shape != (n,):
+            raise ValueError(f"arguments 'cand_val'/'count' must have shapes {(n, capacity)}/{(n,)}, "
+                             f"got {cand_val.shape}/{count.shape}")
+        idx = cp.empty((n, k), cp.int32)
+        val = cp.empty((n, k), cp.float32)
+        launch(kernel("select.cu", "hytopk_select_fast"), (n,),
+               (np.int32(n), cand_idx, cand_val, count, np.int32(capacity), np.int32(k), np.int32(cap), idx, val),
+               fast_select_bytes(k, cap), threads=FAST_THREADS)
+        return idx, val
+
+
 def _select(name, smem_bytes, cand_idx, cand_val, count, k, threads=None):
     k = check_k_fits(k, smem_bytes)
     with launch_stream():

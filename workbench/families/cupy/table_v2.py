@@ -16,6 +16,7 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
+from ...instantiations import FUSED_CONFIGS
 from ...registry import register
 from ._launch import (MAX_SAMPLES, bind, bitonic_topk_smem_bytes, check_k_fits, i32, kernel, launch,
                       launch_stream, next_pow2)
@@ -28,6 +29,16 @@ STREAM_U = {"hytopk::TableSource": 4, "hytopk::TableBf16Source": 3}   # table_v2
 PIECE_STEPS = 8             # steps per block: a piece is 256 x 16 x 8 = 32768 float32 / 256 x 24 x 8 bf16 elements
 STAGE_MAX = 4096            # shared-memory stage of the filter (32 KiB; six blocks per SM still fit)
 FUSED_SMEM_TARGET = 110 * 1024   # two 512-thread blocks per SM (the register bound) share its 228 KiB
+# The fused kernel's launch configuration (the bench's --fused-sweep overrides these):
+# threads per block and blocks per SM ((512, 2): hytopk_table_fused; others from
+# instantiations.FUSED_CONFIGS: hytopk_table_fused_cfg), the shared-memory candidate cap (0: as many
+# as FUSED_MIN_BLOCKS blocks per SM leave), and FUSED_AHEAD below.
+FUSED_THREADS = 512
+FUSED_MIN_BLOCKS = 2
+FUSED_CAP = 0
+# 1: the v2 selects (select_smem, the fused kernel's select) rank the kept without a sort
+# (hytopk_select_fast.cuh block_select_fast); 0: key select + register bitonic sort (as before)
+SELECT_FAST = 1
 SELECT_CAP_MAX = 8192       # candidates select_smem holds in shared memory
 # L2 prefetch distance of the streaming reads, in block steps (0: none; the bench times both):
 # the filter's registers already hold 96 KB per SM, the fused kernel's only 40 KB per block
@@ -59,10 +70,16 @@ def _limit() -> int:
 
 
 def fused_cap(k: int) -> int:
-    """Candidates the fused kernel collects in shared memory: as many as keep two blocks per
-    SM, else what the opt-in limit leaves; at least MAX_SAMPLES / 2 (its samples live there)."""
+    """Candidates the fused kernel collects in shared memory: FUSED_CAP when set (within the opt-in
+    limit), else as many as keep FUSED_MIN_BLOCKS blocks per SM, else what the opt-in limit leaves;
+    at least MAX_SAMPLES / 2 (its samples live there)."""
     fixed = 256 + 6 + 3 * sort_slots(k)
-    cap = (FUSED_SMEM_TARGET // 4 - fixed) // 2 // 256 * 256
+    target = FUSED_SMEM_TARGET * 2 // max(1, FUSED_MIN_BLOCKS)
+    cap = (target // 4 - fixed) // 2 // 256 * 256
+    if FUSED_CAP > 0:
+        cap = min(int(FUSED_CAP), (_limit() // 4 - fixed) // 2)
+    elif cap < MAX_SAMPLES // 2 and FUSED_MIN_BLOCKS > 2:     # a swept small block: the samples' floor
+        cap = MAX_SAMPLES // 2
     if cap < MAX_SAMPLES // 2:
         cap = (_limit() // 4 - fixed) // 2
     if cap < MAX_SAMPLES // 2:
@@ -112,17 +129,25 @@ def launch_select(cand_idx, cand_val, count, k, idx, val):
     n, capacity = cand_idx.shape
     cap = select_cap(capacity)
     launch(kernel(_file(), "hytopk_select_smem"), (n,),
-           (np.int32(n), cand_idx, cand_val, count, np.int32(capacity), np.int32(k), np.int32(cap), idx, val),
-           select_smem_bytes(k, cap), threads=SAMPLE_BLOCK)
+           (np.int32(n), cand_idx, cand_val, count, np.int32(capacity), np.int32(k), np.int32(cap), idx, val,
+            np.int32(SELECT_FAST)), select_smem_bytes(k, cap), threads=SAMPLE_BLOCK)
 
 
 def launch_fused(s, cxx, lo, hi, k, cap, oversample, count, flagged, nflagged, idx, val):
     """The fused kernel; the rows it cannot finish go to flagged[0 .. nflagged) (zeroed before)."""
     n, L = s.shape
-    launch(kernel(_file(), f"hytopk_table_fused<{cxx}>"), (n,),
+    threads, blocks = int(FUSED_THREADS), int(FUSED_MIN_BLOCKS)
+    if (threads, blocks) == (SAMPLE_BLOCK, 2):
+        name = f"hytopk_table_fused<{cxx}>"
+    elif (threads, blocks) in FUSED_CONFIGS:
+        name = f"hytopk_table_fused_cfg<{cxx}, {threads}, {blocks}>"
+    else:
+        raise ValueError(f"table_v2.FUSED_THREADS / FUSED_MIN_BLOCKS = {(threads, blocks)}: not instantiated; "
+                         f"known: {[(SAMPLE_BLOCK, 2)] + list(FUSED_CONFIGS)}")
+    launch(kernel(_file(), name), (n,),
            (s, np.int64(L), np.int32(n), lo, hi, np.int32(k), np.int32(cap), np.int32(int(s.data.ptr % 16 == 0)),
-            np.int32(FUSED_AHEAD), np.float64(oversample), count, flagged, nflagged, idx, val),
-           4 * fused_smem_words(k, cap), threads=SAMPLE_BLOCK)
+            np.int32(FUSED_AHEAD), np.float64(oversample), np.int32(SELECT_FAST), count, flagged, nflagged, idx, val),
+           4 * fused_smem_words(k, cap), threads=threads)
 
 
 def launch_listed_topk(s, cxx, lo, hi, k, topk_cap, rows, nrows, idx, val):

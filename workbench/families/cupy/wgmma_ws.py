@@ -14,6 +14,8 @@ keys are put once per call into the MMA's core-matrix layout (hytopk_ws_pretile)
 so a stage of 128 keys is one contiguous bulk copy. Needs a Hopper GPU (sm_90a)."""
 from __future__ import annotations
 
+import functools
+
 import cupy as cp
 import numpy as np
 
@@ -41,6 +43,15 @@ def _f32_weights(w):
     if input_dtype(w) == "bfloat16":
         return (w.view(cp.uint16).astype(cp.uint32) << 16).view(cp.float32)
     raise TypeError(f"argument 'w' must be float32 or bf16, got {w.dtype}")
+
+
+@functools.lru_cache(maxsize=64)
+def _geometries(H, D, eb, consumers, rounded):
+    """(WsGeometry, WsReplayGeometry, module shapes) of a core shape: once per shape, not once per
+    stage call (a planned call builds WsInputs per stage and pass; their host cost adds up)."""
+    default = {rounded(*s) for s in INST.SHAPES}
+    shapes = INST.SHAPES if (H, D) in default else ((H, D),)
+    return WsGeometry(H, D, eb, consumers), WsReplayGeometry(H, D, eb), shapes
 
 
 def _aligned(a):
@@ -75,7 +86,7 @@ class WsInputs:
                 q, keys = (float32_to_bf16_bits(a, cp) for a in (q, keys))
             q, keys = q.view(cp.uint16), keys.view(cp.uint16)
             w = _f32_weights(w)
-            ks = cp.zeros(1, cp.float32)                          # not read by the bf16 kernels
+            ks = cp.empty(1, cp.float32)      # not read by the bf16 kernels (no memset node per stage)
             self.kind, eb, rounded = ("ws" if consumers == 4 else "ws2"), 2, INST.tiled_shape
         else:
             raise TypeError(f"argument 'source': the wgmma_ws variants take an IndexerSource or an "
@@ -87,10 +98,7 @@ class WsInputs:
         q, w, keys = pad_inputs(q, w, keys, self.H, self.D)
         self.q, self.w, self.keys, self.kscale = (_aligned(cp.ascontiguousarray(a)) for a in (q, w, keys, ks))
         self.L = self.keys.shape[0]
-        self.geo = WsGeometry(self.H, self.D, eb, consumers)
-        self.rgeo = WsReplayGeometry(self.H, self.D, eb)
-        default = {rounded(*s) for s in INST.SHAPES}
-        self.shapes = INST.SHAPES if (self.H, self.D) in default else ((self.H, self.D),)
+        self.geo, self.rgeo, self.shapes = _geometries(self.H, self.D, eb, consumers, rounded)
         self._qt = self._kt = None
         self._src_keys, self._src_q = source.keys, source.q
 

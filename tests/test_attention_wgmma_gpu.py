@@ -1,0 +1,164 @@
+"""The wgmma MLA forward (kernels_cuda/attend_wgmma.cu, cupy.attend.wgmma) on a Hopper GPU (skipped
+elsewhere with the reason).
+
+Bit for bit on the exact hot/cold inputs of tests/test_attention_gpu.py; against the float64
+reference with its tolerance on random bf16 inputs (padding, duplicates, shared and disjoint
+neighbours, queries with no valid key, k not a multiple of the 64-key tile, 16 / 64 / 128 / 192 heads,
+large logits, k = 2048); close to cupy.attend.one; bf16 out = the rounded float32 out; kv rows with a
+stride; GQA refused with a clear error.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from reference import attention as RA
+from workbench.bf16 import float32_to_bf16_bits
+from tests.test_attention import make_idx
+from tests.test_attention_gpu import bf16, bits, layout, seed
+
+from tests._cupy_gpu import GPU_MARKS, cp  # noqa: E402  (skips the module without CuPy)
+
+pytestmark = GPU_MARKS
+
+KINDS = ["random", "dups", "shared", "disjoint", "empty", "pad_only"]
+
+
+@pytest.fixture(scope="module")
+def AW():
+    from workbench.families.cupy import attend_wgmma
+    from workbench import loader
+    if loader.current_arch() != "90":
+        pytest.skip("cupy.attend.wgmma needs a Hopper GPU (sm_90a)")
+    return attend_wgmma
+
+
+@pytest.fixture(scope="module")
+def CA():
+    from workbench.families.cupy import attend
+    return attend
+
+
+@pytest.mark.parametrize("Hq", [128, 64, 8])
+@pytest.mark.parametrize("kind", ["random", "dups", "shared", "empty"])
+def test_exact_hot_cold_logits_bit_for_bit(AW, Hq, kind):
+    """Hot keys (logit 0) / cold keys (exp2 underflows to exactly 0): out = the exact mean of the hot
+    keys' small-integer values, as the float32 quotient (tests/test_attention_gpu.py's case)."""
+    Dqk, Dv = 576, 512
+    rng = np.random.default_rng(seed("wgmma", Hq, kind))
+    n, L, kk = 6, 300, 100
+    kvv = np.zeros((L, Dqk))
+    kvv[:, 0] = np.where(rng.random(L) < 0.4, -128.0, 0.0)
+    kvv[:, 1:Dv] = rng.integers(-4, 5, (L, Dv - 1))
+    k, v, kh, vh = layout(True, L, 1, Dqk, Dv, rng, values=kvv)
+    q = np.zeros((n, Hq, Dqk))
+    q[:, :, 0] = np.where(rng.random((n, Hq)) < 0.8, 2.0, 0.0)
+    qd, qh = bf16(q)
+    idx = make_idx(rng, n, L, kk, kind)
+    out, lse = AW.attend_forward_wgmma(qd, k, v, cp.asarray(idx), 1.0, out_dtype="float32")
+    out = cp.asnumpy(out)
+    want = np.zeros((n, Hq, Dv), np.float32)
+    for t in range(n):
+        sl = idx[t][idx[t] >= 0]
+        if len(sl) == 0:
+            continue
+        for h in range(Hq):
+            logit = kh[sl, 0] @ qh[t, h]
+            use = sl[logit == logit.max()]
+            want[t, h] = vh[use, 0].sum(0).astype(np.float32) / np.float32(len(use))
+    np.testing.assert_array_equal(bits(out), bits(want))
+    lse = cp.asnumpy(lse)
+    assert np.all(np.isneginf(lse[(idx < 0).all(1)]))
+
+
+@pytest.mark.parametrize("Hq", [128, 64, 16, 192])
+@pytest.mark.parametrize("kk", [64, 100, 300])
+@pytest.mark.parametrize("kind", KINDS)
+def test_random_inputs_match_reference(AW, Hq, kk, kind):
+    rng = np.random.default_rng(seed("wgmma", Hq, kk, kind, 1))
+    n, L = 7, 700
+    k, v, kh, vh = layout(True, L, 1, 576, 512, rng)
+    qd, qh = bf16(rng.standard_normal((n, Hq, 576)))
+    idx = make_idx(rng, n, L, kk, kind)
+    out, lse = AW.attend_forward_wgmma(qd, k, v, cp.asarray(idx), None, out_dtype="float32")
+    ro, rl = RA.attend(qh, kh, vh, idx)
+    np.testing.assert_allclose(cp.asnumpy(out), ro, rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(cp.asnumpy(lse), rl, rtol=1e-4, atol=1e-3)
+    empty = (idx < 0).all(1)
+    assert np.all(cp.asnumpy(out)[empty] == 0) and np.all(np.isneginf(cp.asnumpy(lse)[empty]))
+
+
+@pytest.mark.parametrize("kind", ["random", "dups", "shared"])
+def test_close_to_the_one_kernel(AW, CA, kind):
+    rng = np.random.default_rng(seed("wgmma-one", kind))
+    n, L, kk = 9, 3000, 1000
+    k, v, _, _ = layout(True, L, 1, 576, 512, rng)
+    qd, _ = bf16(rng.standard_normal((n, 128, 576)))
+    idx = cp.asarray(make_idx(rng, n, L, kk, kind))
+    o1, l1 = CA.attend_forward(qd, k, v, idx, None, qpt=1, out_dtype="float32")
+    ow, lw = AW.attend_forward_wgmma(qd, k, v, idx, None, out_dtype="float32")
+    np.testing.assert_allclose(cp.asnumpy(ow), cp.asnumpy(o1), rtol=1e-2, atol=1e-2)
+    np.testing.assert_allclose(cp.asnumpy(lw), cp.asnumpy(l1), rtol=1e-5, atol=1e-4)
+
+
+def test_large_logits_and_k_2048(AW):
+    rng = np.random.default_rng(5)
+    n, L, kk, Hq = 4, 5000, 2048, 128
+    k, v, kh, vh = layout(True, L, 1, 576, 512, rng)
+    qd, qh = bf16(rng.standard_normal((n, Hq, 576)) * 8.0)     # logits ~ +-200: one-hot-ish softmax
+    idx = make_idx(rng, n, L, kk, "shared")
+    out, lse = AW.attend_forward_wgmma(qd, k, v, cp.asarray(idx), None, out_dtype="float32")
+    ro, rl = RA.attend(qh, kh, vh, idx)
+    assert np.all(np.isfinite(cp.asnumpy(out)))
+    np.testing.assert_allclose(cp.asnumpy(out), ro, rtol=3e-2, atol=3e-2)
+    np.testing.assert_allclose(cp.asnumpy(lse), rl, rtol=1e-4, atol=1e-2)
+
+
+def test_bf16_output_is_the_rounded_float32_one(AW):
+    rng = np.random.default_rng(6)
+    k, v, _, _ = layout(True, 300, 1, 576, 512, rng)
+    qd, _ = bf16(rng.standard_normal((5, 64, 576)))
+    idx = cp.asarray(make_idx(rng, 5, 300, 130, "random"))
+    o32, l32 = AW.attend_forward_wgmma(qd, k, v, idx, None, out_dtype="float32")
+    o16, l16 = AW.attend_forward_wgmma(qd, k, v, idx, None, out_dtype="bfloat16")
+    assert o16.dtype == cp.uint16
+    np.testing.assert_array_equal(cp.asnumpy(o16), float32_to_bf16_bits(cp.asnumpy(o32)))
+    np.testing.assert_array_equal(bits(l16), bits(l32))
+
+
+def test_strided_kv_rows(AW):
+    """kv rows inside a wider buffer (row stride 640 elements): the same result as a compact copy."""
+    rng = np.random.default_rng(8)
+    L = 400
+    wide = rng.standard_normal((L, 640))
+    wd, _ = bf16(wide)
+    kvs = wd[:, :576]
+    kc = cp.ascontiguousarray(kvs)
+    qd, _ = bf16(rng.standard_normal((3, 128, 576)))
+    idx = cp.asarray(make_idx(rng, 3, L, 200, "random"))
+    a = AW.attend_forward_wgmma(qd, kvs[:, None, :], kvs[:, None, :512], idx, None, out_dtype="float32")
+    b = AW.attend_forward_wgmma(qd, kc[:, None, :], kc[:, None, :512], idx, None, out_dtype="float32")
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(bits(x), bits(y))
+
+
+def test_gqa_is_refused_with_a_clear_error(AW):
+    rng = np.random.default_rng(11)
+    k, v, _, _ = layout(False, 100, 2, 128, 128, rng)
+    qd, _ = bf16(rng.standard_normal((2, 8, 128)))
+    idx = cp.asarray(make_idx(rng, 2, 100, 16, "random"))
+    with pytest.raises(ValueError, match="cupy.attend.one"):
+        AW.attend_forward_wgmma(qd, k, v, idx, None)
+
+
+def test_registered_variant(AW):
+    from workbench import registry
+    assert "cupy.attend.wgmma" in [v.name for v in registry.variants("attend", "cupy")]
+    rng = np.random.default_rng(9)
+    k, v, kh, vh = layout(True, 500, 1, 576, 512, rng)
+    qd, qh = bf16(rng.standard_normal((5, 128, 576)))
+    idx = make_idx(rng, 5, 500, 200, "shared")
+    out, lse = registry.get("cupy.attend.wgmma")(qd, k, v, cp.asarray(idx), None)
+    ro, rl = registry.get("reference.attend")(qh, kh, vh, idx, None)
+    np.testing.assert_allclose(cp.asnumpy(out), ro, rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(cp.asnumpy(lse), rl, rtol=1e-4, atol=1e-3)
