@@ -632,10 +632,11 @@ hytopk_attend_dkv_reduce_warp(const float* __restrict__ part, int W, int DQK, in
                 }
             }
 #pragma unroll
-            for (int c = 0; c < RC; ++c) add(acc[c], x1[c]);
-            if (j + 1 < m) {
-#pragma unroll
-                for (int c = 0; c < RC; ++c) add(acc[c], x2[c]);
+            for (int c = 0; c < RC; ++c) {
+                if (lane + 32 * c < W4) {
+                    add(acc[c], x1[c]);
+                    if (j + 1 < m) add(acc[c], x2[c]);
+                }
             }
         }
     }
