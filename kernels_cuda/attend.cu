@@ -602,19 +602,14 @@ hytopk_attend_dkv_reduce_warp(const float* __restrict__ part, int W, int DQK, in
     if (sgm >= nseg) return;
     const int lane = (int)lane_id(), W4 = W >> 2;
     const long long a = starts[sgm], b = starts[sgm + 1], r = dst_row[sgm];
-    float4 acc[RC];
-    float4* dst[RC];
-#pragma unroll
-    for (int c = 0; c < RC; ++c) {
+    auto dst = [&](int c) {                                    // this lane's c-th float4 of the key row
         const int col = 4 * (lane + 32 * c);
-        dst[c] = nullptr;
-        acc[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (col < W) {
-            dst[c] = reinterpret_cast<float4*>(SHARED || col < DQK ? dk + r * DQK + col : dv + r * DV + (col - DQK));
-            acc[c] = *dst[c];
-        }
-    }
+        return reinterpret_cast<float4*>(SHARED || col < DQK ? dk + r * DQK + col : dv + r * DV + (col - DQK));
+    };
     auto add = [](float4& s, const float4& x) { s.x += x.x; s.y += x.y; s.z += x.z; s.w += x.w; };
+    float4 acc[RC];
+#pragma unroll
+    for (int c = 0; c < RC; ++c) acc[c] = lane + 32 * c < W4 ? *dst(c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (long long e0 = a; e0 < b; e0 += 32) {
         const int m = (int)min(32LL, b - e0);
         const long long mine = lane < m ? order[e0 + lane] : 0;
@@ -642,7 +637,7 @@ hytopk_attend_dkv_reduce_warp(const float* __restrict__ part, int W, int DQK, in
     }
 #pragma unroll
     for (int c = 0; c < RC; ++c)
-        if (dst[c]) *dst[c] = acc[c];
+        if (lane + 32 * c < W4) *dst(c) = acc[c];
 }
 
 // The key list two adjacent queries share (reference.attention.pair_union, the `pair` variants'
