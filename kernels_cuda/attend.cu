@@ -11,7 +11,8 @@
 // dS = P (dP - delta) scale; dQ = dS.K accumulated per block in key-tile order (no atomics); the
 // per-slot dK = dS^T.Q and dV = P^T.dO of the block go either to `part` (one row per
 // (query, kv head, head block, slot): hytopk_attend_dkv_reduce sums them per key in a fixed
-// order: bitwise reproducible) or, ATOMIC, straight into dk/dv with float atomics.
+// order: bitwise reproducible) or, ATOMIC, straight into dk/dv with float atomics;
+// hytopk_attend_bwd_hb2 lets two head blocks share one part row (the second adds the first's value).
 #include "hytopk_attend.cuh"
 using namespace hytopk;
 using namespace hytopk::attend;
@@ -44,12 +45,15 @@ __device__ __forceinline__ void load_rows(u32 dst, int stride, int D, const bf16
 // head's row at + g*DQK (GQA [L, Hkv, DQK]) or MLA kv [L, DQK] (Hkv = 1); v likewise ([L, Hkv, DV]),
 // unused when SHARED. list [tiles, U] int32, len: per-tile lengths (null: U), mult [tiles, U, 2]
 // (null: QPT = 1). out [n, Hq, DV] (float or bf16 bits), lse [n, Hq] float.
-template <int MT, int NK, int DQK, int DV, int QPT, bool SHARED, bool OUT_BF16>
-__global__ void __launch_bounds__(256, 1)
-hytopk_attend_fwd(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long long k_stride,
-                  const bf16_t* __restrict__ v, long long v_stride, const int* __restrict__ list,
-                  const int* __restrict__ lens, const int* __restrict__ mult, int U, int n, long long L, int Hq,
-                  int Hkv, int hb_heads, float scale_log2, void* __restrict__ out, float* __restrict__ lse) {
+// NACC: independent logit accumulators per n8 tile (k-steps round robin, summed at the end): 1 is
+// one chain of DQK/16 dependent MMAs per tile (ncu: the forward's second stall at 8/16 heads, where
+// a warp has one n8 tile); 2 halves the chain (other float rounding: the _acc2 kernels).
+template <int MT, int NK, int DQK, int DV, int QPT, bool SHARED, bool OUT_BF16, int NACC>
+__device__ __forceinline__ void
+attend_fwd_body(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long long k_stride,
+                const bf16_t* __restrict__ v, long long v_stride, const int* __restrict__ list,
+                const int* __restrict__ lens, const int* __restrict__ mult, int U, int n, long long L, int Hq,
+                int Hkv, int hb_heads, float scale_log2, void* __restrict__ out, float* __restrict__ lse) {
     using S = Shape<MT, NK, DQK, DV, QPT, SHARED>;
     extern __shared__ __align__(16) unsigned char smem[];
     const int tile = blockIdx.x;
@@ -114,16 +118,43 @@ hytopk_attend_fwd(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, lo
         for (int nt = 0; nt < S::SNT; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) c[nt][e] = 0.0f;
+        if (NACC == 1) {
 #pragma unroll 4
-        for (int ks = 0; ks < DQK / 16; ++ks) {
-            u32 a[4];
-            ldsm_x4(a, a_q + (u32)(ks * 32));
+            for (int ks = 0; ks < DQK / 16; ++ks) {
+                u32 a[4];
+                ldsm_x4(a, a_q + (u32)(ks * 32));
 #pragma unroll
-            for (int nt = 0; nt < S::SNT; ++nt) {
-                u32 b0, b1;
-                ldsm_x2(b0, b1, sk + b_k + (u32)(nt * 8 * S::QS * 2 + ks * 32));
-                mma16816(c[nt], a, b0, b1);
+                for (int nt = 0; nt < S::SNT; ++nt) {
+                    u32 b0, b1;
+                    ldsm_x2(b0, b1, sk + b_k + (u32)(nt * 8 * S::QS * 2 + ks * 32));
+                    mma16816(c[nt], a, b0, b1);
+                }
             }
+        } else {
+            static_assert(NACC == 1 || (NACC == 2 && DQK % 32 == 0), "attend: NACC 1, or 2 with DQK % 32 == 0");
+            float c2[S::SNT][4];
+#pragma unroll
+            for (int nt = 0; nt < S::SNT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) c2[nt][e] = 0.0f;
+#pragma unroll 2
+            for (int ks = 0; ks < DQK / 16; ks += 2) {
+                u32 a[4], a2[4];
+                ldsm_x4(a, a_q + (u32)(ks * 32));
+                ldsm_x4(a2, a_q + (u32)(ks * 32 + 32));
+#pragma unroll
+                for (int nt = 0; nt < S::SNT; ++nt) {
+                    u32 b0, b1, b2, b3;
+                    ldsm_x2(b0, b1, sk + b_k + (u32)(nt * 8 * S::QS * 2 + ks * 32));
+                    ldsm_x2(b2, b3, sk + b_k + (u32)(nt * 8 * S::QS * 2 + ks * 32 + 32));
+                    mma16816(c[nt], a, b0, b1);
+                    mma16816(c2[nt], a2, b2, b3);
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < S::SNT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) c[nt][e] += c2[nt][e];
         }
         float mx[2] = {neg_inf(), neg_inf()};
 #pragma unroll
@@ -231,6 +262,26 @@ hytopk_attend_fwd(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, lo
     }
 }
 
+template <int MT, int NK, int DQK, int DV, int QPT, bool SHARED, bool OUT_BF16>
+__global__ void __launch_bounds__(256, 1)
+hytopk_attend_fwd(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long long k_stride,
+                  const bf16_t* __restrict__ v, long long v_stride, const int* __restrict__ list,
+                  const int* __restrict__ lens, const int* __restrict__ mult, int U, int n, long long L, int Hq,
+                  int Hkv, int hb_heads, float scale_log2, void* __restrict__ out, float* __restrict__ lse) {
+    attend_fwd_body<MT, NK, DQK, DV, QPT, SHARED, OUT_BF16, 1>(q, k, k_stride, v, v_stride, list, lens, mult, U, n, L,
+                                                              Hq, Hkv, hb_heads, scale_log2, out, lse);
+}
+
+template <int MT, int NK, int DQK, int DV, int QPT, bool SHARED, bool OUT_BF16>
+__global__ void __launch_bounds__(256, 1)
+hytopk_attend_fwd_acc2(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long long k_stride,
+                       const bf16_t* __restrict__ v, long long v_stride, const int* __restrict__ list,
+                       const int* __restrict__ lens, const int* __restrict__ mult, int U, int n, long long L, int Hq,
+                       int Hkv, int hb_heads, float scale_log2, void* __restrict__ out, float* __restrict__ lse) {
+    attend_fwd_body<MT, NK, DQK, DV, QPT, SHARED, OUT_BF16, 2>(q, k, k_stride, v, v_stride, list, lens, mult, U, n, L,
+                                                              Hq, Hkv, hb_heads, scale_log2, out, lse);
+}
+
 // --------------------------------------------------------------------------------- backward
 // delta[row] = sum over d of dout[row, d] * out[row, d] (float32, fixed order: one warp per row,
 // lane-strided partials, xor-butterfly); rows = n * Hq.
@@ -256,19 +307,41 @@ hytopk_attend_delta(const bf16_t* __restrict__ dout, const void* __restrict__ ou
 // ATOMIC: dk [L, Hkv, DQK] / dv [L, Hkv, DV] float += (SHARED: dk is MLA's dkv [L, DQK], dv unused);
 // else part[((tl * Hkv + g) * nhb + hb) * U + slot][W] (W = DQK + (SHARED ? 0 : DV)) = this block's
 // contribution of that slot (rows of masked slots are not written).
-template <int MT, int NK, int DQK, int DV, bool SHARED, bool ATOMIC>
-__global__ void __launch_bounds__(256, 1)
-hytopk_attend_bwd(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long long k_stride,
-                  const bf16_t* __restrict__ v, long long v_stride, const int* __restrict__ idx, int U, int n, int t0,
-                  long long L, int Hq, int Hkv, int hb_heads, float scale, float scale_log2,
-                  const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
-                  float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dv, float* __restrict__ part) {
+// MODE: BWD_PART (the part rows above), BWD_ATOMIC (dk/dv atomics) or BWD_PART_HB2: head blocks
+// 2h and 2h+1 of a (query, kv head) share one part row ((tl * Hkv + g) * ceil(nhb / 2) + h) * U +
+// slot, in a fixed order: block 2h stores its tile's rows and raises flags[1 + pair] to the tile
+// count; block 2h+1 waits for that, then stores (2h's value + its own). Blocks take their work in
+// launch order from the counter flags[0] (2h+1 waits only on a block that started before it), so
+// the pair runs side by side and 2h's rows are still in L2 when 2h+1 reads them: half the part
+// rows to write (and to read in the reduction) of BWD_PART, and no atomics.
+enum { BWD_PART = 0, BWD_ATOMIC = 1, BWD_PART_HB2 = 2 };
+
+template <int MT, int NK, int DQK, int DV, bool SHARED, int MODE>
+__device__ __forceinline__ void
+attend_bwd_body(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long long k_stride,
+                const bf16_t* __restrict__ v, long long v_stride, const int* __restrict__ idx, int U, int n, int t0,
+                long long L, int Hq, int Hkv, int hb_heads, float scale, float scale_log2,
+                const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+                float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dv, float* __restrict__ part,
+                int* __restrict__ flags) {
     using S = Shape<MT, NK, DQK, DV, 1, SHARED>;
     extern __shared__ __align__(16) unsigned char smem[];
-    const int tl = blockIdx.x, t = t0 + tl;
     const int G = Hq / Hkv;
     const int nhb = (G + hb_heads - 1) / hb_heads;
-    const int g = blockIdx.y / nhb, hb = blockIdx.y - g * nhb;
+    int tl = blockIdx.x, by = blockIdx.y;
+    if (MODE == BWD_PART_HB2) {                                // work in launch order (see above)
+        __shared__ int sid;
+        if (threadIdx.x == 0) sid = atomicAdd(flags, 1);
+        __syncthreads();
+        tl = sid / (Hkv * nhb);
+        by = sid - tl * (Hkv * nhb);
+    }
+    const int t = t0 + tl;
+    const int g = by / nhb, hb = by - g * nhb;
+    const int nrow = (nhb + 1) >> 1;
+    const bool lead = MODE == BWD_PART_HB2 && (hb & 1) == 0 && hb + 1 < nhb;   // raises the flag
+    const bool follow = MODE == BWD_PART_HB2 && (hb & 1) == 1;                 // waits, adds
+    int* const flag = MODE == BWD_PART_HB2 ? flags + 1 + ((long long)tl * Hkv + g) * nrow + (hb >> 1) : nullptr;
     const RowMap rm{hb_heads, G, hb, t, n, 1};
     constexpr int W = DQK + (SHARED ? 0 : DV);
 
@@ -376,6 +449,8 @@ hytopk_attend_bwd(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, lo
             *reinterpret_cast<u32*>(pbase + S::P_BYTES + (r0 * S::PS + col) * 2) = pack_bf16(ds[0], ds[1]);
             *reinterpret_cast<u32*>(pbase + S::P_BYTES + (r1 * S::PS + col) * 2) = pack_bf16(ds[2], ds[3]);
         }
+        if (follow && threadIdx.x == 0)                        // the lead's rows of this tile are in
+            while (ld_acquire(flag) < it + 1) __nanosleep(32);
         __syncthreads();                                       // P and dS of every warp in shared memory
 
         // dQ += dS . K (this warp's column tiles), key-tile order
@@ -426,16 +501,30 @@ hytopk_attend_bwd(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, lo
                 if (mul[jj] <= 0.0f) continue;                 // masked slot (or past U)
                 const long long s = __ldg(lst + slot);
                 const int col = nc * 8 + tig * 2;
-                if (ATOMIC) {
+                if (MODE == BWD_ATOMIC) {
                     float* dst = (SHARED || kpart) ? dk + (s * Hkv + g) * DQK + col
                                                    : dv + (s * Hkv + g) * DV + (col - DQK);
                     atomicAdd(dst, acc[2 * h]);
                     atomicAdd(dst + 1, acc[2 * h + 1]);
+                } else if (MODE == BWD_PART_HB2) {
+                    const long long row = (((long long)tl * Hkv + g) * nrow + (hb >> 1)) * U + slot;
+                    float2* dst = reinterpret_cast<float2*>(part + row * W + col);
+                    float2 x = make_float2(acc[2 * h], acc[2 * h + 1]);
+                    if (follow) {                               // the lead's value first: a fixed order
+                        const float2 p0 = __ldcg(dst);
+                        x = make_float2(p0.x + x.x, p0.y + x.y);
+                    }
+                    *dst = x;
                 } else {
                     const long long row = (((long long)tl * Hkv + g) * nhb + hb) * U + slot;
                     *reinterpret_cast<float2*>(part + row * W + col) = make_float2(acc[2 * h], acc[2 * h + 1]);
                 }
             }
+        }
+        if (lead) {                                            // this tile's rows visible, then the flag
+            __threadfence();
+            __syncthreads();
+            if (threadIdx.x == 0) st_release(flag, it + 1);
         }
     }
     cp_async_wait<0>();
@@ -451,6 +540,33 @@ hytopk_attend_bwd(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, lo
                 *reinterpret_cast<float2*>(dq + row * DQK + qt * 8 + tig * 2) = make_float2(dqa[i][2 * h], dqa[i][2 * h + 1]);
         }
     }
+}
+
+template <int MT, int NK, int DQK, int DV, bool SHARED, bool ATOMIC>
+__global__ void __launch_bounds__(256, 1)
+hytopk_attend_bwd(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long long k_stride,
+                  const bf16_t* __restrict__ v, long long v_stride, const int* __restrict__ idx, int U, int n, int t0,
+                  long long L, int Hq, int Hkv, int hb_heads, float scale, float scale_log2,
+                  const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+                  float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dv, float* __restrict__ part) {
+    attend_bwd_body<MT, NK, DQK, DV, SHARED, ATOMIC ? BWD_ATOMIC : BWD_PART>
+        (q, k, k_stride, v, v_stride, idx, U, n, t0, L, Hq, Hkv, hb_heads, scale, scale_log2, dout, lse, delta, dq, dk,
+         dv, part, nullptr);
+}
+
+// The deterministic backward with head-block pairs sharing part rows (BWD_PART_HB2): a 1-D grid of
+// (queries of the chunk) x Hkv x nhb blocks; flags [1 + chunk * Hkv * ceil(nhb / 2)] zeroed.
+template <int MT, int NK, int DQK, int DV, bool SHARED>
+__global__ void __launch_bounds__(256, 1)
+hytopk_attend_bwd_hb2(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long long k_stride,
+                      const bf16_t* __restrict__ v, long long v_stride, const int* __restrict__ idx, int U, int n,
+                      int t0, long long L, int Hq, int Hkv, int hb_heads, float scale, float scale_log2,
+                      const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+                      float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dv, float* __restrict__ part,
+                      int* __restrict__ flags) {
+    attend_bwd_body<MT, NK, DQK, DV, SHARED, BWD_PART_HB2>
+        (q, k, k_stride, v, v_stride, idx, U, n, t0, L, Hq, Hkv, hb_heads, scale, scale_log2, dout, lse, delta, dq, dk,
+         dv, part, flags);
 }
 
 // Deterministic key reduction: segment i (entries order[starts[i] .. starts[i+1]) of one key row
@@ -470,6 +586,58 @@ hytopk_attend_dkv_reduce(const float* __restrict__ part, int W, int DQK, int DV,
         for (long long e = a; e < b; ++e) acc += part[order[e] * W + col];
         *dst = acc;
     }
+}
+
+// hytopk_attend_dkv_reduce's sums (per column the same order: the same bits), one warp per
+// segment: lane l takes the float4 column chunks l, l + 32, ... (W <= 128 RC, W % 4 == 0); the
+// segment's entry ids come 32 at a time (one per lane, broadcast by shuffles) and two entries'
+// rows are loaded (streaming: part is read once) before their adds, in order.
+template <bool SHARED, int RC>
+__global__ void __launch_bounds__(256)
+hytopk_attend_dkv_reduce_warp(const float* __restrict__ part, int W, int DQK, int DV,
+                              const long long* __restrict__ order, const long long* __restrict__ starts,
+                              const long long* __restrict__ dst_row, int nseg, float* __restrict__ dk,
+                              float* __restrict__ dv) {
+    const int sgm = (int)blockIdx.x * 8 + (int)(threadIdx.x >> 5);
+    if (sgm >= nseg) return;
+    const int lane = (int)lane_id(), W4 = W >> 2;
+    const long long a = starts[sgm], b = starts[sgm + 1], r = dst_row[sgm];
+    auto dst = [&](int c) {                                    // this lane's c-th float4 of the key row
+        const int col = 4 * (lane + 32 * c);
+        return reinterpret_cast<float4*>(SHARED || col < DQK ? dk + r * DQK + col : dv + r * DV + (col - DQK));
+    };
+    auto add = [](float4& s, const float4& x) { s.x += x.x; s.y += x.y; s.z += x.z; s.w += x.w; };
+    float4 acc[RC];
+#pragma unroll
+    for (int c = 0; c < RC; ++c) acc[c] = lane + 32 * c < W4 ? *dst(c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (long long e0 = a; e0 < b; e0 += 32) {
+        const int m = (int)min(32LL, b - e0);
+        const long long mine = lane < m ? order[e0 + lane] : 0;
+        for (int j = 0; j < m; j += 2) {
+            const long long e1 = __shfl_sync(0xffffffffu, mine, j);
+            const long long e2 = __shfl_sync(0xffffffffu, mine, min(j + 1, m - 1));
+            const float4* s1 = reinterpret_cast<const float4*>(part + e1 * W);
+            const float4* s2 = reinterpret_cast<const float4*>(part + e2 * W);
+            float4 x1[RC], x2[RC];
+#pragma unroll
+            for (int c = 0; c < RC; ++c) {
+                if (lane + 32 * c < W4) {
+                    x1[c] = __ldcs(s1 + lane + 32 * c);
+                    x2[c] = __ldcs(s2 + lane + 32 * c);
+                }
+            }
+#pragma unroll
+            for (int c = 0; c < RC; ++c) {
+                if (lane + 32 * c < W4) {
+                    add(acc[c], x1[c]);
+                    if (j + 1 < m) add(acc[c], x2[c]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < RC; ++c)
+        if (lane + 32 * c < W4) *dst(c) = acc[c];
 }
 
 // The key list two adjacent queries share (reference.attention.pair_union, the `pair` variants'
@@ -548,4 +716,127 @@ hytopk_attend_pair_union(const int* __restrict__ idx, int n, int kk, long long L
         mult[2 * (row + j) + 1] = 0;
     }
     if (threadIdx.x == 0) count[p] = total;
+}
+
+// hytopk_attend_pair_union's output, sorted in registers: thread t holds entries t*R .. t*R+R-1 of the
+// N = 256 R (<= 4096) packed entries; the bitonic network's strides < R are register swaps, < 32 R
+// warp shuffles, and only the strides >= 32 R (6 of the 78 stages at N = 4096) go through shared
+// memory (padded one word per 32: conflict-free for R <= 16). Any correct sort gives the same
+// sorted array, so the output is identical to hytopk_attend_pair_union's.
+template <int R>
+__global__ void __launch_bounds__(256, 3)     // 3 blocks per SM: 80 registers at R = 16, no spills
+hytopk_attend_pair_union_reg(const int* __restrict__ idx, int n, int kk, long long L, int* __restrict__ uidx,
+                             int* __restrict__ mult, int* __restrict__ count) {
+    static_assert(R == 1 || R == 2 || R == 4 || R == 8 || R == 16, "pair_union_reg: R a power of two <= 16");
+    constexpr int N = 256 * R, LOGN = (R == 1 ? 8 : R == 2 ? 9 : R == 4 ? 10 : R == 8 ? 11 : 12);
+    constexpr u32 NONE = 0xffffffffu;
+    __shared__ u32 key[N + N / 32];
+    __shared__ int wsum[8];
+#define PU_AT(i) ((i) + ((i) >> 5))
+    const int p = blockIdx.x, U = 2 * kk, tid = (int)threadIdx.x, i0 = tid * R;
+    const int lane = (int)lane_id(), w = tid >> 5;
+    u32 x[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int i = i0 + r;
+        u32 kv = NONE;
+        if (i < U) {
+            const int tag = i >= kk ? 1 : 0;
+            const int t = 2 * p + tag;
+            if (t < n) {
+                const long long s = __ldg(idx + (long long)t * kk + (i - tag * kk));
+                if (s >= 0 && s < L) kv = ((u32)s << 1) | (u32)tag;
+            }
+        }
+        x[r] = kv;
+    }
+#pragma unroll
+    for (int ls = 1; ls <= LOGN; ++ls) {
+        const int size = 1 << ls;
+#pragma unroll
+        for (int lt = ls - 1; lt >= 0; --lt) {
+            const int stride = 1 << lt;
+            if (stride < R) {                                   // both entries in this thread
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    if (r & stride) continue;
+                    // (i0 + r) & size: r's bit below R (compile time), i0's from R up (one per thread)
+                    const bool up = size < R ? (r & size) == 0 : (i0 & size) == 0;
+                    const u32 a = x[r], b = x[r | stride];
+                    x[r] = up ? min(a, b) : max(a, b);
+                    x[r | stride] = up ? max(a, b) : min(a, b);
+                }
+            } else if (stride < 32 * R) {                       // partner lane
+                const int lm = stride / R;
+                const bool keep_min = ((lane & lm) == 0) == ((i0 & size) == 0);   // size > R: one per thread
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    const u32 y = __shfl_xor_sync(0xffffffffu, x[r], lm);
+                    x[r] = keep_min ? min(x[r], y) : max(x[r], y);
+                }
+            } else {                                            // partner warp: through shared memory
+                __syncthreads();                                // earlier readers are done
+#pragma unroll
+                for (int r = 0; r < R; ++r) key[PU_AT(i0 + r)] = x[r];
+                __syncthreads();
+                const bool keep_min = ((i0 & stride) == 0) == ((i0 & size) == 0);   // stride >= 32 R > r
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    const u32 y = key[PU_AT((i0 + r) ^ stride)];
+                    x[r] = keep_min ? min(x[r], y) : max(x[r], y);
+                }
+            }
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; ++r) key[PU_AT(i0 + r)] = x[r];
+    __syncthreads();
+    // one run of equal positions per union slot: heads counted per thread, block-scanned
+    int c = 0;
+    u32 prev = tid == 0 ? NONE : key[PU_AT(i0 - 1)];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        c += (x[r] != NONE && (prev == NONE || (x[r] >> 1) != (prev >> 1))) ? 1 : 0;
+        prev = x[r];
+    }
+    int incl = c;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
+    }
+    if (lane == 31) wsum[w] = incl;
+    __syncthreads();
+    int slot = incl - c, total = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        slot += j < w ? wsum[j] : 0;
+        total += wsum[j];
+    }
+    const long long row = (long long)p * U;
+    prev = tid == 0 ? NONE : key[PU_AT(i0 - 1)];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const u32 cur = x[r];
+        const bool head = cur != NONE && (prev == NONE || (cur >> 1) != (prev >> 1));
+        prev = cur;
+        if (!head) continue;
+        const u32 pos = cur >> 1;
+        int c0 = 0, c1 = 0;                                     // the run: query 0's entries first
+        for (int j = i0 + r; j < N; ++j) {
+            const u32 e = key[PU_AT(j)];
+            if (e == NONE || (e >> 1) != pos) break;
+            (e & 1u) ? ++c1 : ++c0;
+        }
+        uidx[row + slot] = (int)pos;
+        *reinterpret_cast<int2*>(mult + 2 * (row + slot)) = make_int2(c0, c1);
+        ++slot;
+    }
+    for (int j = total + tid; j < U; j += 256) {
+        uidx[row + j] = -1;
+        *reinterpret_cast<int2*>(mult + 2 * (row + j)) = make_int2(0, 0);
+    }
+    if (tid == 0) count[p] = total;
+#undef PU_AT
 }

@@ -104,6 +104,16 @@ __device__ __forceinline__ u32 at_lane_off(int stride) {
     return (u32)(((lr + (lm >> 1) * 8) * stride + (lm & 1) * 8) * 2);
 }
 
+// gpu-scope acquire load / release store of a flag (the backward's head-block pairs)
+__device__ __forceinline__ int ld_acquire(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_release(int* p, int v) {
+    asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
 __device__ __forceinline__ float quad_max(float x) {
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
     return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
@@ -116,28 +126,40 @@ __device__ __forceinline__ float quad_sum(float x) {      // same bits in all fo
 // Gather one tile of NK keys (list slots j0 .. j0+NK-1 of `list`, length len) into shared memory:
 // K rows (and V rows unless SHARED), and the slot multiplicity per query of the block (0 = masked:
 // padding -1, an index outside [0, L), a slot past len, or a key this query did not select).
+// The list entries of all this thread's copies are loaded first: the cp.async asm (a memory
+// clobber) keeps each load behind the previous copy otherwise, one load latency per 16 bytes
+// (the top stall of the forward in ncu); then the next tile's list (and mult) lines are
+// prefetched into L1, so the next call's loads hit.
+template <class S, int D, int STRIDE>
+__device__ __forceinline__ void gather_rows(u32 dst, const int* __restrict__ list, int j0, int len, long long L,
+                                            const bf16_t* __restrict__ src, long long ss) {
+    constexpr int C = D / 8, TOTAL = S::NK * C, ITERS = (TOTAL + S::THREADS - 1) / S::THREADS;
+    int key[ITERS];
+#pragma unroll
+    for (int u = 0; u < ITERS; ++u) {
+        const int i = (int)threadIdx.x + u * S::THREADS;
+        const int j = j0 + i / C;
+        key[u] = (i < TOTAL && j < len) ? __ldg(list + j) : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < ITERS; ++u) {
+        const int i = (int)threadIdx.x + u * S::THREADS;
+        if (TOTAL % S::THREADS == 0 || i < TOTAL) {
+            const int jj = i / C, c = i - jj * C;
+            const long long s = key[u];
+            const bool ok = s >= 0 && s < L;
+            cp_async16(dst + (u32)((jj * STRIDE + c * 8) * 2), src + (ok ? s * ss + c * 8 : 0), ok);
+        }
+    }
+}
+
 template <class S>
 __device__ __forceinline__ void gather_tile(u32 sk, u32 sv, float* smul, const int* __restrict__ list,
                                             const int* __restrict__ mult, int j0, int len, long long L,
                                             const bf16_t* __restrict__ k, long long ks, const bf16_t* __restrict__ v,
                                             long long vs) {
-    constexpr int KC = S::DQK / 8, VC = S::DV / 8;
-    for (int i = threadIdx.x; i < S::NK * KC; i += S::THREADS) {
-        const int jj = i / KC, c = i - jj * KC;
-        const int j = j0 + jj;
-        const long long s = j < len ? (long long)__ldg(list + j) : -1;
-        const bool ok = s >= 0 && s < L;
-        cp_async16(sk + (u32)((jj * S::QS + c * 8) * 2), k + (ok ? s * ks + c * 8 : 0), ok);
-    }
-    if (!S::SHARED) {
-        for (int i = threadIdx.x; i < S::NK * VC; i += S::THREADS) {
-            const int jj = i / VC, c = i - jj * VC;
-            const int j = j0 + jj;
-            const long long s = j < len ? (long long)__ldg(list + j) : -1;
-            const bool ok = s >= 0 && s < L;
-            cp_async16(sv + (u32)((jj * S::VS + c * 8) * 2), v + (ok ? s * vs + c * 8 : 0), ok);
-        }
-    }
+    gather_rows<S, S::DQK, S::QS>(sk, list, j0, len, L, k, ks);
+    if (!S::SHARED) gather_rows<S, S::DV, S::VS>(sv, list, j0, len, L, v, vs);
     for (int jj = threadIdx.x; jj < S::NK; jj += S::THREADS) {
         const int j = j0 + jj;
         const long long s = j < len ? (long long)__ldg(list + j) : -1;
@@ -145,6 +167,15 @@ __device__ __forceinline__ void gather_tile(u32 sk, u32 sv, float* smul, const i
 #pragma unroll
         for (int i = 0; i < S::QPT; ++i)
             smul[jj * S::QPT + i] = !ok ? 0.0f : (mult ? (float)__ldg(mult + 2 * (long long)j + i) : 1.0f);
+    }
+    // next tile's list: NK ints (and 2 NK mult ints), one 128-byte line per thread
+    constexpr int LLINES = S::NK / 32, MLINES = S::QPT == 2 ? S::NK / 16 : 0;
+    const int tid = (int)threadIdx.x, jn = j0 + S::NK;
+    if (tid < LLINES) {
+        if (jn + tid * 32 < len) asm volatile("prefetch.global.L1 [%0];" ::"l"(list + jn + tid * 32));
+    } else if (mult && tid < LLINES + MLINES) {
+        const int m = tid - LLINES;
+        if (jn + m * 16 < len) asm volatile("prefetch.global.L1 [%0];" ::"l"(mult + 2 * (long long)(jn + m * 16)));
     }
 }
 

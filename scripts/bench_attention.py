@@ -4,9 +4,10 @@
             2 n H k (d_qk + d_v) / t over the bf16 GEMM rate of the same run (`one`, `pair`, and
             `wgmma`: attend_wgmma.cu, sm_90a)
   heads     8 and 16 heads per query: `pair` (two adjacent queries per block over the union of
-            their selections; the union build timed apart too) vs `one`
-  backward  deterministic and atomic, effective TFLOP/s 2 n H k (3 d_qk + 2 d_v) / t (the logits
-            are recomputed), and its ratio to the forward rate
+            their selections; the union build timed apart too, both union kernels) vs `one`, and
+            their _acc2 kernels (two logit accumulators), pair_nk64 (64-key tiles at 16 heads)
+  backward  deterministic, atomic and deterministic_v2, effective TFLOP/s 2 n H k (3 d_qk + 2 d_v) / t
+            (the logits are recomputed), and its ratio to the forward rate
   baseline  dsa.py's gather + einsum vs torch.ops.hytopk.sparse_attention, forward + backward, time
             and peak memory (MHA layout of the DSA layer and the MLA layout, where the gather fits)
   step      the DSA sparse stage at dsv32-128k-like sizes with selection replay: select once, then
@@ -99,12 +100,13 @@ def max_error(q, kk, vv, idx, out):
 
 
 def _forward_fn(name, q, kk, vv, idx):
-    """The forward of variant `name` (bf16 out): one / pair (attend.cu) or wgmma (attend_wgmma.cu)."""
+    """The forward of variant `name` (bf16 out): one / pair and their _acc2 / pair_nk64 kernels
+    (attend.cu) or wgmma (attend_wgmma.cu)."""
     if name == "wgmma":
         from workbench.families.cupy import attend_wgmma as AW
         return lambda: AW.attend_forward_wgmma(q, kk, vv, idx, None)
-    qpt = 1 if name == "one" else 2
-    return lambda: CA.attend_forward(q, kk, vv, idx, None, qpt=qpt)
+    kw = dict(qpt=1 if name.startswith("one") else 2, acc=2 if name.endswith("_acc2") else 1, wide="nk64" in name)
+    return lambda: CA.attend_forward(q, kk, vv, idx, None, **kw)
 
 
 def forward_rows(n, H, L, k, gemm, variants=("one", "pair")):
@@ -131,6 +133,11 @@ def forward_rows(n, H, L, k, gemm, variants=("one", "pair")):
         import cupy as cp
         ic = cp.from_dlpack(idx)
         rows["pair_union_only"] = timed(lambda: CA.pair_union(ic, L))
+        rows["pair_union_smem_only"] = timed(lambda: CA.pair_union(ic, L, kernel="smem"))   # the first kernel
+        for a, b in (("pair_acc2", "one"), ("pair_acc2", "one_acc2"), ("pair_nk64", "one")):
+            if "median_ms" in rows.get(a, {}) and "median_ms" in rows.get(b, {}):
+                rows[f"{a}_vs_{b}"] = rows[b]["median_ms"] / rows[a]["median_ms"]
+                print(f"  {a} vs {b}: {rows[f'{a}_vs_{b}']:.2f}x", flush=True)
         if "median_ms" in rows.get("one", {}):
             rows["pair_vs_one"] = rows["one"]["median_ms"] / rows["pair"]["median_ms"]
             print(f"  pair vs one: {rows['pair_vs_one']:.2f}x (union build {rows['pair_union_only']['median_ms']:.3f} ms"
@@ -144,9 +151,9 @@ def backward_rows(n, H, L, k, fwd_rate):
     out, lse = CA.attend_forward(q, kk, vv, idx, None)
     dout = torch.randn(n, H, 512, device="cuda").bfloat16()
     rows = {}
-    for det in (True, False):
-        t = timed(lambda: CA.attend_backward(dout, q, kk, vv, idx, out, lse, None, deterministic=det), reps=3)
-        name = "deterministic" if det else "atomic"
+    for name, kw in (("deterministic", dict(deterministic=True)), ("atomic", dict(deterministic=False)),
+                     ("deterministic_v2", dict(deterministic=True, version=2))):
+        t = timed(lambda: CA.attend_backward(dout, q, kk, vv, idx, out, lse, None, **kw), reps=3)
         r = rate(bwd_flops(n, H, k), t)
         rows[name] = dict(t, tflops=r, vs_forward=r / fwd_rate if fwd_rate else None)
         vs = rows[name]["vs_forward"]
@@ -245,7 +252,8 @@ def main(argv=None):
     print(f"GPU {props.name}  bf16 GEMM {gemm:.0f} TFLOP/s", flush=True)
     sections = [
         ("forward", lambda: forward_rows(n, 128, L, k, gemm, ("one", "pair", "wgmma"))),
-        ("heads", lambda: {str(H): forward_rows(n, H, L, k, gemm) for H in (8, 16)}),
+        ("heads", lambda: {str(H): forward_rows(n, H, L, k, gemm, ("one", "pair", "one_acc2", "pair_acc2",
+                                                                   "pair_nk64")) for H in (8, 16)}),
         ("backward", lambda: backward_rows(n, 128, L, k, res.get("forward", {}).get("one", {}).get("tflops"))),
         ("baseline", lambda: {"mha": baseline_rows(256 if args.quick else 1024, 16, 128, 16384, k, mla=False),
                               "mla": baseline_rows(64 if args.quick else 256, 16, 576, 16384, k, mla=True)}),

@@ -64,12 +64,14 @@ SHAPES = [  # (mla, Hq, Hkv, Dqk, Dv)
 ]
 IDS = ["mla128", "mla64", "mla16", "mla8", "gqa8x4", "gqa8x2_d64", "gqa_pad"]
 QPT = [1, 2]
+FWD_KW = {"base": {}, "acc2": dict(acc=2), "wide": dict(wide=True)}   # hytopk_attend_fwd, _acc2, 64-key tiles
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=IDS)
 @pytest.mark.parametrize("qpt", QPT)
+@pytest.mark.parametrize("fk", list(FWD_KW))
 @pytest.mark.parametrize("kind", ["random", "dups", "shared", "disjoint", "empty"])
-def test_exact_hot_cold_logits_bit_for_bit(CA, shape, qpt, kind):
+def test_exact_hot_cold_logits_bit_for_bit(CA, shape, qpt, fk, kind):
     """Keys are hot (logit 0) or cold (logit -256 * scale / ln 2 < -149: exp2 gives exactly 0) per
     (query, head); out = the exact mean of the hot keys' small-integer values (all keys when none is hot)."""
     mla, Hq, Hkv, Dqk, Dv = shape
@@ -90,7 +92,7 @@ def test_exact_hot_cold_logits_bit_for_bit(CA, shape, qpt, kind):
     q[:, :, 0] = np.where(rng.random((n, Hq)) < 0.8, 2.0, 0.0)   # q = 0: every key ties (uniform)
     qd, qh = bf16(q)
     idx = make_idx(rng, n, L, kk, kind)
-    out, lse = CA.attend_forward(qd, k, v, cp.asarray(idx), 1.0, qpt=qpt, out_dtype="float32")
+    out, lse = CA.attend_forward(qd, k, v, cp.asarray(idx), 1.0, qpt=qpt, out_dtype="float32", **FWD_KW[fk])
     out = cp.asnumpy(out)
     want = np.zeros((n, Hq, Dv), np.float32)
     for t in range(n):
@@ -110,28 +112,30 @@ def test_exact_hot_cold_logits_bit_for_bit(CA, shape, qpt, kind):
 
 @pytest.mark.parametrize("shape", SHAPES, ids=IDS)
 @pytest.mark.parametrize("qpt", QPT)
+@pytest.mark.parametrize("fk", list(FWD_KW))
 @pytest.mark.parametrize("kind", ["random", "dups", "shared", "disjoint", "empty", "pad_only"])
-def test_random_inputs_match_reference(CA, shape, qpt, kind):
+def test_random_inputs_match_reference(CA, shape, qpt, fk, kind):
     mla, Hq, Hkv, Dqk, Dv = shape
     rng = np.random.default_rng(seed(shape, qpt, kind, 1))
     n, L, kk = 7, 700, 300                                   # odd n: the last pair has one query
     k, v, kh, vh = layout(mla, L, Hkv, Dqk, Dv, rng)
     qd, qh = bf16(rng.standard_normal((n, Hq, Dqk)))
     idx = make_idx(rng, n, L, kk, kind)
-    out, lse = CA.attend_forward(qd, k, v, cp.asarray(idx), None, qpt=qpt, out_dtype="float32")
+    out, lse = CA.attend_forward(qd, k, v, cp.asarray(idx), None, qpt=qpt, out_dtype="float32", **FWD_KW[fk])
     ro, rl = RA.attend(qh, kh, vh, idx)
     np.testing.assert_allclose(cp.asnumpy(out), ro, rtol=2e-2, atol=2e-2)
     np.testing.assert_allclose(cp.asnumpy(lse), rl, rtol=1e-4, atol=1e-3)
 
 
 @pytest.mark.parametrize("qpt", QPT)
-def test_large_logits_and_k_2048(CA, qpt):
+@pytest.mark.parametrize("fk", list(FWD_KW))
+def test_large_logits_and_k_2048(CA, qpt, fk):
     rng = np.random.default_rng(5)
     n, L, kk, Hq = 4, 5000, 2048, 16
     k, v, kh, vh = layout(True, L, 1, 576, 512, rng)
     qd, qh = bf16(rng.standard_normal((n, Hq, 576)) * 8.0)     # logits ~ +-200: one-hot-ish softmax
     idx = make_idx(rng, n, L, kk, "shared")
-    out, lse = CA.attend_forward(qd, k, v, cp.asarray(idx), None, qpt=qpt, out_dtype="float32")
+    out, lse = CA.attend_forward(qd, k, v, cp.asarray(idx), None, qpt=qpt, out_dtype="float32", **FWD_KW[fk])
     ro, rl = RA.attend(qh, kh, vh, idx)
     assert np.all(np.isfinite(cp.asnumpy(out)))
     np.testing.assert_allclose(cp.asnumpy(out), ro, rtol=3e-2, atol=3e-2)
@@ -162,19 +166,26 @@ def _rel_close(got, want, tol=3e-2):
     assert err <= tol * scale, f"max error {err:.3g} > {tol} x {scale:.3g}"
 
 
-@pytest.mark.parametrize("shape", BWD_SHAPES, ids=BWD_IDS)
-@pytest.mark.parametrize("deterministic", [True, False])
-@pytest.mark.parametrize("kind", ["shared", "dups", "empty"])
-def test_backward_matches_reference(CA, shape, deterministic, kind):
+BWD_MODES = {"det": dict(deterministic=True), "atomic": dict(deterministic=False),
+             "det_v2": dict(deterministic=True, version=2)}
+
+
+@pytest.mark.parametrize("shape", BWD_SHAPES + [(True, 136, 1, 576, 512), (False, 192, 2, 64, 64)],
+                         ids=BWD_IDS + ["mla136_3hb", "gqa96x2_partial_hb"])
+@pytest.mark.parametrize("mode", list(BWD_MODES))
+@pytest.mark.parametrize("kind", ["shared", "dups", "empty", "disjoint", "pad_only"])
+def test_backward_matches_reference(CA, shape, mode, kind):
+    """mla136: 3 head blocks (a pair and a lone one in version 2); gqa96x2: 2 head blocks (64 + 32 heads)."""
     mla, Hq, Hkv, Dqk, Dv = shape
+    deterministic = mode != "atomic"
     rng = np.random.default_rng(seed(shape, deterministic, kind))
-    n, L, kk = 6, 400, 150
+    n, L, kk = 7, 400, 150                                   # odd n
     k, v, kh, vh = layout(mla, L, Hkv, Dqk, Dv, rng)
     qd, qh = bf16(rng.standard_normal((n, Hq, Dqk)))
     dod, doh = bf16(rng.standard_normal((n, Hq, Dv)))
     idx = make_idx(rng, n, L, kk, kind)
     out, lse = CA.attend_forward(qd, k, v, cp.asarray(idx), None, out_dtype="float32")
-    dq, dk, dv = CA.attend_backward(dod, qd, k, v, cp.asarray(idx), out, lse, None, deterministic=deterministic)
+    dq, dk, dv = CA.attend_backward(dod, qd, k, v, cp.asarray(idx), out, lse, None, **BWD_MODES[mode])
     rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)
     _rel_close(cp.asnumpy(dq), rq)
     if mla:
@@ -188,9 +199,12 @@ def test_backward_matches_reference(CA, shape, deterministic, kind):
     assert np.all(cp.asnumpy(dq)[(idx < 0).all(1)] == 0)
 
 
-@pytest.mark.parametrize("shape", [(True, 16, 1, 576, 512), (False, 32, 4, 128, 128)], ids=["mla16", "gqa8x4"])
-def test_deterministic_backward_is_bitwise_reproducible(CA, shape):
-    """20 runs, identical bits; a small scratch (many query chunks) gives the same bits too."""
+@pytest.mark.parametrize("shape", [(True, 16, 1, 576, 512), (False, 32, 4, 128, 128), (True, 128, 1, 576, 512),
+                                   (False, 256, 2, 64, 64)], ids=["mla16", "gqa8x4", "mla128", "gqa128x2"])
+@pytest.mark.parametrize("version", [1, 2])
+def test_deterministic_backward_is_bitwise_reproducible(CA, shape, version):
+    """20 runs, identical bits; a small scratch (many query chunks) gives the same bits too
+    (mla128 / gqa128x2: two head blocks, which version 2 adds into one part row by atomics)."""
     mla, Hq, Hkv, Dqk, Dv = shape
     rng = np.random.default_rng(7)
     n, L, kk = 64, 512, 256                                  # adjacent queries share most keys: many collisions
@@ -199,14 +213,17 @@ def test_deterministic_backward_is_bitwise_reproducible(CA, shape):
     dod, _ = bf16(rng.standard_normal((n, Hq, Dv)))
     idx = cp.asarray(make_idx(rng, n, L, kk, "shared"))
     out, lse = CA.attend_forward(qd, k, v, idx, None)
-    runs = [CA.attend_backward(dod, qd, k, v, idx, out, lse, None, deterministic=True) for _ in range(20)]
+    runs = [CA.attend_backward(dod, qd, k, v, idx, out, lse, None, deterministic=True, version=version)
+            for _ in range(20)]
     first = [bits(x) for x in runs[0] if x is not None]
     for r in runs[1:]:
         for a, b in zip(first, [bits(x) for x in r if x is not None]):
             np.testing.assert_array_equal(a, b)
-    chunked = CA.attend_backward(dod, qd, k, v, idx, out, lse, None, deterministic=True, scratch_bytes=1)
-    for a, b in zip(first, [bits(x) for x in chunked if x is not None]):
-        np.testing.assert_array_equal(a, b)
+    for sb in (1, 7 << 20):                                  # one query per chunk; uneven chunks
+        chunked = CA.attend_backward(dod, qd, k, v, idx, out, lse, None, deterministic=True, scratch_bytes=sb,
+                                     version=version)
+        for a, b in zip(first, [bits(x) for x in chunked if x is not None]):
+            np.testing.assert_array_equal(a, b)
 
 
 # ------------------------------------------------------------------ arguments, torch
@@ -274,7 +291,8 @@ def _registered(stage):
     return [v.name for v in registry.variants(stage, "cupy")]
 
 
-@pytest.mark.parametrize("name", ["cupy.attend.one", "cupy.attend.pair"])
+@pytest.mark.parametrize("name", ["cupy.attend.one", "cupy.attend.pair", "cupy.attend.one_acc2",
+                                  "cupy.attend.pair_acc2", "cupy.attend.pair_nk64"])
 def test_registered_forward_variants(name):
     from workbench import registry
     assert name in _registered("attend")
@@ -288,7 +306,8 @@ def test_registered_forward_variants(name):
     np.testing.assert_allclose(cp.asnumpy(lse), rl, rtol=1e-4, atol=1e-3)
 
 
-@pytest.mark.parametrize("name", ["cupy.attend_backward.deterministic", "cupy.attend_backward.atomic"])
+@pytest.mark.parametrize("name", ["cupy.attend_backward.deterministic", "cupy.attend_backward.deterministic_v2",
+                                  "cupy.attend_backward.atomic"])
 def test_registered_backward_variants(name):
     from workbench import registry
     assert name in _registered("attend_backward")
@@ -303,12 +322,46 @@ def test_registered_backward_variants(name):
         _rel_close(cp.asnumpy(a), b)
 
 
+@pytest.mark.parametrize("kernel", ["reg", "smem"])
 @pytest.mark.parametrize("kind", ["random", "dups", "shared", "disjoint", "empty", "pad_only"])
-@pytest.mark.parametrize("n,kk", [(7, 100), (6, 2048), (1, 1), (4, 129)])
-def test_pair_union_kernel_equals_reference(CA, kind, n, kk):
+@pytest.mark.parametrize("n,kk", [(7, 100), (6, 2048), (1, 1), (4, 129), (5, 300), (3, 700), (9, 1500), (2, 2049)])
+def test_pair_union_kernel_equals_reference(CA, kernel, kind, n, kk):
+    """Both union kernels (2 kk = 2 .. 4098: 1 .. 16 entries per thread of the register sort, and
+    the shared-memory fallback past 4096) give the reference's arrays exactly."""
     rng = np.random.default_rng(seed(kind, n, kk))
     L = 5000
     idx = make_idx(rng, n, L, kk, kind)
-    got = CA.pair_union(cp.asarray(idx), L)
+    got = CA.pair_union(cp.asarray(idx), L, kernel=kernel)
     for a, b in zip(got, RA.pair_union(idx)):
         np.testing.assert_array_equal(cp.asnumpy(a), b)
+
+
+@pytest.mark.parametrize("kernel", ["reg", "smem"])
+@pytest.mark.parametrize("kk", [64, 1024, 2048])
+def test_pair_union_long_runs_and_large_positions(CA, kernel, kk):
+    """Runs of one position longer than a thread's (or a warp's) share of the sorted entries, and
+    positions up to 2^30 - 1 (the packing's limit); out-of-range / -1 slots are dropped."""
+    rng = np.random.default_rng(seed("runs", kernel, kk))
+    L = 1 << 30
+    idx = rng.choice(np.array([0, 7, L - 1, -1, 123456789], np.int64), (5, kk)).astype(np.int32)
+    idx[1, : kk // 2] = L - 1                                   # one position fills half a row
+    got = CA.pair_union(cp.asarray(idx), L, kernel=kernel)
+    for a, b in zip(got, RA.pair_union(idx)):
+        np.testing.assert_array_equal(cp.asnumpy(a), b)
+
+
+def test_backward_v2_one_head_block_equals_v1(CA):
+    """At one head block per kv head version 2 runs the same kernel and the same per-key order as
+    version 1 (only the reduction kernel differs): identical bits."""
+    rng = np.random.default_rng(11)
+    n, L, kk = 9, 300, 200
+    k, v, _, _ = layout(True, L, 1, 576, 512, rng)
+    qd, _ = bf16(rng.standard_normal((n, 16, 576)))
+    dod, _ = bf16(rng.standard_normal((n, 16, 512)))
+    idx = cp.asarray(make_idx(rng, n, L, kk, "dups"))
+    out, lse = CA.attend_forward(qd, k, v, idx, None)
+    a = CA.attend_backward(dod, qd, k, v, idx, out, lse, None, version=1)
+    b = CA.attend_backward(dod, qd, k, v, idx, out, lse, None, version=2)
+    for x, y in zip(a, b):
+        if x is not None:
+            np.testing.assert_array_equal(bits(x), bits(y))

@@ -54,7 +54,9 @@ KERNELS = {
                       ("hytopk_threshold_group128_lines_ws", "wgmma")),
     "wgmma_ws_threshold.cu": tuple((f"hytopk_threshold_v2{v}_ws", "wgmma") for v in ("", "s3", "_ns", "s3_ns")),
     "attend.cu": (("hytopk_attend_fwd", "attend"), ("hytopk_attend_bwd", "attend"), ("hytopk_attend_delta", "attend"), ("hytopk_attend_pair_union", "attend"),
-                  ("hytopk_attend_dkv_reduce", "attend")),
+                  ("hytopk_attend_dkv_reduce", "attend"), ("hytopk_attend_pair_union_reg", "attend"),
+                  ("hytopk_attend_bwd_hb2", "attend"), ("hytopk_attend_dkv_reduce_warp", "attend"),
+                  ("hytopk_attend_fwd_acc2", "attend")),
     "attend_wgmma.cu": (("hytopk_attend_fwd_wgmma", "attend_wgmma"),),
 }
 # files that need an arch-specific target (wgmma exists on sm_90a only): NVRTC options, nvcc -gencode
@@ -93,9 +95,10 @@ def attend_nk(mt: int) -> int:
 ATTEND_SMEM_LIMIT = 227 * 1024                  # opt-in shared memory per block on Hopper
 
 
-def attend_smem(mt, dqk, dv, qpt, shared, backward=False) -> int:
-    """Bytes of dynamic shared memory of an attend block: hytopk_attend.cuh Shape::FWD_SMEM / BWD_SMEM."""
-    nk, rows, nsplit = attend_nk(mt), 16 * mt, 8 // mt
+def attend_smem(mt, dqk, dv, qpt, shared, backward=False, nk=None) -> int:
+    """Bytes of dynamic shared memory of an attend block: hytopk_attend.cuh Shape::FWD_SMEM / BWD_SMEM
+    (nk: keys per tile, attend_nk(mt) unless given)."""
+    nk, rows, nsplit = nk or attend_nk(mt), 16 * mt, 8 // mt
     qs = dqk + 8
     kb = nk * qs * 2
     vb = 0 if shared else nk * (dv + 8) * 2
@@ -118,16 +121,46 @@ def attend_static_asserts() -> list[str]:
                     want = attend_smem(mt, dqk, dv, qpt, shared, bwd)
                     out.append(f'static_assert({S}::{field} == {want}, "instantiations.attend_smem drifted from '
                                f'hytopk_attend.cuh {field}");')
+        nk = attend_wide_nk(2, dqk, dv, 2, shared)                 # the _nk64 variants' shape
+        S = f"hytopk::attend::Shape<2, {nk}, {dqk}, {dv}, 2, {_b(shared)}>"
+        out.append(f'static_assert({S}::FWD_SMEM == {attend_smem(2, dqk, dv, 2, shared, nk=nk)}, '
+                   f'"instantiations.attend_smem drifted from hytopk_attend.cuh FWD_SMEM");')
     return out
 
 
-def attend_fwd_name(mt, dqk, dv, qpt, shared, out_bf16) -> str:
-    return (f"hytopk_attend_fwd<{int(mt)}, {attend_nk(mt)}, {int(dqk)}, {int(dv)}, {int(qpt)}, "
+def attend_fwd_name(mt, dqk, dv, qpt, shared, out_bf16, nk=None) -> str:
+    return (f"hytopk_attend_fwd<{int(mt)}, {int(nk or attend_nk(mt))}, {int(dqk)}, {int(dv)}, {int(qpt)}, "
             f"{_b(shared)}, {_b(out_bf16)}>")
+
+
+def attend_fwd_acc2_name(mt, dqk, dv, qpt, shared, out_bf16, nk=None) -> str:
+    """hytopk_attend_fwd_acc2: two logit accumulators (d_qk a multiple of 32)."""
+    return attend_fwd_name(mt, dqk, dv, qpt, shared, out_bf16, nk).replace("hytopk_attend_fwd<",
+                                                                           "hytopk_attend_fwd_acc2<")
+
+
+def attend_wide_nk(mt, dqk, dv, qpt, shared):
+    """The `_nk64` variants' key tile: 64 keys where that fits in shared memory (32 rows of MLA: two
+    64-key stages, 189 KB), else attend_nk(mt)."""
+    return 64 if attend_smem(mt, dqk, dv, qpt, shared, nk=64) <= ATTEND_SMEM_LIMIT else attend_nk(mt)
 
 
 def attend_bwd_name(mt, dqk, dv, shared, atomic) -> str:
     return f"hytopk_attend_bwd<{int(mt)}, {attend_nk(mt)}, {int(dqk)}, {int(dv)}, {_b(shared)}, {_b(atomic)}>"
+
+
+def attend_bwd_hb2_name(mt, dqk, dv, shared) -> str:
+    return f"hytopk_attend_bwd_hb2<{int(mt)}, {attend_nk(mt)}, {int(dqk)}, {int(dv)}, {_b(shared)}>"
+
+
+ATTEND_REDUCE_RC = (1, 2, 3, 4, 5, 6, 8)        # float4 chunks per lane of hytopk_attend_dkv_reduce_warp
+
+
+def attend_reduce_warp_name(shared, W):
+    """hytopk_attend_dkv_reduce_warp for part rows of W floats, or None past 1024 columns."""
+    need = -(-(int(W) // 4) // 32)
+    rc = next((r for r in ATTEND_REDUCE_RC if r >= need), None)
+    return None if rc is None else f"hytopk_attend_dkv_reduce_warp<{_b(shared)}, {rc}>"
 
 
 # attend_wgmma.cu: MLA only (d_qk 576, d_v 512, shared kv), 64 heads per block, out bf16 or float32
@@ -151,6 +184,13 @@ def attend_names() -> tuple:
             out.append(attend_bwd_name(mt, dqk, dv, shared, False))
         out.append(attend_fwd_name(4, dqk, dv, 1, shared, False))
         out.append(attend_bwd_name(4, dqk, dv, shared, True))
+    out += [f"hytopk_attend_pair_union_reg<{r}>" for r in (1, 2, 4, 8, 16)]
+    for dqk, dv, shared in ATTEND_SHIPPED:
+        out += [attend_fwd_acc2_name(mt, dqk, dv, qpt, shared, True) for mt in (1, 4) for qpt in (1, 2)]
+        out += [attend_fwd_name(mt, dqk, dv, 2, shared, True, attend_wide_nk(mt, dqk, dv, 2, shared))
+                for mt in (2, 4) if attend_wide_nk(mt, dqk, dv, 2, shared) != attend_nk(mt)]
+        out += [attend_bwd_hb2_name(mt, dqk, dv, shared) for mt in (2, 4)]
+        out.append(attend_reduce_warp_name(shared, dqk if shared else dqk + dv))
     out += ["hytopk_attend_pair_union", "hytopk_attend_delta<true>", "hytopk_attend_delta<false>",
             "hytopk_attend_dkv_reduce<true>", "hytopk_attend_dkv_reduce<false>"]
     return tuple(out)

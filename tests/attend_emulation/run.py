@@ -51,6 +51,10 @@ class Fn:
         kern = self.name.split("<")[0]
         check(kern, args)
         tp = [x.strip() for x in self.name.split("<")[1].rstrip(">").split(",")] if "<" in self.name else []
+        if kern.startswith("hytopk_attend_fwd"):                 # the launch's shared memory = the Shape's
+            from workbench import instantiations as INST
+            MT, NK, DQK, DV, QPT = map(int, tp[:5])
+            assert shared_mem == INST.attend_smem(MT, DQK, DV, QPT, tp[5] == "true", nk=NK), (self.name, shared_mem)
         getattr(self, kern)(tp, grid, args)
     def hytopk_attend_fwd(self, tp, grid, a):
         MT, NK, DQK, DV, QPT = map(int, tp[:5]); SH = tp[5] == "true"; OB = tp[6] == "true"
@@ -86,13 +90,26 @@ class Fn:
         assert N >= 2 * kk and N >= 256 and N & (N - 1) == 0 and grid[0] == (n + 1) // 2
         u, m, c = RA.pair_union(np.where((idx >= 0) & (idx < L), idx, -1).astype(np.int32))
         uidx[:], mult[:], count[:] = u, m, c
+    def hytopk_attend_fwd_acc2(self, tp, grid, a):
+        self.hytopk_attend_fwd(tp, grid, a)
+    def hytopk_attend_pair_union_reg(self, tp, grid, a):
+        idx, n, kk, L, uidx, mult, count = a
+        R = int(tp[0])
+        assert R in (1, 2, 4, 8, 16) and 256 * R >= 2 * kk and (R == 1 or 128 * R < 2 * kk)
+        self.hytopk_attend_pair_union([], grid, (idx, n, kk, L, np.int32(256 * R), uidx, mult, count))
     def hytopk_attend_delta(self, tp, grid, a):
         do, o, rows, DV, delta = a
         ob = tp[0] == "true"
         of = f(o) if ob else np.asarray(o, float)
         delta[:] = (f(do).reshape(rows, DV) * of.reshape(rows, DV)).sum(1)
+    def hytopk_attend_bwd_hb2(self, tp, grid, a):
+        *a, flags = a
+        Hq, Hkv, hb = int(a[10]), int(a[11]), int(a[12]); nhb = -(-(Hq // Hkv) // hb)
+        assert grid[1] == 1 and grid[0] % (Hkv * nhb) == 0 and flags.size >= 1 + grid[0] // nhb * -(-nhb // 2)
+        assert not flags.any()                                 # zeroed: the work counter and the pair flags
+        self.hytopk_attend_bwd(tp + ["hb2"], (grid[0] // (Hkv * nhb), Hkv * nhb), a)
     def hytopk_attend_bwd(self, tp, grid, a):
-        MT, NK, DQK, DV = map(int, tp[:4]); SH = tp[4] == "true"; AT = tp[5] == "true"
+        MT, NK, DQK, DV = map(int, tp[:4]); SH = tp[4] == "true"; AT = tp[5] == "true"; HB2 = tp[5] == "hb2"
         q, k, ks, v, vs, idx, U, n, t0, L, Hq, Hkv, hb, scale, sl2, do, lse, delta, dq, dk, dv, part = a
         Kr = f(rows_of(k, int(ks), Hkv, DQK, int(L))); Vr = f(rows_of(k if SH else v, int(ks if SH else vs), Hkv, DV, int(L)))
         qf, dof = f(q), f(do); G = Hq // Hkv; nhb = -(-G // hb); W = DQK + (0 if SH else DV)
@@ -119,8 +136,15 @@ class Fn:
                     if AT:
                         dk.reshape(-1, DQK)[s * Hkv + g] += c[:DQK]
                         if not SH: dv.reshape(-1, DV)[s * Hkv + g] += c[DQK:]
+                    elif HB2:                                          # the odd head block adds the even one's
+                        r = ((tl * Hkv + g) * -(-nhb // 2) + hbi // 2) * U + j
+                        part[r] = part[r] + c if hbi % 2 else c
                     else:
                         part[((tl * Hkv + g) * nhb + hbi) * U + j] = c
+    def hytopk_attend_dkv_reduce_warp(self, tp, grid, a):
+        W, nseg = int(a[1]), int(a[7])
+        assert grid[0] == -(-nseg // 8) and 0 < W <= 128 * int(tp[1]) and W % 4 == 0
+        self.hytopk_attend_dkv_reduce(tp, (nseg,), a)
     def hytopk_attend_dkv_reduce(self, tp, grid, a):
         part, W, DQK, DV, order, starts, dst_row, nseg, dk, dv = a
         assert grid[0] == nseg
@@ -156,16 +180,17 @@ for (mla, Hq, Hkv, Dqk, Dv, n, L, kk, kind_) in [(True, 8, 1, 32, 16, 5, 40, 13,
         (k, kh), (v, vh) = bf(rng.standard_normal((L, Hkv, Dqk))), bf(rng.standard_normal((L, Hkv, Dv)))
     idx = make_idx(rng, n, L, kk, kind_)
     ro, rl = RA.attend(qh, kh, vh, idx)
-    for qpt in (1, 2):
+    for qpt, acc, wide in ((1, 1, False), (2, 1, False), (1, 2, False), (2, 2, False), (2, 1, True), (1, 1, True)):
         for od in ("float32", "bfloat16"):
-            out, lse = CA.attend_forward(qb, k, v, idx, None, qpt=qpt, out_dtype=od)
+            out, lse = CA.attend_forward(qb, k, v, idx, None, qpt=qpt, out_dtype=od, acc=acc, wide=wide)
             close(f(out) if od == "bfloat16" else out, ro, 1e-2 if od == "bfloat16" else 1e-5); close(lse, rl, 1e-5)
     dob, doh = bf(rng.standard_normal((n, Hq, Dv)))
     rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)
     out, lse = CA.attend_forward(qb, k, v, idx, None, out_dtype="float32")
-    for det in (True, False):
+    for det, ver in ((True, 1), (False, 1), (True, 2)):
         for sb in (None, 1):
-            dq, dk, dv = CA.attend_backward(dob, qb, k, v, idx, out, lse, None, deterministic=det, scratch_bytes=sb)
+            dq, dk, dv = CA.attend_backward(dob, qb, k, v, idx, out, lse, None, deterministic=det, scratch_bytes=sb,
+                                            version=ver)
             close(dq, rq, 1e-4)
             if mla and L: assert dv is None; close(dk[:, 0], RA.mla_dkv(rk, rv), 1e-4)
             elif mla: assert dk.shape[0] == 0

@@ -19,5 +19,6 @@ class cuda:
     class Device:
         compute_capability = "90"
         attributes = {"MaxSharedMemoryPerBlockOptin": 232448}
+        mem_info = (64 << 30, 141 << 30)
     class Event: pass
 bool_ = _np.bool_

@@ -4,9 +4,13 @@ Variants of the `attend` stage (signature in registry.ATTENTION_STAGES):
   cupy.attend.one   one query per block: its heads (of one kv head) are the MMA rows, padded to 16/32/64
   cupy.attend.pair  two adjacent queries per block over the union of their selections
                     (reference.attention.pair_union); each query masks the keys it did not select
+  cupy.attend.one_acc2 / pair_acc2  the same with two logit accumulators per n8 tile
+  cupy.attend.pair_nk64  `pair` with 64-key tiles where they fit (32 rows: 16 heads)
 and of `attend_backward`:
   cupy.attend_backward.deterministic  dK/dV per (query, slot) into a bounded scratch, summed per key
                                       in a fixed order (bitwise reproducible), query chunk by chunk
+  cupy.attend_backward.deterministic_v2  the same with head-block pairs sharing scratch rows (in a
+                                      fixed order) and a warp-per-key reduction (reproducible)
   cupy.attend_backward.atomic         dK/dV by float atomics (fast, not reproducible)
 
 Inputs: bf16 (uint16 bits, torch.bfloat16) or float32 (rounded to bf16 here). MLA's shared kv is
@@ -33,6 +37,7 @@ THREADS = 256
 SMEM_OPTIN = INST.ATTEND_SMEM_LIMIT
 NULL = np.uint64(0)              # a null pointer argument
 SCRATCH_BYTES = 1 << 30          # deterministic backward: the per-slot dK/dV scratch of one query chunk
+SCRATCH_BYTES_V2 = 4 << 30       # version 2's (fewer chunks: fewer sorts, launches and dK/dV passes)
 
 
 def _fn(name: str):
@@ -116,16 +121,20 @@ class Bound:
         rows = next(r for r in INST.ATTEND_ROWS if r >= need)
         return rows // 16, hb
 
-    def smem(self, mt, qpt, backward=False):
-        return INST.attend_smem(mt, self.DQK, self.DV, qpt, self.shared, backward)
+    def smem(self, mt, qpt, backward=False, nk=None):
+        return INST.attend_smem(mt, self.DQK, self.DV, qpt, self.shared, backward, nk)
 
 
 UNION_MAX_L = 1 << 30            # the union kernel packs (position << 1 | query) into 32 bits
+UNION_REG_MAX = 16 * THREADS     # hytopk_attend_pair_union_reg: at most 16 entries per thread
 
 
-def pair_union(idx, L):
-    """reference.attention.pair_union on the GPU: one block per pair sorts its 2 kk entries in shared
-    memory (hytopk_attend_pair_union); CuPy's sort where that does not fit (huge kk or L)."""
+def pair_union(idx, L, *, kernel="reg"):
+    """reference.attention.pair_union on the GPU, one block per pair: kernel 'reg' sorts the pair's
+    2 kk entries in registers (hytopk_attend_pair_union_reg, 2 kk <= 4096), 'smem' in shared memory
+    (hytopk_attend_pair_union, the first version; the same output); CuPy's sort where neither fits."""
+    if kernel not in ("reg", "smem"):
+        raise ValueError(f"argument 'kernel' must be 'reg' or 'smem', got {kernel!r}")
     n, kk = idx.shape
     P = (n + 1) // 2
     N = max(256, 1 << max(0, 2 * kk - 1).bit_length())
@@ -134,15 +143,25 @@ def pair_union(idx, L):
     uidx = cp.empty((P, 2 * kk), cp.int32)
     mult = cp.empty((P, 2 * kk, 2), cp.int32)
     count = cp.empty(P, cp.int32)
-    _launch(_fn("hytopk_attend_pair_union"), (P, 1),
-            (cp.ascontiguousarray(idx), np.int32(n), np.int32(kk), np.int64(L), np.int32(N), uidx, mult, count), 4 * N)
+    idx = cp.ascontiguousarray(idx)
+    if kernel == "reg" and N <= UNION_REG_MAX:
+        _launch(_fn(f"hytopk_attend_pair_union_reg<{N // THREADS}>"), (P, 1),
+                (idx, np.int32(n), np.int32(kk), np.int64(L), uidx, mult, count), 0)
+    else:
+        _launch(_fn("hytopk_attend_pair_union"), (P, 1),
+                (idx, np.int32(n), np.int32(kk), np.int64(L), np.int32(N), uidx, mult, count), 4 * N)
     return uidx, mult, count
 
 
-def attend_forward(q, k, v, idx, scale=None, *, qpt=1, out_dtype="bfloat16"):
-    """(out [n, Hq, d_v], lse float32 [n, Hq]) on the GPU; qpt 1 (`one`) or 2 (`pair`)."""
+def attend_forward(q, k, v, idx, scale=None, *, qpt=1, out_dtype="bfloat16", acc=1, wide=False):
+    """(out [n, Hq, d_v], lse float32 [n, Hq]) on the GPU; qpt 1 (`one`) or 2 (`pair`); acc 2: two
+    logit accumulators per n8 tile (hytopk_attend_fwd_acc2, padded d_qk a multiple of 32); wide:
+    64-key tiles where they fit (INST.attend_wide_nk: 32 rows, e.g. pair at 16 heads). acc 2 and
+    wide round differently from the defaults (other summation order / softmax tiles)."""
     if out_dtype not in ("bfloat16", "float32"):
         raise ValueError(f"argument 'out_dtype' must be 'bfloat16' or 'float32', got {out_dtype!r}")
+    if acc not in (1, 2):
+        raise ValueError(f"argument 'acc' must be 1 or 2, got {acc!r}")
     with launch_stream():
         b = Bound(q, k, v, idx, scale)
         out_bf16 = out_dtype == "bfloat16"
@@ -155,19 +174,27 @@ def attend_forward(q, k, v, idx, scale=None, *, qpt=1, out_dtype="bfloat16"):
         else:
             lst, mult, lens = pair_union(b.idx, b.L)
             U, tiles = lst.shape[1], lst.shape[0]
-        fn = _fn(INST.attend_fwd_name(mt, b.DQK, b.DV, qpt, b.shared, out_bf16))
+        name = INST.attend_fwd_acc2_name if acc == 2 and b.DQK % 32 == 0 else INST.attend_fwd_name
+        nk = INST.attend_wide_nk(mt, b.DQK, b.DV, qpt, b.shared) if wide else INST.attend_nk(mt)
+        fn = _fn(name(mt, b.DQK, b.DV, qpt, b.shared, out_bf16, nk))
         _launch(fn, (tiles, b.Hkv * nhb),
                 (b.q, b.k, np.int64(b.k_stride), b.v, np.int64(b.v_stride), lst, lens, mult, np.int32(U),
                  np.int32(b.n), np.int64(b.L), np.int32(b.Hq), np.int32(b.Hkv), np.int32(hb), b.scale_log2,
-                 out, lse), b.smem(mt, qpt))
+                 out, lse), b.smem(mt, qpt, nk=nk))
         if b.DV != b.d_v:
             out = cp.ascontiguousarray(out[:, :, :b.d_v])
         return out, lse
 
 
-def attend_backward(dout, q, k, v, idx, out, lse, scale=None, *, deterministic=True, scratch_bytes=None):
+def attend_backward(dout, q, k, v, idx, out, lse, scale=None, *, deterministic=True, scratch_bytes=None,
+                    version=1):
     """(dq float32 [n, Hq, d_qk], dk float32, dv float32 or None for shared kv) of attend_forward's
-    out (as returned: bf16 or float32) for the upstream gradient dout; lse from the forward."""
+    out (as returned: bf16 or float32) for the upstream gradient dout; lse from the forward.
+    version 2 (deterministic only): head blocks 2h, 2h+1 share one part row (2h+1 adds 2h's value,
+    read back from L2: half the scratch traffic, a fixed order), a warp-per-key float4 reduction,
+    and a larger default scratch (fewer chunks); other bits than version 1's past one head block."""
+    if version not in (1, 2):
+        raise ValueError(f"argument 'version' must be 1 or 2, got {version!r}")
     with launch_stream():
         b = Bound(q, k, v, idx, scale)
         out, lse = as_device(out), as_device(lse)
@@ -199,7 +226,7 @@ def attend_backward(dout, q, k, v, idx, out, lse, scale=None, *, deterministic=T
                 do, lse, delta, dq, dk, dv if dv is not None else dk)
         if not deterministic:
             _launch(fn, (b.n, b.Hkv * nhb), common + (np.int32(0),) + tail + (dk,), smem)
-        elif b.kk and b.n:
+        elif b.kk and b.n and version == 1:
             per_query = b.Hkv * nhb * b.kk * W * 4
             chunk = max(1, min(b.n, (scratch_bytes or SCRATCH_BYTES) // max(1, per_query)))
             part = cp.empty((chunk * b.Hkv * nhb * b.kk, W), cp.float32) if b.kk and b.n else None
@@ -208,6 +235,25 @@ def attend_backward(dout, q, k, v, idx, out, lse, scale=None, *, deterministic=T
                 c = min(chunk, b.n - t0)
                 _launch(fn, (c, b.Hkv * nhb), common + (np.int32(t0),) + tail + (part,), smem)
                 _reduce_chunk(red, part, b, t0, c, nhb, W, dk, dv)
+        elif b.kk and b.n:
+            # one part row per head-block pair (one head block: the plain kernel, the same bits)
+            nrow = -(-nhb // 2)
+            per_query = b.Hkv * nrow * b.kk * W * 4
+            chunk = max(1, min(b.n, (scratch_bytes or _scratch_v2()) // max(1, per_query)))
+            part = cp.empty((chunk * b.Hkv * nrow * b.kk, W), cp.float32)
+            if nhb > 1:
+                fn = _fn(INST.attend_bwd_hb2_name(mt, b.DQK, b.DV, b.shared))
+                flags = cp.empty(1 + chunk * b.Hkv * nrow, cp.int32)   # [0]: the work counter
+            wname = INST.attend_reduce_warp_name(b.shared, W)
+            red = _fn(wname or f"hytopk_attend_dkv_reduce<{'true' if b.shared else 'false'}>")
+            for t0 in range(0, b.n, chunk):
+                c = min(chunk, b.n - t0)
+                if nhb > 1:
+                    flags.fill(0)
+                    _launch(fn, (c * b.Hkv * nhb, 1), common + (np.int32(t0),) + tail + (part, flags), smem)
+                else:
+                    _launch(fn, (c, b.Hkv * nhb), common + (np.int32(t0),) + tail + (part,), smem)
+                _reduce_chunk(red, part, b, t0, c, nrow, W, dk, dv, warp=wname is not None)
         if b.DQK != b.d_qk:
             dq = cp.ascontiguousarray(dq[:, :, :b.d_qk])
             dk = cp.ascontiguousarray(dk[:, :, :b.d_qk])
@@ -216,8 +262,16 @@ def attend_backward(dout, q, k, v, idx, out, lse, scale=None, *, deterministic=T
         return dq, dk, dv
 
 
-def _reduce_chunk(red, part, b, t0, c, nhb, W, dk, dv):
-    """Add the chunk's per-slot rows into dk/dv, per key row in entry order (a fixed order)."""
+def _scratch_v2() -> int:
+    """Version 2's default scratch: 4 GiB (a few query chunks at MLA's 128 heads), at most a
+    quarter of the free device memory, at least version 1's."""
+    free = cp.cuda.Device().mem_info[0]
+    return max(SCRATCH_BYTES, min(SCRATCH_BYTES_V2, free // 4))
+
+
+def _reduce_chunk(red, part, b, t0, c, nhb, W, dk, dv, warp=False):
+    """Add the chunk's per-slot rows into dk/dv, per key row in entry order (a fixed order); nhb:
+    part rows per (query, kv head, slot); warp: red is hytopk_attend_dkv_reduce_warp."""
     ids = b.idx[t0:t0 + c]                                             # [c, kk]
     # entry e = ((tl * Hkv + g) * nhb + hb) * kk + slot, as the kernel writes them
     e = cp.arange(c * b.Hkv * nhb * b.kk, dtype=cp.int64).reshape(c, b.Hkv, nhb, b.kk)
@@ -237,8 +291,9 @@ def _reduce_chunk(red, part, b, t0, c, nhb, W, dk, dv):
     dst_row = row[starts]
     starts = cp.concatenate([starts, cp.asarray([comp.size], cp.int64)])
     nseg = int(dst_row.size)
-    _launch(red, (nseg, -(-W // THREADS)), (part, np.int32(W), np.int32(b.DQK), np.int32(b.DV), order, starts,
-                                             dst_row, np.int32(nseg), dk, dv if dv is not None else dk), 0)
+    grid = (-(-nseg // 8), 1) if warp else (nseg, -(-W // THREADS))
+    _launch(red, grid, (part, np.int32(W), np.int32(b.DQK), np.int32(b.DV), order, starts,
+                        dst_row, np.int32(nseg), dk, dv if dv is not None else dk), 0)
 
 
 @register("attend", "cupy.attend.one", gpu_only=True)
@@ -253,11 +308,38 @@ def attend_pair(q, k, v, idx, scale=None):
     return attend_forward(q, k, v, idx, scale, qpt=2, out_dtype="float32")
 
 
+@register("attend", "cupy.attend.one_acc2", gpu_only=True)
+def attend_one_acc2(q, k, v, idx, scale=None):
+    """`one` with two logit accumulators per n8 tile (half the dependent MMA chain)."""
+    return attend_forward(q, k, v, idx, scale, qpt=1, out_dtype="float32", acc=2)
+
+
+@register("attend", "cupy.attend.pair_acc2", gpu_only=True)
+def attend_pair_acc2(q, k, v, idx, scale=None):
+    """`pair` with two logit accumulators per n8 tile (half the dependent MMA chain)."""
+    return attend_forward(q, k, v, idx, scale, qpt=2, out_dtype="float32", acc=2)
+
+
+@register("attend", "cupy.attend.pair_nk64", gpu_only=True)
+def attend_pair_nk64(q, k, v, idx, scale=None):
+    """`pair` with 64-key tiles where they fit (32 rows: 16 heads): half the tiles (barriers,
+    softmax rescales) per key of the 32-key tiles."""
+    return attend_forward(q, k, v, idx, scale, qpt=2, out_dtype="float32", wide=True)
+
+
 @register("attend_backward", "cupy.attend_backward.deterministic", gpu_only=True)
 def attend_backward_deterministic(dout, q, k, v, idx, scale=None):
     """Fixed-order dK/dV (per-slot scratch summed per key in entry order): bitwise reproducible."""
     out, lse = attend_forward(q, k, v, idx, scale, qpt=1, out_dtype="float32")
     return attend_backward(dout, q, k, v, idx, out, lse, scale, deterministic=True)
+
+
+@register("attend_backward", "cupy.attend_backward.deterministic_v2", gpu_only=True)
+def attend_backward_deterministic_v2(dout, q, k, v, idx, scale=None):
+    """Fixed order with head-block pairs sharing part rows (the second adds the first's value) and
+    a warp-per-key reduction: bitwise reproducible, other bits than `deterministic`."""
+    out, lse = attend_forward(q, k, v, idx, scale, qpt=1, out_dtype="float32")
+    return attend_backward(dout, q, k, v, idx, out, lse, scale, deterministic=True, version=2)
 
 
 @register("attend_backward", "cupy.attend_backward.atomic", gpu_only=True)
