@@ -16,3 +16,12 @@ def test_launch_figures():
     assert INST.ATTEND_WGMMA_SMEM <= INST.ATTEND_SMEM_LIMIT
     assert INST.ATTEND_WGMMA_THREADS == 384 and INST.ATTEND_WGMMA_HEADS == 64
     assert INST.geometry_asserts("attend_wgmma.cu")
+
+
+def test_version_2_instantiations():
+    assert INST.name_expressions("attend_wgmma2.cu") == [
+        "hytopk_attend_fwd_wgmma2<true>", "hytopk_attend_fwd_wgmma2<false>",
+        "hytopk_attend_fwd_wgmma2c<true>", "hytopk_attend_fwd_wgmma2c<false>"]
+    assert INST.FILE_OPTIONS["attend_wgmma2.cu"] == ("-arch=sm_90a",)
+    assert INST.ATTEND_WGMMA2_SMEM == INST.ATTEND_WGMMA_SMEM <= INST.ATTEND_SMEM_LIMIT
+    assert len(INST.geometry_asserts("attend_wgmma2.cu")) == 2

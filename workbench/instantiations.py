@@ -54,9 +54,11 @@ KERNELS = {
     "attend.cu": (("hytopk_attend_fwd", "attend"), ("hytopk_attend_bwd", "attend"), ("hytopk_attend_delta", "attend"), ("hytopk_attend_pair_union", "attend"),
                   ("hytopk_attend_dkv_reduce", "attend")),
     "attend_wgmma.cu": (("hytopk_attend_fwd_wgmma", "attend_wgmma"),),
+    "attend_wgmma2.cu": (("hytopk_attend_fwd_wgmma2", "attend_wgmma"), ("hytopk_attend_fwd_wgmma2c", "attend_wgmma")),
 }
 # files that need an arch-specific target (wgmma exists on sm_90a only): NVRTC options, nvcc -gencode
-FILE_OPTIONS = {"wgmma.cu": ("-arch=sm_90a",), "wgmma_ws.cu": ("-arch=sm_90a",), "attend_wgmma.cu": ("-arch=sm_90a",)}
+FILE_OPTIONS = {"wgmma.cu": ("-arch=sm_90a",), "wgmma_ws.cu": ("-arch=sm_90a",), "attend_wgmma.cu": ("-arch=sm_90a",),
+                "attend_wgmma2.cu": ("-arch=sm_90a",)}
 
 
 def nvcc_target(file: str, arch: str) -> str:
@@ -138,6 +140,14 @@ def attend_wgmma_name(out_bf16) -> str:
     return f"hytopk_attend_fwd_wgmma<{_b(out_bf16)}>"
 
 
+# attend_wgmma2.cu: version 2 (same launch figures as attend_wgmma.cu); cluster: the 2-CTA kernel
+ATTEND_WGMMA2_SMEM = ATTEND_WGMMA_SMEM                                    # attw2::SMEM (static_assert)
+
+
+def attend_wgmma2_name(out_bf16, cluster) -> str:
+    return f"hytopk_attend_fwd_wgmma2{'c' if cluster else ''}<{_b(out_bf16)}>"
+
+
 def attend_names() -> tuple:
     """The instantiations the compile check builds (the shipped shapes' hot ones)."""
     out = []
@@ -188,6 +198,9 @@ def geometry_asserts(file: str, shapes=SHAPES) -> list[str]:
         return attend_static_asserts()
     if file == "attend_wgmma.cu":
         return [f'static_assert(hytopk::attw::SMEM == {ATTEND_WGMMA_SMEM}, "instantiations.ATTEND_WGMMA_SMEM drifted");']
+    if file == "attend_wgmma2.cu":
+        return [f'static_assert(hytopk::attw2::SMEM == {ATTEND_WGMMA2_SMEM}, "instantiations.ATTEND_WGMMA2_SMEM drifted");',
+                f'static_assert(hytopk::attw2::THREADS == {ATTEND_WGMMA_THREADS}, "instantiations.ATTEND_WGMMA_THREADS drifted");']
     if file != "wgmma_ws.cu":
         return []
     from workbench.geometry import ws_static_asserts
@@ -216,6 +229,8 @@ def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
         return attend_names()
     if file == "attend_wgmma.cu":
         return tuple(attend_wgmma_name(b) for b in (True, False))
+    if file == "attend_wgmma2.cu":
+        return tuple(attend_wgmma2_name(b, c) for c in (False, True) for b in (True, False))
     for kernel, over in KERNELS[file]:
         if over == "plain":
             out.append(name(kernel))
