@@ -10,6 +10,16 @@
 //   block's stage with one shared -> shared bulk copy (completing on the peer's full barrier as
 //   36864 transaction bytes): half the L2 -> SM bytes of version 1. A stage is empty once the
 //   consumers of BOTH blocks released it (8 local + 8 remote arrivals), since it is written by both.
+// - SWZ (the `s` kernels): version 1's 16-byte copies put 8 rows' chunk c into one 128-byte core
+//   matrix, so each quarter warp read 8 half sectors of 8 rows and L2 served every gathered sector
+//   twice (ncu: 50% excess sectors, L2 69% busy at 1.6 TB/s of payload). With SWZ the key tile is
+//   in wgmma's 128-byte-swizzle layout and each quarter warp copies one row's 128 contiguous bytes
+//   (full sectors) into 8 distinct bank groups (chunk c of row j at slot c ^ (j % 8)):
+//     key j, column d at (j/32)*36864 + (d/64)*4096 + (j%32)*128 + (((d%64)/8) ^ (j%8))*16 + (d%8)*2
+//   (a half of 32 keys, 9 column tiles of 32 rows x 128 B, 1024-byte swizzle atoms of 8 rows).
+//   As K (B of Q K^T, K-major, 128B swizzle): start + 32 B per k16 step inside a column tile, stride
+//   offset 1024 (8 keys). As V (B of P V, MN-major, 128B swizzle): leading offset 4096 (next 64 d),
+//   stride offset 1024 (next 8 keys). Q and P keep version 1's no-swizzle layout.
 #include "hytopk_cp_async.cuh"
 #include "hytopk_wgmma_common.cuh"
 
@@ -34,13 +44,25 @@ constexpr int RED_OFF = P_OFF + 2 * P_BYTES;      // float [2][64] tile row maxi
 constexpr int MASK_OFF = RED_OFF + 4 * ROWS * 4;  // float [2 stages][64] slot valid 1/0
 constexpr int BAR_OFF = MASK_OFF + 2 * NK * 4;    // full[2], empty[2]
 constexpr int SMEM = BAR_OFF + 4 * 8;
-static_assert(SMEM <= 227 * 1024, "attend_wgmma2: shared memory over 227 KiB");
-static_assert(K_OFF % 128 == 0 && HALF_BYTES % 16 == 0, "attend_wgmma2: bulk copy alignment");
+constexpr int LAUNCH_SMEM = SMEM + 1024;          // the base is rounded up to 1024 B (swizzle atoms)
+static_assert(LAUNCH_SMEM <= 227 * 1024, "attend_wgmma2: shared memory over 227 KiB");
+static_assert(K_OFF % 1024 == 0 && TILE_BYTES % 1024 == 0 && HALF_BYTES % 1024 == 0, "attend_wgmma2: atom alignment");
+constexpr int CT_BYTES = 32 * 128;                // SWZ: one column tile (64 d) of a 32-key half
 constexpr int THREADS = 384;
 constexpr int PRODUCER_REGS = 56, CONSUMER_REGS = 224;
 static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 65536, "attend_wgmma2: register budgets exceed the SM's file");
 // named barriers (0 = __syncthreads): 1-4 the 256 consumer threads, 5 the 128 producer threads
 constexpr int BAR_Q = 1, BAR_MAX = 2, BAR_P = 3, BAR_L = 4, BAR_PROD = 5;
+
+// 16 bytes global -> shared, L2 fetching the 256-byte block around it (the next row chunks' sectors)
+__device__ __forceinline__ void cp_async16_l2pf(u32 dst, const void* src, bool valid) {
+    const int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
+// matrix descriptor, 128-byte swizzle (mode 1): addresses and offsets in bytes
+__device__ __forceinline__ u64 desc_sw128(u32 addr, u32 lead, u32 stride) {
+    return (u64)((addr >> 4) & 0x3fffu) | ((u64)((lead >> 4) & 0x3fffu) << 16) | ((u64)((stride >> 4) & 0x3fffu) << 32) | (1ull << 62);
+}
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
@@ -104,15 +126,16 @@ __device__ __forceinline__ void bulk_s2peer(u32 dst, u32 src, u32 bytes, u32 bar
 // out [n, Hq, 512] float or bf16 bits; lse [n, Hq] float. grid n * nhb (nhb = head blocks per query,
 // even for CLUSTER: a cluster is the head blocks 2j, 2j+1 of one query; blocks whose heads are all
 // past Hq gather and compute but write nothing).
-template <bool OUT_BF16, bool CLUSTER>
+template <bool OUT_BF16, bool CLUSTER, bool SWZ>
 __device__ __forceinline__ void attend_fwd_wgmma2(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv,
                                                   long long kv_stride, const int* __restrict__ idx, int kk, int n,
                                                   long long L, int Hq, int nhb, float scale_log2,
                                                   void* __restrict__ out, float* __restrict__ lse) {
-    extern __shared__ __align__(128) unsigned char smem[];
+    extern __shared__ __align__(128) unsigned char smem_raw[];
     const int t = (int)(blockIdx.x / (unsigned)nhb), h0 = (int)(blockIdx.x % (unsigned)nhb) * ROWS;
     if (!CLUSTER && t >= n) return;                 // (the whole block; the launch never has t >= n)
-    const u32 base = smem_addr(smem);
+    const u32 raw = smem_addr(smem_raw), base = (raw + 1023u) & ~1023u;   // the same in both cluster blocks
+    unsigned char* smem = smem_raw + (base - raw);
     const u32 sq = base + Q_OFF, sk0 = base + K_OFF, sp0 = base + P_OFF;
     float* red = reinterpret_cast<float*>(smem + RED_OFF);
     float* smask = reinterpret_cast<float*>(smem + MASK_OFF);
@@ -136,15 +159,18 @@ __device__ __forceinline__ void attend_fwd_wgmma2(const bf16_t* __restrict__ q, 
     if (wg == 2) {
         // ---------------------------------------------------------------- producer
         regs_dec<PRODUCER_REGS>();
-        const int r8 = tid & 7, cq = tid >> 3;                        // row within 8, first chunk
-        constexpr int GN = CLUSTER ? NK / 16 : NK / 8;                // this thread's rows per tile
-        const int gbeg = CLUSTER ? (int)rank * GN : 0;                // first row group of this block's share
+        // no SWZ: rows g*8 + r8 (g < GN), chunks cq + 16i; SWZ: quarter warp qw copies rows
+        // row0 + qw + 16g (g < GN), all 9 column tiles, its 8 threads the 8 chunks of 128 B
+        const int r8 = tid & 7, cq = tid >> 3;
+        constexpr int GN = SWZ ? (CLUSTER ? 2 : 4) : (CLUSTER ? NK / 16 : NK / 8);   // this thread's rows per tile
+        const int gbeg = CLUSTER ? (int)rank * (NK / 16) : 0;         // first row group of this block's share (no SWZ)
+        const int row0 = CLUSTER ? (int)rank * 32 : 0;                // first row of this block's share (SWZ)
         int nx[GN], nm = -1;                                          // the next tile's slots (nm: mask slot tid)
         auto load_slots = [&](int it) {
             const int j0 = it * NK;
 #pragma unroll
             for (int g = 0; g < GN; ++g) {
-                const int j = j0 + (gbeg + g) * 8 + r8;
+                const int j = j0 + (SWZ ? row0 + cq + 16 * g : (gbeg + g) * 8 + r8);
                 nx[g] = j < kk ? __ldg(lst + j) : -1;
             }
             if (tid < NK) nm = j0 + tid < kk ? __ldg(lst + j0 + tid) : -1;
@@ -174,6 +200,19 @@ __device__ __forceinline__ void attend_fwd_wgmma2(const bf16_t* __restrict__ q, 
             if (it >= 1) publish(it - 1);
             if (it >= 2) wait_or_trap<CLUSTER>(empty0 + 8 * st, (u32)(((it >> 1) - 1) & 1));
             const u32 dst = sk0 + (u32)(st * TILE_BYTES + gbeg * GROUP + r8 * 16);
+            if (SWZ) {
+#pragma unroll
+                for (int g = 0; g < GN; ++g) {
+                    const int j = row0 + cq + 16 * g;                 // row of the tile; j % 8 = cq % 8
+                    const long long s = nx[g];
+                    const bool ok = s >= 0 && s < L;
+                    const bf16_t* src = kv + (ok ? s * kv_stride + r8 * 8 : 0);
+                    const u32 d = sk0 + (u32)(st * TILE_BYTES + (j >> 5) * HALF_BYTES + (j & 31) * 128 + ((r8 ^ (j & 7)) << 4));
+#pragma unroll
+                    for (int kt = 0; kt < DQK / 64; ++kt)
+                        cp_async16_l2pf(d + (u32)(kt * CT_BYTES), src + (ok ? kt * 64 : 0), ok);
+                }
+            } else {
 #pragma unroll
             for (int g = 0; g < GN; ++g) {
                 const long long s = nx[g];
@@ -184,6 +223,7 @@ __device__ __forceinline__ void attend_fwd_wgmma2(const bf16_t* __restrict__ q, 
                     const int c = cq + 16 * i;
                     if (c < CH) cp_async16(dst + (u32)(g * GROUP + c * 128), src + (ok ? c * 8 : 0), ok);
                 }
+            }
             }
             if (tid < NK) smask[st * NK + tid] = (nm >= 0 && (long long)nm < L) ? 1.0f : 0.0f;
             cp_async_commit();
@@ -225,10 +265,14 @@ __device__ __forceinline__ void attend_fwd_wgmma2(const bf16_t* __restrict__ q, 
                 const u32 a_lo = ((sq >> 4) & 0x3fffu) | (8u << 16);
                 const u32 b_lo = (((sk + (u32)(c * 4 * GROUP)) >> 4) & 0x3fffu) | (8u << 16);
                 constexpr u32 HI = (u32)(GROUP >> 4);
+                const u64 b_sw = desc_sw128(sk + (u32)(c * HALF_BYTES), 16, 1024);   // SWZ: keys 32c .. 32c+31 = half c
                 wgmma_fence();
 #pragma unroll
-                for (int ks = 0; ks < DQK / 16; ++ks)
-                    wgmma_m64n32k16_bf16(s, ((u64)HI << 32) | (a_lo + 16u * ks), ((u64)HI << 32) | (b_lo + 16u * ks), ks > 0);
+                for (int ks = 0; ks < DQK / 16; ++ks) {
+                    const u64 b = SWZ ? b_sw + (u64)(((ks >> 2) * CT_BYTES + (ks & 3) * 32) >> 4)
+                                      : ((u64)HI << 32) | (b_lo + 16u * ks);
+                    wgmma_m64n32k16_bf16(s, ((u64)HI << 32) | (a_lo + 16u * ks), b, ks > 0);
+                }
                 wgmma_commit();
                 wgmma_wait_all();
             }
@@ -301,16 +345,23 @@ __device__ __forceinline__ void attend_fwd_wgmma2(const bf16_t* __restrict__ q, 
                 constexpr u32 V_HI = 128u >> 4, V_LEAD = (u32)(GROUP >> 4);
                 const u32 other = sp0 + (u32)((c ^ 1) * P_BYTES);
                 wgmma_fence();
+                // SWZ: keys 16q .. 16q+15 (q = 2 * half + kk2) and columns 256c ..: half, 16-key row
+                // offset, column tiles 4c .. 4c+3 (leading offset: the next 64 columns)
+                const u32 v_sw = sk + (u32)(c * 4 * CT_BYTES);
 #pragma unroll
                 for (int kk2 = 0; kk2 < 2; ++kk2) {
                     const u32 vlo = (((v0 + (u32)((4 * c + 2 * kk2) * GROUP)) >> 4) & 0x3fffu) | (V_LEAD << 16);
-                    wgmma_m64n256k16_bf16_rs_tb(o, pa[kk2], ((u64)V_HI << 32) | vlo, 1);
+                    const u64 vb = SWZ ? desc_sw128(v_sw + (u32)(c * HALF_BYTES + kk2 * 2048), CT_BYTES, 1024)
+                                       : ((u64)V_HI << 32) | vlo;
+                    wgmma_m64n256k16_bf16_rs_tb(o, pa[kk2], vb, 1);
                 }
 #pragma unroll
                 for (int kk2 = 0; kk2 < 2; ++kk2) {
                     const u32 vlo = (((v0 + (u32)((4 * (c ^ 1) + 2 * kk2) * GROUP)) >> 4) & 0x3fffu) | (V_LEAD << 16);
+                    const u64 vb = SWZ ? desc_sw128(v_sw + (u32)((c ^ 1) * HALF_BYTES + kk2 * 2048), CT_BYTES, 1024)
+                                       : ((u64)V_HI << 32) | vlo;
                     const u32 alo = (((other + (u32)(kk2 * 256)) >> 4) & 0x3fffu) | (8u << 16);
-                    wgmma_m64n256k16_bf16_tb(o, ((u64)(512u >> 4) << 32) | alo, ((u64)V_HI << 32) | vlo, 1);
+                    wgmma_m64n256k16_bf16_tb(o, ((u64)(512u >> 4) << 32) | alo, vb, 1);
                 }
                 wgmma_commit();
                 wgmma_wait_all();
@@ -365,20 +416,20 @@ __device__ __forceinline__ void attend_fwd_wgmma2(const bf16_t* __restrict__ q, 
 
 using namespace hytopk::attw2;
 
-// one head block per CTA (grid n * nhb)
-template <bool OUT_BF16>
+// one head block per CTA (grid n * nhb); SWZ: the swizzled key tile (full-sector gather)
+template <bool OUT_BF16, bool SWZ>
 __global__ void __launch_bounds__(384, 1)
 hytopk_attend_fwd_wgmma2(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv, long long kv_stride,
                          const int* __restrict__ idx, int kk, int n, long long L, int Hq, int nhb,
                          float scale_log2, void* __restrict__ out, float* __restrict__ lse) {
-    attend_fwd_wgmma2<OUT_BF16, false>(q, kv, kv_stride, idx, kk, n, L, Hq, nhb, scale_log2, out, lse);
+    attend_fwd_wgmma2<OUT_BF16, false, SWZ>(q, kv, kv_stride, idx, kk, n, L, Hq, nhb, scale_log2, out, lse);
 }
 
 // head blocks 2j, 2j+1 of a query as a 2-CTA cluster sharing the gather (nhb even)
-template <bool OUT_BF16>
+template <bool OUT_BF16, bool SWZ>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1)
 hytopk_attend_fwd_wgmma2c(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv, long long kv_stride,
                           const int* __restrict__ idx, int kk, int n, long long L, int Hq, int nhb,
                           float scale_log2, void* __restrict__ out, float* __restrict__ lse) {
-    attend_fwd_wgmma2<OUT_BF16, true>(q, kv, kv_stride, idx, kk, n, L, Hq, nhb, scale_log2, out, lse);
+    attend_fwd_wgmma2<OUT_BF16, true, SWZ>(q, kv, kv_stride, idx, kk, n, L, Hq, nhb, scale_log2, out, lse);
 }

@@ -2,7 +2,7 @@
 
   forward   MLA 128 heads, d_qk 576 / d_v 512, k 2048, 8192 queries, bf16: effective TFLOP/s
             2 n H k (d_qk + d_v) / t over the bf16 GEMM rate of the same run (`one`, `pair`, and
-            `wgmma`: attend_wgmma.cu, `wgmma2` / `wgmma2c`: attend_wgmma2.cu without / with the 2-CTA cluster, sm_90a)
+            `wgmma`: attend_wgmma.cu, `wgmma2*`: attend_wgmma2.cu, s: swizzled tile, c: 2-CTA cluster, sm_90a)
   heads     8 and 16 heads per query: `pair` (two adjacent queries per block over the union of
             their selections; the union build timed apart too) vs `one`
   backward  deterministic and atomic, effective TFLOP/s 2 n H k (3 d_qk + 2 d_v) / t (the logits
@@ -104,9 +104,10 @@ def _forward_fn(name, q, kk, vv, idx):
     if name == "wgmma":
         from workbench.families.cupy import attend_wgmma as AW
         return lambda: AW.attend_forward_wgmma(q, kk, vv, idx, None)
-    if name in ("wgmma2", "wgmma2c"):                 # version 2 (attend_wgmma2.cu), c: the 2-CTA cluster kernel
+    if name.startswith("wgmma2"):                    # version 2 (attend_wgmma2.cu): c the 2-CTA cluster, s the swizzled tile
         from workbench.families.cupy import attend_wgmma2 as AW2
-        return lambda: AW2.attend_forward_wgmma2(q, kk, vv, idx, None, cluster=name == "wgmma2c")
+        cluster, swz = name.endswith("c"), name.startswith("wgmma2s")
+        return lambda: AW2.attend_forward_wgmma2(q, kk, vv, idx, None, cluster=cluster, swz=swz)
     qpt = 1 if name == "one" else 2
     return lambda: CA.attend_forward(q, kk, vv, idx, None, qpt=qpt)
 
@@ -121,12 +122,12 @@ def forward_rows(n, H, L, k, gemm, variants=("one", "pair")):
             t = timed(fn)
         except Exception as e:                     # a failing variant must not lose the others' rows
             rows[name] = {"error": f"{type(e).__name__}: {e}"}
-            print(f"  fwd H={H:<3} n={n} {name:<7} FAILED {type(e).__name__}: {e}", flush=True)
+            print(f"  fwd H={H:<3} n={n} {name:<8} FAILED {type(e).__name__}: {e}", flush=True)
             continue
         err = max_error(q, kk, vv, idx, fn()[0])
         rows[name] = dict(t, tflops=rate(fwd_flops(n, H, k), t), vs_gemm=rate(fwd_flops(n, H, k), t) / gemm,
                           max_abs_error_vs_torch_f32=err)
-        print(f"  fwd H={H:<3} n={n} {name:<7} {t['median_ms']:8.3f} ms  {rows[name]['tflops']:6.1f} TFLOP/s "
+        print(f"  fwd H={H:<3} n={n} {name:<8} {t['median_ms']:8.3f} ms  {rows[name]['tflops']:6.1f} TFLOP/s "
               f"({rows[name]['vs_gemm']:.2f} of GEMM)  max err {err:.2e}", flush=True)
     if "median_ms" in rows.get("wgmma", {}) and "median_ms" in rows.get("one", {}):
         rows["wgmma_vs_one"] = rows["one"]["median_ms"] / rows["wgmma"]["median_ms"]
@@ -248,7 +249,7 @@ def main(argv=None):
            "flops": {"forward": "2 n H k (d_qk + d_v)", "backward": "2 n H k (3 d_qk + 2 d_v)"}}
     print(f"GPU {props.name}  bf16 GEMM {gemm:.0f} TFLOP/s", flush=True)
     sections = [
-        ("forward", lambda: forward_rows(n, 128, L, k, gemm, ("one", "pair", "wgmma", "wgmma2", "wgmma2c"))),
+        ("forward", lambda: forward_rows(n, 128, L, k, gemm, ("one", "pair", "wgmma", "wgmma2", "wgmma2s", "wgmma2c", "wgmma2sc"))),
         ("heads", lambda: {str(H): forward_rows(n, H, L, k, gemm) for H in (8, 16)}),
         ("backward", lambda: backward_rows(n, 128, L, k, res.get("forward", {}).get("one", {}).get("tflops"))),
         ("baseline", lambda: {"mha": baseline_rows(256 if args.quick else 1024, 16, 128, 16384, k, mla=False),

@@ -1,7 +1,8 @@
 """The wgmma MLA forwards (kernels_cuda/attend_wgmma.cu, cupy.attend.wgmma; attend_wgmma2.cu,
-cupy.attend.wgmma2 and its 2-CTA cluster kernel cupy.attend.wgmma2c) on a Hopper GPU (skipped
-elsewhere with the reason); every test runs on each kernel (`FWD`: wgmma2c forced onto the cluster
-kernel at every head count, the odd head-block counts padded with an empty block).
+cupy.attend.wgmma2, its 2-CTA cluster kernel wgmma2c, and both with the swizzled key tile, wgmma2s
+and wgmma2sc) on a Hopper GPU (skipped elsewhere with the reason); every test runs on each kernel
+(`FWD`: the c versions forced onto the cluster kernel at every head count, the odd head-block counts
+padded with an empty block).
 
 Bit for bit on the exact hot/cold inputs of tests/test_attention_gpu.py; against the float64
 reference with its tolerance on random bf16 inputs (padding, duplicates, shared and disjoint
@@ -26,7 +27,7 @@ pytestmark = GPU_MARKS
 KINDS = ["random", "dups", "shared", "disjoint", "empty", "pad_only"]
 
 
-VERSIONS = ["wgmma", "wgmma2", "wgmma2c"]
+VERSIONS = ["wgmma", "wgmma2", "wgmma2c", "wgmma2s", "wgmma2sc"]
 
 
 def _forward(version):
@@ -36,8 +37,8 @@ def _forward(version):
         pytest.skip("cupy.attend.wgmma needs a Hopper GPU (sm_90a)")
     if version == "wgmma":
         return attend_wgmma.attend_forward_wgmma
-    cluster = version == "wgmma2c"
-    return lambda *a, **kw: attend_wgmma2.attend_forward_wgmma2(*a, cluster=cluster, **kw)
+    cluster, swz = version.endswith("c"), version.startswith("wgmma2s")
+    return lambda *a, **kw: attend_wgmma2.attend_forward_wgmma2(*a, cluster=cluster, swz=swz, **kw)
 
 
 @pytest.fixture(scope="module", params=VERSIONS)
@@ -164,7 +165,7 @@ def test_gqa_is_refused_with_a_clear_error(FWD):
         FWD(qd, k, v, idx, None)
 
 
-@pytest.mark.parametrize("name", ["cupy.attend.wgmma", "cupy.attend.wgmma2", "cupy.attend.wgmma2c"])
+@pytest.mark.parametrize("name", ["cupy.attend." + v for v in VERSIONS])
 def test_registered_variant(name):
     from workbench import registry
     _forward("wgmma")                                        # (skips off Hopper)
@@ -180,7 +181,7 @@ def test_registered_variant(name):
 
 
 @pytest.mark.parametrize("Hq, kk", [(128, 2048), (128, 300), (64, 1000), (192, 130), (16, 64)])
-@pytest.mark.parametrize("version", ["wgmma2", "wgmma2c"])
+@pytest.mark.parametrize("version", VERSIONS[1:])
 def test_version_2_is_version_1_bit_for_bit(version, Hq, kk):
     """The same arithmetic in the same order: out and lse equal version 1's bits (cluster or not,
     several tiles, padding, a partial last tile, more queries than SMs' worth of blocks)."""

@@ -140,12 +140,13 @@ def attend_wgmma_name(out_bf16) -> str:
     return f"hytopk_attend_fwd_wgmma<{_b(out_bf16)}>"
 
 
-# attend_wgmma2.cu: version 2 (same launch figures as attend_wgmma.cu); cluster: the 2-CTA kernel
-ATTEND_WGMMA2_SMEM = ATTEND_WGMMA_SMEM                                    # attw2::SMEM (static_assert)
+# attend_wgmma2.cu: version 2 (attend_wgmma.cu's layout + 1 KiB to round the base up to 1024 B);
+# cluster: the 2-CTA kernel; swz: the 128-byte-swizzled key tile (full-sector gather)
+ATTEND_WGMMA2_SMEM = ATTEND_WGMMA_SMEM + 1024                             # attw2::LAUNCH_SMEM (static_assert)
 
 
-def attend_wgmma2_name(out_bf16, cluster) -> str:
-    return f"hytopk_attend_fwd_wgmma2{'c' if cluster else ''}<{_b(out_bf16)}>"
+def attend_wgmma2_name(out_bf16, cluster, swz) -> str:
+    return f"hytopk_attend_fwd_wgmma2{'c' if cluster else ''}<{_b(out_bf16)}, {_b(swz)}>"
 
 
 def attend_names() -> tuple:
@@ -199,7 +200,7 @@ def geometry_asserts(file: str, shapes=SHAPES) -> list[str]:
     if file == "attend_wgmma.cu":
         return [f'static_assert(hytopk::attw::SMEM == {ATTEND_WGMMA_SMEM}, "instantiations.ATTEND_WGMMA_SMEM drifted");']
     if file == "attend_wgmma2.cu":
-        return [f'static_assert(hytopk::attw2::SMEM == {ATTEND_WGMMA2_SMEM}, "instantiations.ATTEND_WGMMA2_SMEM drifted");',
+        return [f'static_assert(hytopk::attw2::LAUNCH_SMEM == {ATTEND_WGMMA2_SMEM}, "instantiations.ATTEND_WGMMA2_SMEM drifted");',
                 f'static_assert(hytopk::attw2::THREADS == {ATTEND_WGMMA_THREADS}, "instantiations.ATTEND_WGMMA_THREADS drifted");']
     if file != "wgmma_ws.cu":
         return []
@@ -230,7 +231,7 @@ def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
     if file == "attend_wgmma.cu":
         return tuple(attend_wgmma_name(b) for b in (True, False))
     if file == "attend_wgmma2.cu":
-        return tuple(attend_wgmma2_name(b, c) for c in (False, True) for b in (True, False))
+        return tuple(attend_wgmma2_name(b, c, z) for z in (False, True) for c in (False, True) for b in (True, False))
     for kernel, over in KERNELS[file]:
         if over == "plain":
             out.append(name(kernel))

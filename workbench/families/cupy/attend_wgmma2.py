@@ -5,6 +5,9 @@ Variants of the `attend` stage (MLA only, as cupy.attend.wgmma, the same functio
                        wgmma consumers) with the producer's index loads one tile ahead
   cupy.attend.wgmma2c  the same, the two head blocks of a query as a 2-CTA cluster: each gathers
                        half of every key tile from L2 and copies it into the other's shared memory
+  cupy.attend.wgmma2s  wgmma2 with the key tile in the 128-byte-swizzle layout, so the gather reads
+                       whole 32-byte sectors (version 1's copies read each sector twice)
+  cupy.attend.wgmma2sc both (swizzled tile, 2-CTA cluster)
 """
 from __future__ import annotations
 
@@ -27,12 +30,12 @@ def _fn(name: str):
     return loader.module(FILE, (name,), options=INST.FILE_OPTIONS[FILE]).function(name)
 
 
-def attend_forward_wgmma2(q, k, v, idx, scale=None, *, out_dtype="bfloat16", cluster=False):
+def attend_forward_wgmma2(q, k, v, idx, scale=None, *, out_dtype="bfloat16", cluster=False, swz=False):
     """(out [n, Hq, 512], lse float32 [n, Hq]) on a Hopper GPU; inputs as attend.attend_forward.
 
     cluster: False, the one-block kernel; True, the 2-CTA cluster kernel (head blocks per query
     rounded up to even: at Hq <= 64 or 129..192 the extra block computes zero heads, so "auto"
-    takes the cluster only when ceil(Hq / 64) is already even)."""
+    takes the cluster only when ceil(Hq / 64) is already even). swz: the 128-byte-swizzled key tile."""
     if out_dtype not in ("bfloat16", "float32"):
         raise ValueError(f"argument 'out_dtype' must be 'bfloat16' or 'float32', got {out_dtype!r}")
     if cluster not in (False, True, "auto"):
@@ -55,7 +58,7 @@ def attend_forward_wgmma2(q, k, v, idx, scale=None, *, out_dtype="bfloat16", clu
             return out, lse
         if b.n * nhb >= 2 ** 31:
             raise ValueError(f"argument 'q': {b.n} queries x {nhb} head blocks exceed one launch's 2^31 - 1 blocks")
-        fn = _fn(INST.attend_wgmma2_name(out_bf16, cluster))
+        fn = _fn(INST.attend_wgmma2_name(out_bf16, bool(cluster), bool(swz)))
         smem = INST.ATTEND_WGMMA2_SMEM
         if fn.max_dynamic_shared_size_bytes < smem:
             fn.max_dynamic_shared_size_bytes = smem
@@ -75,3 +78,15 @@ def attend_wgmma2(q, k, v, idx, scale=None):
 def attend_wgmma2c(q, k, v, idx, scale=None):
     """MLA on wgmma (sm_90a), version 2 with a 2-CTA cluster per query sharing the gather (even head blocks)."""
     return attend_forward_wgmma2(q, k, v, idx, scale, out_dtype="float32", cluster="auto")
+
+
+@register("attend", "cupy.attend.wgmma2s", gpu_only=True)
+def attend_wgmma2s(q, k, v, idx, scale=None):
+    """MLA on wgmma (sm_90a), version 2 with the 128-byte-swizzled key tile (full-sector gather)."""
+    return attend_forward_wgmma2(q, k, v, idx, scale, out_dtype="float32", cluster=False, swz=True)
+
+
+@register("attend", "cupy.attend.wgmma2sc", gpu_only=True)
+def attend_wgmma2sc(q, k, v, idx, scale=None):
+    """MLA on wgmma (sm_90a), version 2: swizzled key tile and the 2-CTA cluster (even head blocks)."""
+    return attend_forward_wgmma2(q, k, v, idx, scale, out_dtype="float32", cluster="auto", swz=True)
