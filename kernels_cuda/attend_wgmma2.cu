@@ -348,17 +348,22 @@ __device__ __forceinline__ void attend_fwd_wgmma2(const bf16_t* __restrict__ q, 
                 // SWZ: keys 16q .. 16q+15 (q = 2 * half + kk2) and columns 256c ..: half, 16-key row
                 // offset, column tiles 4c .. 4c+3 (leading offset: the next 64 columns)
                 const u32 v_sw = sk + (u32)(c * 4 * CT_BYTES);
+#ifndef HYTOPK_ATTW2_V_SWAP          // MN-major SW128 (PTX ISA): leading = the next 64 columns, stride = the next 8 keys
+                constexpr u32 VS_LEAD = CT_BYTES, VS_STRIDE = 1024;
+#else                                // probe: the two offsets' roles swapped
+                constexpr u32 VS_LEAD = 1024, VS_STRIDE = CT_BYTES;
+#endif
 #pragma unroll
                 for (int kk2 = 0; kk2 < 2; ++kk2) {
                     const u32 vlo = (((v0 + (u32)((4 * c + 2 * kk2) * GROUP)) >> 4) & 0x3fffu) | (V_LEAD << 16);
-                    const u64 vb = SWZ ? desc_sw128(v_sw + (u32)(c * HALF_BYTES + kk2 * 2048), CT_BYTES, 1024)
+                    const u64 vb = SWZ ? desc_sw128(v_sw + (u32)(c * HALF_BYTES + kk2 * 2048), VS_LEAD, VS_STRIDE)
                                        : ((u64)V_HI << 32) | vlo;
                     wgmma_m64n256k16_bf16_rs_tb(o, pa[kk2], vb, 1);
                 }
 #pragma unroll
                 for (int kk2 = 0; kk2 < 2; ++kk2) {
                     const u32 vlo = (((v0 + (u32)((4 * (c ^ 1) + 2 * kk2) * GROUP)) >> 4) & 0x3fffu) | (V_LEAD << 16);
-                    const u64 vb = SWZ ? desc_sw128(v_sw + (u32)((c ^ 1) * HALF_BYTES + kk2 * 2048), CT_BYTES, 1024)
+                    const u64 vb = SWZ ? desc_sw128(v_sw + (u32)((c ^ 1) * HALF_BYTES + kk2 * 2048), VS_LEAD, VS_STRIDE)
                                        : ((u64)V_HI << 32) | vlo;
                     const u32 alo = (((other + (u32)(kk2 * 256)) >> 4) & 0x3fffu) | (8u << 16);
                     wgmma_m64n256k16_bf16_tb(o, ((u64)(512u >> 4) << 32) | alo, vb, 1);

@@ -11,6 +11,8 @@ Variants of the `attend` stage (MLA only, as cupy.attend.wgmma, the same functio
 """
 from __future__ import annotations
 
+import os
+
 import cupy as cp
 import numpy as np
 
@@ -27,7 +29,10 @@ FILE = "attend_wgmma2.cu"
 
 
 def _fn(name: str):
-    return loader.module(FILE, (name,), options=INST.FILE_OPTIONS[FILE]).function(name)
+    opts = INST.FILE_OPTIONS[FILE]
+    if os.environ.get("HYTOPK_ATTW2_V_SWAP") == "1":       # probe: the swizzled V descriptor's offsets swapped
+        opts = opts + ("-DHYTOPK_ATTW2_V_SWAP",)
+    return loader.module(FILE, (name,), options=opts).function(name)
 
 
 def attend_forward_wgmma2(q, k, v, idx, scale=None, *, out_dtype="bfloat16", cluster=False, swz=False):
