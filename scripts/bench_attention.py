@@ -2,7 +2,7 @@
 
   forward   MLA 128 heads, d_qk 576 / d_v 512, k 2048, 8192 queries, bf16: effective TFLOP/s
             2 n H k (d_qk + d_v) / t over the bf16 GEMM rate of the same run (`one`, `pair`, and
-            `wgmma`: attend_wgmma.cu, sm_90a)
+            `wgmma`: attend_wgmma.cu, `wgmma2*`: attend_wgmma2.cu, s: swizzled tile, c: 2-CTA cluster, sm_90a)
   heads     8 and 16 heads per query: `pair` (two adjacent queries per block over the union of
             their selections; the union build timed apart too, both union kernels) vs `one`, and
             their _acc2 kernels (two logit accumulators), pair_nk64 (64-key tiles at 16 heads)
@@ -101,10 +101,14 @@ def max_error(q, kk, vv, idx, out):
 
 def _forward_fn(name, q, kk, vv, idx):
     """The forward of variant `name` (bf16 out): one / pair and their _acc2 / pair_nk64 kernels
-    (attend.cu) or wgmma (attend_wgmma.cu)."""
+    (attend.cu), wgmma (attend_wgmma.cu) or wgmma2 / wgmma2c (attend_wgmma2.cu)."""
     if name == "wgmma":
         from workbench.families.cupy import attend_wgmma as AW
         return lambda: AW.attend_forward_wgmma(q, kk, vv, idx, None)
+    if name.startswith("wgmma2"):                    # version 2 (attend_wgmma2.cu): c the 2-CTA cluster, s the swizzled tile
+        from workbench.families.cupy import attend_wgmma2 as AW2
+        cluster, swz = name.endswith("c"), name.startswith("wgmma2s")
+        return lambda: AW2.attend_forward_wgmma2(q, kk, vv, idx, None, cluster=cluster, swz=swz)
     kw = dict(qpt=1 if name.startswith("one") else 2, acc=2 if name.endswith("_acc2") else 1, wide="nk64" in name)
     return lambda: CA.attend_forward(q, kk, vv, idx, None, **kw)
 
@@ -119,12 +123,12 @@ def forward_rows(n, H, L, k, gemm, variants=("one", "pair")):
             t = timed(fn)
         except Exception as e:                     # a failing variant must not lose the others' rows
             rows[name] = {"error": f"{type(e).__name__}: {e}"}
-            print(f"  fwd H={H:<3} n={n} {name:<5} FAILED {type(e).__name__}: {e}", flush=True)
+            print(f"  fwd H={H:<3} n={n} {name:<8} FAILED {type(e).__name__}: {e}", flush=True)
             continue
         err = max_error(q, kk, vv, idx, fn()[0])
         rows[name] = dict(t, tflops=rate(fwd_flops(n, H, k), t), vs_gemm=rate(fwd_flops(n, H, k), t) / gemm,
                           max_abs_error_vs_torch_f32=err)
-        print(f"  fwd H={H:<3} n={n} {name:<4} {t['median_ms']:8.3f} ms  {rows[name]['tflops']:6.1f} TFLOP/s "
+        print(f"  fwd H={H:<3} n={n} {name:<8} {t['median_ms']:8.3f} ms  {rows[name]['tflops']:6.1f} TFLOP/s "
               f"({rows[name]['vs_gemm']:.2f} of GEMM)  max err {err:.2e}", flush=True)
     if "median_ms" in rows.get("wgmma", {}) and "median_ms" in rows.get("one", {}):
         rows["wgmma_vs_one"] = rows["one"]["median_ms"] / rows["wgmma"]["median_ms"]
@@ -251,7 +255,7 @@ def main(argv=None):
            "flops": {"forward": "2 n H k (d_qk + d_v)", "backward": "2 n H k (3 d_qk + 2 d_v)"}}
     print(f"GPU {props.name}  bf16 GEMM {gemm:.0f} TFLOP/s", flush=True)
     sections = [
-        ("forward", lambda: forward_rows(n, 128, L, k, gemm, ("one", "pair", "wgmma"))),
+        ("forward", lambda: forward_rows(n, 128, L, k, gemm, ("one", "pair", "wgmma", "wgmma2", "wgmma2s", "wgmma2c", "wgmma2sc"))),
         ("heads", lambda: {str(H): forward_rows(n, H, L, k, gemm, ("one", "pair", "one_acc2", "pair_acc2",
                                                                    "pair_nk64")) for H in (8, 16)}),
         ("backward", lambda: backward_rows(n, 128, L, k, res.get("forward", {}).get("one", {}).get("tflops"))),

@@ -1,6 +1,7 @@
 """One launch of each kernel that an open issue's target depends on, for `ncu` (counters, stall
 reasons). Cases: table (issue 21: the v2 threshold, streaming filter, shared-memory select and
-fused kernel at 4096 x 131072 float32, k = 2048), attend_wgmma (the sm_90a forward, 128 heads), pipeline (issue 14: the threshold and select of
+fused kernel at 4096 x 131072 float32, k = 2048), attend_wgmma (the sm_90a forward, 128 heads), attend_wgmma2 / 2c / 2s / 2sc (its version 2: c the 2-CTA
+cluster, s the swizzled key tile), pipeline (issue 14: the threshold and select of
 the dsv32-128k preset), attend (issue 18: the forward at 128 heads MLA, one and pair at 8 heads).
 
     ncu --clock-control none -k regex:"select|fused|threshold|attend" --section SpeedOfLight \\
@@ -78,6 +79,28 @@ def attend_wgmma():
     q, kv, idx = mla_inputs(1024, 128, 65536, 2048)
     AW.attend_forward_wgmma(q, kv[:, None, :], kv[:, None, :512], idx, None)
     torch.cuda.synchronize()
+
+
+def attend_wgmma2(cluster=False, swz=False):
+    import torch
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_attention import mla_inputs
+    from workbench.families.cupy import attend_wgmma2 as AW2
+    q, kv, idx = mla_inputs(1024, 128, 65536, 2048)
+    AW2.attend_forward_wgmma2(q, kv[:, None, :], kv[:, None, :512], idx, None, cluster=cluster, swz=swz)
+    torch.cuda.synchronize()
+
+
+def attend_wgmma2c():
+    attend_wgmma2(cluster=True)
+
+
+def attend_wgmma2s():
+    attend_wgmma2(swz=True)
+
+
+def attend_wgmma2sc():
+    attend_wgmma2(cluster=True, swz=True)
 
 
 if __name__ == "__main__":

@@ -16,3 +16,12 @@ def test_launch_figures():
     assert INST.ATTEND_WGMMA_SMEM <= INST.ATTEND_SMEM_LIMIT
     assert INST.ATTEND_WGMMA_THREADS == 384 and INST.ATTEND_WGMMA_HEADS == 64
     assert INST.geometry_asserts("attend_wgmma.cu")
+
+
+def test_version_2_instantiations():
+    assert INST.name_expressions("attend_wgmma2.cu") == [
+        f"hytopk_attend_fwd_wgmma2{c}<{b}, {z}>" for z in ("false", "true") for c in ("", "c") for b in ("true", "false")]
+    assert INST.FILE_OPTIONS["attend_wgmma2.cu"] == ("-arch=sm_90a",)
+    # version 1's figure + 1 KiB to round the base up to a 1024-byte swizzle atom
+    assert INST.ATTEND_WGMMA2_SMEM == INST.ATTEND_WGMMA_SMEM + 1024 <= INST.ATTEND_SMEM_LIMIT
+    assert len(INST.geometry_asserts("attend_wgmma2.cu")) == 2

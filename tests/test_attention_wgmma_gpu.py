@@ -1,5 +1,8 @@
-"""The wgmma MLA forward (kernels_cuda/attend_wgmma.cu, cupy.attend.wgmma) on a Hopper GPU (skipped
-elsewhere with the reason).
+"""The wgmma MLA forwards (kernels_cuda/attend_wgmma.cu, cupy.attend.wgmma; attend_wgmma2.cu,
+cupy.attend.wgmma2, its 2-CTA cluster kernel wgmma2c, and both with the swizzled key tile, wgmma2s
+and wgmma2sc) on a Hopper GPU (skipped elsewhere with the reason); every test runs on each kernel
+(`FWD`: the c versions forced onto the cluster kernel at every head count, the odd head-block counts
+padded with an empty block).
 
 Bit for bit on the exact hot/cold inputs of tests/test_attention_gpu.py; against the float64
 reference with its tolerance on random bf16 inputs (padding, duplicates, shared and disjoint
@@ -24,13 +27,24 @@ pytestmark = GPU_MARKS
 KINDS = ["random", "dups", "shared", "disjoint", "empty", "pad_only"]
 
 
-@pytest.fixture(scope="module")
-def AW():
-    from workbench.families.cupy import attend_wgmma
+VERSIONS = ["wgmma", "wgmma2", "wgmma2c", "wgmma2s", "wgmma2sc"]
+
+
+def _forward(version):
+    from workbench.families.cupy import attend_wgmma, attend_wgmma2
     from workbench import loader
     if loader.current_arch() != "90":
         pytest.skip("cupy.attend.wgmma needs a Hopper GPU (sm_90a)")
-    return attend_wgmma
+    if version == "wgmma":
+        return attend_wgmma.attend_forward_wgmma
+    cluster, swz = version.endswith("c"), version.startswith("wgmma2s")
+    return lambda *a, **kw: attend_wgmma2.attend_forward_wgmma2(*a, cluster=cluster, swz=swz, **kw)
+
+
+@pytest.fixture(scope="module", params=VERSIONS)
+def FWD(request):
+    """The forward of one kernel version: (q, k, v, idx, scale, out_dtype=...) -> (out, lse)."""
+    return _forward(request.param)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +55,7 @@ def CA():
 
 @pytest.mark.parametrize("Hq", [128, 64, 8])
 @pytest.mark.parametrize("kind", ["random", "dups", "shared", "empty"])
-def test_exact_hot_cold_logits_bit_for_bit(AW, Hq, kind):
+def test_exact_hot_cold_logits_bit_for_bit(FWD, Hq, kind):
     """Hot keys (logit 0) / cold keys (exp2 underflows to exactly 0): out = the exact mean of the hot
     keys' small-integer values, as the float32 quotient (tests/test_attention_gpu.py's case)."""
     Dqk, Dv = 576, 512
@@ -55,7 +69,7 @@ def test_exact_hot_cold_logits_bit_for_bit(AW, Hq, kind):
     q[:, :, 0] = np.where(rng.random((n, Hq)) < 0.8, 2.0, 0.0)
     qd, qh = bf16(q)
     idx = make_idx(rng, n, L, kk, kind)
-    out, lse = AW.attend_forward_wgmma(qd, k, v, cp.asarray(idx), 1.0, out_dtype="float32")
+    out, lse = FWD(qd, k, v, cp.asarray(idx), 1.0, out_dtype="float32")
     out = cp.asnumpy(out)
     want = np.zeros((n, Hq, Dv), np.float32)
     for t in range(n):
@@ -74,13 +88,13 @@ def test_exact_hot_cold_logits_bit_for_bit(AW, Hq, kind):
 @pytest.mark.parametrize("Hq", [128, 64, 16, 192])
 @pytest.mark.parametrize("kk", [64, 100, 300])
 @pytest.mark.parametrize("kind", KINDS)
-def test_random_inputs_match_reference(AW, Hq, kk, kind):
+def test_random_inputs_match_reference(FWD, Hq, kk, kind):
     rng = np.random.default_rng(seed("wgmma", Hq, kk, kind, 1))
     n, L = 7, 700
     k, v, kh, vh = layout(True, L, 1, 576, 512, rng)
     qd, qh = bf16(rng.standard_normal((n, Hq, 576)))
     idx = make_idx(rng, n, L, kk, kind)
-    out, lse = AW.attend_forward_wgmma(qd, k, v, cp.asarray(idx), None, out_dtype="float32")
+    out, lse = FWD(qd, k, v, cp.asarray(idx), None, out_dtype="float32")
     ro, rl = RA.attend(qh, kh, vh, idx)
     np.testing.assert_allclose(cp.asnumpy(out), ro, rtol=2e-2, atol=2e-2)
     np.testing.assert_allclose(cp.asnumpy(lse), rl, rtol=1e-4, atol=1e-3)
@@ -89,44 +103,44 @@ def test_random_inputs_match_reference(AW, Hq, kk, kind):
 
 
 @pytest.mark.parametrize("kind", ["random", "dups", "shared"])
-def test_close_to_the_one_kernel(AW, CA, kind):
+def test_close_to_the_one_kernel(FWD, CA, kind):
     rng = np.random.default_rng(seed("wgmma-one", kind))
     n, L, kk = 9, 3000, 1000
     k, v, _, _ = layout(True, L, 1, 576, 512, rng)
     qd, _ = bf16(rng.standard_normal((n, 128, 576)))
     idx = cp.asarray(make_idx(rng, n, L, kk, kind))
     o1, l1 = CA.attend_forward(qd, k, v, idx, None, qpt=1, out_dtype="float32")
-    ow, lw = AW.attend_forward_wgmma(qd, k, v, idx, None, out_dtype="float32")
+    ow, lw = FWD(qd, k, v, idx, None, out_dtype="float32")
     np.testing.assert_allclose(cp.asnumpy(ow), cp.asnumpy(o1), rtol=1e-2, atol=1e-2)
     np.testing.assert_allclose(cp.asnumpy(lw), cp.asnumpy(l1), rtol=1e-5, atol=1e-4)
 
 
-def test_large_logits_and_k_2048(AW):
+def test_large_logits_and_k_2048(FWD):
     rng = np.random.default_rng(5)
     n, L, kk, Hq = 4, 5000, 2048, 128
     k, v, kh, vh = layout(True, L, 1, 576, 512, rng)
     qd, qh = bf16(rng.standard_normal((n, Hq, 576)) * 8.0)     # logits ~ +-200: one-hot-ish softmax
     idx = make_idx(rng, n, L, kk, "shared")
-    out, lse = AW.attend_forward_wgmma(qd, k, v, cp.asarray(idx), None, out_dtype="float32")
+    out, lse = FWD(qd, k, v, cp.asarray(idx), None, out_dtype="float32")
     ro, rl = RA.attend(qh, kh, vh, idx)
     assert np.all(np.isfinite(cp.asnumpy(out)))
     np.testing.assert_allclose(cp.asnumpy(out), ro, rtol=3e-2, atol=3e-2)
     np.testing.assert_allclose(cp.asnumpy(lse), rl, rtol=1e-4, atol=1e-2)
 
 
-def test_bf16_output_is_the_rounded_float32_one(AW):
+def test_bf16_output_is_the_rounded_float32_one(FWD):
     rng = np.random.default_rng(6)
     k, v, _, _ = layout(True, 300, 1, 576, 512, rng)
     qd, _ = bf16(rng.standard_normal((5, 64, 576)))
     idx = cp.asarray(make_idx(rng, 5, 300, 130, "random"))
-    o32, l32 = AW.attend_forward_wgmma(qd, k, v, idx, None, out_dtype="float32")
-    o16, l16 = AW.attend_forward_wgmma(qd, k, v, idx, None, out_dtype="bfloat16")
+    o32, l32 = FWD(qd, k, v, idx, None, out_dtype="float32")
+    o16, l16 = FWD(qd, k, v, idx, None, out_dtype="bfloat16")
     assert o16.dtype == cp.uint16
     np.testing.assert_array_equal(cp.asnumpy(o16), float32_to_bf16_bits(cp.asnumpy(o32)))
     np.testing.assert_array_equal(bits(l16), bits(l32))
 
 
-def test_strided_kv_rows(AW):
+def test_strided_kv_rows(FWD):
     """kv rows inside a wider buffer (row stride 640 elements): the same result as a compact copy."""
     rng = np.random.default_rng(8)
     L = 400
@@ -136,29 +150,48 @@ def test_strided_kv_rows(AW):
     kc = cp.ascontiguousarray(kvs)
     qd, _ = bf16(rng.standard_normal((3, 128, 576)))
     idx = cp.asarray(make_idx(rng, 3, L, 200, "random"))
-    a = AW.attend_forward_wgmma(qd, kvs[:, None, :], kvs[:, None, :512], idx, None, out_dtype="float32")
-    b = AW.attend_forward_wgmma(qd, kc[:, None, :], kc[:, None, :512], idx, None, out_dtype="float32")
+    a = FWD(qd, kvs[:, None, :], kvs[:, None, :512], idx, None, out_dtype="float32")
+    b = FWD(qd, kc[:, None, :], kc[:, None, :512], idx, None, out_dtype="float32")
     for x, y in zip(a, b):
         np.testing.assert_array_equal(bits(x), bits(y))
 
 
-def test_gqa_is_refused_with_a_clear_error(AW):
+def test_gqa_is_refused_with_a_clear_error(FWD):
     rng = np.random.default_rng(11)
     k, v, _, _ = layout(False, 100, 2, 128, 128, rng)
     qd, _ = bf16(rng.standard_normal((2, 8, 128)))
     idx = cp.asarray(make_idx(rng, 2, 100, 16, "random"))
     with pytest.raises(ValueError, match="cupy.attend.one"):
-        AW.attend_forward_wgmma(qd, k, v, idx, None)
+        FWD(qd, k, v, idx, None)
 
 
-def test_registered_variant(AW):
+@pytest.mark.parametrize("name", ["cupy.attend." + v for v in VERSIONS])
+def test_registered_variant(name):
     from workbench import registry
-    assert "cupy.attend.wgmma" in [v.name for v in registry.variants("attend", "cupy")]
+    _forward("wgmma")                                        # (skips off Hopper)
+    assert name in [v.name for v in registry.variants("attend", "cupy")]
     rng = np.random.default_rng(9)
     k, v, kh, vh = layout(True, 500, 1, 576, 512, rng)
     qd, qh = bf16(rng.standard_normal((5, 128, 576)))
     idx = make_idx(rng, 5, 500, 200, "shared")
-    out, lse = registry.get("cupy.attend.wgmma")(qd, k, v, cp.asarray(idx), None)
+    out, lse = registry.get(name)(qd, k, v, cp.asarray(idx), None)
     ro, rl = registry.get("reference.attend")(qh, kh, vh, idx, None)
     np.testing.assert_allclose(cp.asnumpy(out), ro, rtol=2e-2, atol=2e-2)
     np.testing.assert_allclose(cp.asnumpy(lse), rl, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("Hq, kk", [(128, 2048), (128, 300), (64, 1000), (192, 130), (16, 64)])
+@pytest.mark.parametrize("version", VERSIONS[1:])
+def test_version_2_is_version_1_bit_for_bit(version, Hq, kk):
+    """The same arithmetic in the same order: out and lse equal version 1's bits (cluster or not,
+    several tiles, padding, a partial last tile, more queries than SMs' worth of blocks)."""
+    v1, v2 = _forward("wgmma"), _forward(version)
+    rng = np.random.default_rng(seed("wgmma-v2", version, Hq, kk))
+    n, L = 300 if Hq == 128 and kk == 300 else 5, 5000
+    k, v, _, _ = layout(True, L, 1, 576, 512, rng)
+    qd, _ = bf16(rng.standard_normal((n, Hq, 576)))
+    idx = cp.asarray(make_idx(rng, n, L, kk, "random"))
+    for dt in ("float32", "bfloat16"):
+        a, b = v1(qd, k, v, idx, None, out_dtype=dt), v2(qd, k, v, idx, None, out_dtype=dt)
+        for x, y in zip(a, b):                           # raw bytes: bf16 bits, float32 bits, -inf lse
+            np.testing.assert_array_equal(cp.asnumpy(x).view(np.uint8), cp.asnumpy(y).view(np.uint8))

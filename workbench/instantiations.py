@@ -58,10 +58,11 @@ KERNELS = {
                   ("hytopk_attend_bwd_hb2", "attend"), ("hytopk_attend_dkv_reduce_warp", "attend"),
                   ("hytopk_attend_fwd_acc2", "attend")),
     "attend_wgmma.cu": (("hytopk_attend_fwd_wgmma", "attend_wgmma"),),
+    "attend_wgmma2.cu": (("hytopk_attend_fwd_wgmma2", "attend_wgmma"), ("hytopk_attend_fwd_wgmma2c", "attend_wgmma")),
 }
 # files that need an arch-specific target (wgmma exists on sm_90a only): NVRTC options, nvcc -gencode
 FILE_OPTIONS = {"wgmma.cu": ("-arch=sm_90a",), "wgmma_ws.cu": ("-arch=sm_90a",), "attend_wgmma.cu": ("-arch=sm_90a",),
-                "wgmma_ws_threshold.cu": ("-arch=sm_90a",)}
+                "wgmma_ws_threshold.cu": ("-arch=sm_90a",), "attend_wgmma2.cu": ("-arch=sm_90a",)}
 
 
 def nvcc_target(file: str, arch: str) -> str:
@@ -174,6 +175,15 @@ def attend_wgmma_name(out_bf16) -> str:
     return f"hytopk_attend_fwd_wgmma<{_b(out_bf16)}>"
 
 
+# attend_wgmma2.cu: version 2 (attend_wgmma.cu's layout + 1 KiB to round the base up to 1024 B);
+# cluster: the 2-CTA kernel; swz: the 128-byte-swizzled key tile (full-sector gather)
+ATTEND_WGMMA2_SMEM = ATTEND_WGMMA_SMEM + 1024                             # attw2::LAUNCH_SMEM (static_assert)
+
+
+def attend_wgmma2_name(out_bf16, cluster, swz) -> str:
+    return f"hytopk_attend_fwd_wgmma2{'c' if cluster else ''}<{_b(out_bf16)}, {_b(swz)}>"
+
+
 def attend_names() -> tuple:
     """The instantiations the compile check builds (the shipped shapes' hot ones)."""
     out = []
@@ -234,6 +244,9 @@ def geometry_asserts(file: str, shapes=SHAPES) -> list[str]:
     if file == "wgmma_ws_threshold.cu":
         from workbench.geometry import ws_threshold_v2_static_asserts
         return ws_threshold_v2_static_asserts(list(dict.fromkeys(tiled_shape(*s) for s in shapes)))
+    if file == "attend_wgmma2.cu":
+        return [f'static_assert(hytopk::attw2::LAUNCH_SMEM == {ATTEND_WGMMA2_SMEM}, "instantiations.ATTEND_WGMMA2_SMEM drifted");',
+                f'static_assert(hytopk::attw2::THREADS == {ATTEND_WGMMA_THREADS}, "instantiations.ATTEND_WGMMA_THREADS drifted");']
     if file != "wgmma_ws.cu":
         return []
     from workbench.geometry import ws_static_asserts
@@ -262,6 +275,8 @@ def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
         return attend_names()
     if file == "attend_wgmma.cu":
         return tuple(attend_wgmma_name(b) for b in (True, False))
+    if file == "attend_wgmma2.cu":
+        return tuple(attend_wgmma2_name(b, c, z) for z in (False, True) for c in (False, True) for b in (True, False))
     for kernel, over in KERNELS[file]:
         if over == "plain":
             out.append(name(kernel))

@@ -1,0 +1,97 @@
+"""Sparse attention forward on wgmma (sm_90a), version 2 (kernels_cuda/attend_wgmma2.cu).
+
+Variants of the `attend` stage (MLA only, as cupy.attend.wgmma, the same function and results):
+  cupy.attend.wgmma2   version 1's block (one query x 64 heads, a cp.async gather producer, two
+                       wgmma consumers) with the producer's index loads one tile ahead
+  cupy.attend.wgmma2c  the same, the two head blocks of a query as a 2-CTA cluster: each gathers
+                       half of every key tile from L2 and copies it into the other's shared memory
+  cupy.attend.wgmma2s  wgmma2 with the key tile in the 128-byte-swizzle layout, so the gather reads
+                       whole 32-byte sectors (version 1's copies read each sector twice)
+  cupy.attend.wgmma2sc both (swizzled tile, 2-CTA cluster)
+"""
+from __future__ import annotations
+
+import os
+
+import cupy as cp
+import numpy as np
+
+from workbench import instantiations as INST
+
+from ... import loader
+from ...registry import register
+from ._launch import launch_stream
+from .attend import Bound
+from .attend_wgmma import unsupported
+from .wgmma import require_sm90
+
+FILE = "attend_wgmma2.cu"
+
+
+def _fn(name: str):
+    opts = INST.FILE_OPTIONS[FILE]
+    if os.environ.get("HYTOPK_ATTW2_V_SWAP") == "1":       # probe: the swizzled V descriptor's offsets swapped
+        opts = opts + ("-DHYTOPK_ATTW2_V_SWAP",)
+    return loader.module(FILE, (name,), options=opts).function(name)
+
+
+def attend_forward_wgmma2(q, k, v, idx, scale=None, *, out_dtype="bfloat16", cluster=False, swz=False):
+    """(out [n, Hq, 512], lse float32 [n, Hq]) on a Hopper GPU; inputs as attend.attend_forward.
+
+    cluster: False, the one-block kernel; True, the 2-CTA cluster kernel (head blocks per query
+    rounded up to even: at Hq <= 64 or 129..192 the extra block computes zero heads, so "auto"
+    takes the cluster only when ceil(Hq / 64) is already even). swz: the 128-byte-swizzled key tile."""
+    if out_dtype not in ("bfloat16", "float32"):
+        raise ValueError(f"argument 'out_dtype' must be 'bfloat16' or 'float32', got {out_dtype!r}")
+    if cluster not in (False, True, "auto"):
+        raise ValueError(f"argument 'cluster' must be False, True or 'auto', got {cluster!r}")
+    require_sm90()
+    with launch_stream():
+        b = Bound(q, k, v, idx, scale)
+        why = unsupported(b)
+        if why:
+            raise ValueError(f"arguments 'k', 'v': cupy.attend.wgmma2 {why}; use cupy.attend.one")
+        out_bf16 = out_dtype == "bfloat16"
+        out = cp.empty((b.n, b.Hq, b.DV), cp.uint16 if out_bf16 else cp.float32)
+        lse = cp.empty((b.n, b.Hq), cp.float32)
+        nhb = -(-b.Hq // INST.ATTEND_WGMMA_HEADS)            # head blocks per query: adjacent blocks
+        if cluster == "auto":
+            cluster = nhb % 2 == 0
+        if cluster:
+            nhb += nhb % 2                                   # a cluster = head blocks 2j, 2j+1 of one query
+        if b.n == 0 or b.Hq == 0:
+            return out, lse
+        if b.n * nhb >= 2 ** 31:
+            raise ValueError(f"argument 'q': {b.n} queries x {nhb} head blocks exceed one launch's 2^31 - 1 blocks")
+        fn = _fn(INST.attend_wgmma2_name(out_bf16, bool(cluster), bool(swz)))
+        smem = INST.ATTEND_WGMMA2_SMEM
+        if fn.max_dynamic_shared_size_bytes < smem:
+            fn.max_dynamic_shared_size_bytes = smem
+        fn((b.n * nhb,), (INST.ATTEND_WGMMA_THREADS,),
+           (b.q, b.k, np.int64(b.k_stride), b.idx, np.int32(b.kk), np.int32(b.n), np.int64(b.L), np.int32(b.Hq),
+            np.int32(nhb), b.scale_log2, out, lse), shared_mem=smem)
+        return out, lse
+
+
+@register("attend", "cupy.attend.wgmma2", gpu_only=True)
+def attend_wgmma2(q, k, v, idx, scale=None):
+    """MLA on wgmma (sm_90a), version 2: the gather's index loads one tile ahead."""
+    return attend_forward_wgmma2(q, k, v, idx, scale, out_dtype="float32", cluster=False)
+
+
+@register("attend", "cupy.attend.wgmma2c", gpu_only=True)
+def attend_wgmma2c(q, k, v, idx, scale=None):
+    """MLA on wgmma (sm_90a), version 2 with a 2-CTA cluster per query sharing the gather (even head blocks)."""
+    return attend_forward_wgmma2(q, k, v, idx, scale, out_dtype="float32", cluster="auto")
+
+
+@register("attend", "cupy.attend.wgmma2s", gpu_only=True)
+def attend_wgmma2s(q, k, v, idx, scale=None):
+    """MLA on wgmma (sm_90a), version 2 with the 128-byte-swizzled key tile (full-sector gather)."""
+    return attend_forward_wgmma2(q, k, v, idx, scale, out_dtype="float32", cluster=False, swz=True)
+
+
+@register("attend", "cupy.attend.wgmma2sc", gpu_only=True)
+def attend_wgmma2sc(q, k, v, idx, scale=None):
+    """MLA on wgmma (sm_90a), version 2: swizzled key tile and the 2-CTA cluster (even head blocks)."""
+    return attend_forward_wgmma2(q, k, v, idx, scale, out_dtype="float32", cluster="auto", swz=True)
