@@ -195,3 +195,38 @@ def test_version_2_is_version_1_bit_for_bit(version, Hq, kk):
         a, b = v1(qd, k, v, idx, None, out_dtype=dt), v2(qd, k, v, idx, None, out_dtype=dt)
         for x, y in zip(a, b):                           # raw bytes: bf16 bits, float32 bits, -inf lse
             np.testing.assert_array_equal(cp.asnumpy(x).view(np.uint8), cp.asnumpy(y).view(np.uint8))
+
+
+def test_torch_op_takes_wgmma2s_for_mla_at_many_heads():
+    """torch.ops.hytopk.sparse_attention at 128 MLA heads (d_qk 576 / d_v 512) on Hopper: the
+    forward is cupy.attend.wgmma2s's, bit for bit; out, lse and the gradients (the mma.sync
+    backward on that forward's out / lse) stay within the reference's tolerance."""
+    torch = pytest.importorskip("torch")
+    import workbench.torch  # noqa: F401
+    from workbench.families.cupy import attend_wgmma2
+    from workbench.torch import attention as TA
+    _forward("wgmma2s")                                      # skips off Hopper
+    if not TA.WGMMA_FORWARD:
+        pytest.skip("HYTOPK_ATTEND_WGMMA=0")
+    g = torch.Generator().manual_seed(3)
+    n, L, kk, Hq = 6, 300, 200, 128
+    q = torch.randn(n, Hq, 576, generator=g).bfloat16()
+    kv = torch.randn(L, 576, generator=g).bfloat16()
+    idx = torch.from_numpy(make_idx(np.random.default_rng(4), n, L, kk, "dups"))
+    res = {}
+    for dev in ("cpu", "cuda"):
+        leaves = [x.detach().to(dev).requires_grad_() for x in (q, kv)]
+        out, lse = torch.ops.hytopk.sparse_attention(leaves[0], leaves[1], None, idx.to(dev), 512, None, True)
+        if dev == "cuda":
+            want, want_lse = attend_wgmma2.attend_forward_wgmma2(leaves[0].detach(), leaves[1].detach()[:, None, :],
+                                                                 leaves[1].detach()[:, None, :512], idx.cuda(), None,
+                                                                 swz=True)
+            assert torch.equal(out.view(torch.int16).cpu(), torch.from_dlpack(want).view(torch.int16).cpu())
+            assert torch.equal(lse.cpu(), torch.from_dlpack(want_lse).cpu())
+        out.backward(torch.ones_like(out))
+        res[dev] = [out.float().cpu(), lse.cpu()] + [x.grad.float().cpu() for x in leaves]
+    for a, b in zip(res["cuda"], res["cpu"]):
+        fin = torch.isfinite(b)
+        assert torch.equal(torch.isfinite(a), fin)
+        scale = max(1e-3, float(b[fin].abs().max())) if fin.any() else 1.0
+        assert float((a[fin] - b[fin]).abs().max()) <= 3e-2 * scale

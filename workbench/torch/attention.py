@@ -9,8 +9,9 @@ idx [n, kk] int32, -1 = padding; the selection is replayed as given, never recom
 q's dtype, lse (natural log of the softmax denominator, -inf for a query with no key) float32.
 
 CPU: the float64 reference (reference.attention), rounded. CUDA: bf16 inputs run the CuPy
-kernels (kernels_cuda/attend.cu: `pair` when a kv head has at most PAIR_MAX_HEADS query heads,
-else `one`) on PyTorch's current stream; other dtypes, graph capture or no CuPy take a chunked
+kernels on PyTorch's current stream: `pair` (kernels_cuda/attend.cu) when a kv head has at most
+PAIR_MAX_HEADS query heads; above that, MLA rows of d_qk 576 / d_v 512 on Hopper take the wgmma
+forward `wgmma2s` (attend_wgmma2.cu; HYTOPK_ATTEND_WGMMA=0 turns it off), everything else `one`; other dtypes, graph capture or no CuPy take a chunked
 pure-torch path. ``deterministic`` (None = torch.are_deterministic_algorithms_enabled()) picks
 the fixed-order dK/dV reduction of the backward (bitwise reproducible) over float atomics.
 """
@@ -25,6 +26,9 @@ from torch import Tensor
 from reference import attention as RA
 
 PAIR_MAX_HEADS = 32          # query heads per kv head up to which two queries share a block
+# the sm_90a forward for MLA (run 6 of results/h200-2026-12-01: 10.8 ms against one's 41.2 ms at
+# 128 heads, n 8192, k 2048); its backward is the mma.sync kernel's (out and lse are all it reads)
+WGMMA_FORWARD = os.environ.get("HYTOPK_ATTEND_WGMMA", "1") != "0"
 TORCH_CHUNK = 64             # queries per gathered block of the pure-torch path
 
 
@@ -65,6 +69,25 @@ def _use_kernels(q) -> bool:
         return True
     except Exception:
         return False
+
+
+def _wgmma_applies(q, k, vv) -> bool:
+    """MLA's shared rows at the wgmma forward's dims (attend_wgmma.unsupported), on Hopper."""
+    from workbench.instantiations import ATTEND_WGMMA_DIMS
+    return (WGMMA_FORWARD and k.dim() == 3 and k.shape[1] == 1 and (k.shape[2], vv.shape[2]) == ATTEND_WGMMA_DIMS
+            and vv.data_ptr() == k.data_ptr() and vv.stride() == k.stride() and k.stride(2) == 1
+            and k.stride(0) % 8 == 0 and k.data_ptr() % 16 == 0
+            and torch.cuda.get_device_capability(q.device) == (9, 0))
+
+
+def _kernel_forward(q, k, vv, idx, sc):
+    """The CuPy forward for this layout (module docstring): (out, lse) as CuPy arrays."""
+    from workbench.families.cupy import attend as CA
+    heads = q.shape[1] // k.shape[1]
+    if heads > PAIR_MAX_HEADS and _wgmma_applies(q, k, vv):
+        from workbench.families.cupy import attend_wgmma2 as AW2
+        return AW2.attend_forward_wgmma2(q, k, vv, idx, sc, swz=True)
+    return CA.attend_forward(q, k, vv, idx, sc, qpt=2 if heads <= PAIR_MAX_HEADS else 1)
 
 
 def _torch_tensor(x, like):
@@ -142,9 +165,7 @@ def sparse_attention_op(q: Tensor, kv: Tensor, v: Optional[Tensor], idx: Tensor,
         out, lse = RA.attend(_np(q), _np(k), _np(vv), idx.numpy(), sc)
         return torch.from_numpy(out).to(q.dtype), torch.from_numpy(lse).to(torch.float32)
     if _use_kernels(q):
-        from workbench.families.cupy import attend as CA
-        qpt = 2 if q.shape[1] // k.shape[1] <= PAIR_MAX_HEADS else 1
-        out, lse = CA.attend_forward(q.detach(), k.detach(), vv.detach(), idx.contiguous(), sc, qpt=qpt)
+        out, lse = _kernel_forward(q.detach(), k.detach(), vv.detach(), idx.contiguous(), sc)
         return _torch_tensor(out, q).contiguous(), _torch_tensor(lse, q).contiguous()
     out, lse = torch_forward(q.detach(), k.detach(), vv.detach(), idx, sc)
     return out.to(q.dtype), lse
