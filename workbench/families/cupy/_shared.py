@@ -17,6 +17,19 @@ from ._launch import (MAX_SAMPLES, RADIX, bind, chunks, exact_topk_smem_bytes, i
 ROWS_PER_PASS = 64          # failed rows materialised at a time: memory bounded by 64 x the longest context
 
 
+def check_candidates(cand_idx, cand_val, count):
+    """The select stage's inputs on the device: (cand_idx int32 [n, cap], cand_val float32, count
+    int32 [n], n, cap), shapes checked (call inside launch_stream())."""
+    cand_idx = i32(cand_idx, "cand_idx")
+    cand_val = cp.ascontiguousarray(cp.asarray(cand_val, cp.float32))
+    count = i32(count, "count")
+    n, capacity = cand_idx.shape
+    if cand_val.shape != (n, capacity) or count.shape != (n,):
+        raise ValueError(f"arguments 'cand_val'/'count' must have shapes {(n, capacity)}/{(n,)}, "
+                         f"got {cand_val.shape}/{count.shape}")
+    return cand_idx, cand_val, count, n, capacity
+
+
 def check_capacity(capacity) -> int:
     if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
         raise ValueError(f"argument 'capacity' must be a positive int, got {capacity!r}")

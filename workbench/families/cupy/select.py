@@ -8,7 +8,8 @@ import cupy as cp
 import numpy as np
 
 from ...registry import register
-from ._launch import (RADIX, smem_optin, bitonic_topk_smem_bytes, check_k_fits, exact_topk_smem_bytes, i32, kernel, launch,
+from ._shared import check_candidates
+from ._launch import (RADIX, smem_optin, bitonic_topk_smem_bytes, check_k_fits, exact_topk_smem_bytes, kernel, launch,
                       launch_stream, next_pow2)
 
 
@@ -74,13 +75,7 @@ def select_fast(cand_idx, cand_val, count, k):
     if fast_select_bytes(k, cap) > limit:
         return select_bitonic(cand_idx, cand_val, count, k)
     with launch_stream():
-        cand_idx = i32(cand_idx, "cand_idx")
-        cand_val = cp.ascontiguousarray(cp.asarray(cand_val, cp.float32))
-        count = i32(count, "count")
-        n, capacity = cand_idx.shape
-        if cand_val.shape != (n, capacity) or count.shape != (n,):
-            raise ValueError(f"arguments 'cand_val'/'count' must have shapes {(n, capacity)}/{(n,)}, "
-                             f"got {cand_val.shape}/{count.shape}")
+        cand_idx, cand_val, count, n, capacity = check_candidates(cand_idx, cand_val, count)
         idx = cp.empty((n, k), cp.int32)
         val = cp.empty((n, k), cp.float32)
         launch(kernel("select.cu", "hytopk_select_fast"), (n,),
@@ -92,13 +87,7 @@ def select_fast(cand_idx, cand_val, count, k):
 def _select(name, smem_bytes, cand_idx, cand_val, count, k, threads=None):
     k = check_k_fits(k, smem_bytes)
     with launch_stream():
-        cand_idx = i32(cand_idx, "cand_idx")
-        cand_val = cp.ascontiguousarray(cp.asarray(cand_val, cp.float32))
-        count = i32(count, "count")
-        n, capacity = cand_idx.shape
-        if cand_val.shape != (n, capacity) or count.shape != (n,):
-            raise ValueError(f"arguments 'cand_val'/'count' must have shapes {(n, capacity)}/{(n,)}, "
-                             f"got {cand_val.shape}/{count.shape}")
+        cand_idx, cand_val, count, n, capacity = check_candidates(cand_idx, cand_val, count)
         idx = cp.empty((n, k), cp.int32)
         val = cp.empty((n, k), cp.float32)
         launch(kernel("select.cu", name), (n,),

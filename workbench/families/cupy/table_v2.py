@@ -20,7 +20,7 @@ from ...instantiations import FUSED_CONFIGS
 from ...registry import register
 from ._launch import (MAX_SAMPLES, bind, smem_optin, bitonic_topk_smem_bytes, check_k_fits, i32, kernel, launch,
                       launch_stream, next_pow2)
-from ._shared import candidate_buffers, check_capacity
+from ._shared import check_candidates, candidate_buffers, check_capacity
 
 STREAM_BLOCK = 256          # table_v2.cu STREAM_BLOCK
 SAMPLE_BLOCK = 512          # table_v2.cu SAMPLE_BLOCK (threshold, fused, select_smem)
@@ -199,13 +199,7 @@ def filter_table_v2(source, lo, hi, T, capacity):
 def select_smem(cand_idx, cand_val, count, k):
     k = check_k_fits(k, bitonic_topk_smem_bytes)
     with launch_stream():
-        cand_idx = i32(cand_idx, "cand_idx")
-        cand_val = cp.ascontiguousarray(cp.asarray(cand_val, cp.float32))
-        count = i32(count, "count")
-        n, capacity = cand_idx.shape
-        if cand_val.shape != (n, capacity) or count.shape != (n,):
-            raise ValueError(f"arguments 'cand_val'/'count' must have shapes {(n, capacity)}/{(n,)}, "
-                             f"got {cand_val.shape}/{count.shape}")
+        cand_idx, cand_val, count, n, capacity = check_candidates(cand_idx, cand_val, count)
         if select_smem_bytes(k, select_cap(capacity)) > _limit():
             raise ValueError(f"argument 'k' = {k}: its sort buffers and {select_cap(capacity)} candidates do not fit "
                              f"in shared memory; use cupy.select.radix_bitonic")
