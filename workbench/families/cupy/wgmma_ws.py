@@ -331,20 +331,30 @@ def threshold_ws_fused(source, lo, hi, M, r):
         return _indexer(source, "cupy.threshold.wgmma_ws_fused").threshold(lo, hi, M, r)
 
 
-def _threshold_group(source, lo, hi, M, r, nrows, name, lines=False):
+def _sampled_threshold(source, lo, hi, M, r, name, max_samples, too_many, run):
+    """The grouped and v2 thresholds' common path: fp8, or one context for all, goes to
+    wgmma_ws_fused as before; so does a direct call (one sync) whose M the kernel cannot take
+    (too_many(M, lo, hi, min(num_samples(L), max_samples)): not the contract's M); else
+    run(_indexer(source, name), lo, hi, M, r)."""
     if not isinstance(source, (R.IndexerSource, Fp8IndexerSource)):
         raise TypeError(f"argument 'source': {name} takes the indexer source only")
     with launch_stream():
         lo, hi, M, r = i32(lo, "lo"), i32(hi, "hi"), i32(M, "M"), i32(r, "r")
         if isinstance(source, Fp8IndexerSource) or _shared_plan(source, lo, hi, M) is not None:
-            return threshold_ws_fused(source, lo, hi, M, r)    # fp8, or one context for all: as before
+            return threshold_ws_fused(source, lo, hi, M, r)
         if _scope.current() is None and lo.shape[0]:
-            # a direct call (one sync): an M above c repeats positions (the union merge needs them distinct),
-            # one above num_samples(L) does not fit the scratch; neither is the contract's: the per-query kernel
-            mcap = min(int(R.num_samples(int(source.keys.shape[0]))), WsGroupThresholdGeometry.MAX_SAMPLES)
-            if bool((M > cp.minimum(cp.maximum(hi - lo, 0), mcap)).any()):
+            mcap = min(int(R.num_samples(int(source.keys.shape[0]))), max_samples)
+            if bool(too_many(M, lo, hi, mcap).any()):
                 return threshold_ws_fused(source, lo, hi, M, r)
-        return _indexer(source, name).threshold_group(lo, hi, M, r, nrows, lines)
+        return run(_indexer(source, name), lo, hi, M, r)
+
+
+def _threshold_group(source, lo, hi, M, r, nrows, name, lines=False):
+    # an M above c repeats positions (the union merge needs them distinct), one above
+    # num_samples(L) does not fit the scratch
+    return _sampled_threshold(source, lo, hi, M, r, name, WsGroupThresholdGeometry.MAX_SAMPLES,
+                              lambda M, lo, hi, mcap: M > cp.minimum(cp.maximum(hi - lo, 0), mcap),
+                              lambda x, lo, hi, M, r: x.threshold_group(lo, hi, M, r, nrows, lines))
 
 
 _GROUP_NOTE = ("adjacent queries per block (G = {g}): each 64-sample chunk's positions merged into their "
@@ -431,19 +441,10 @@ def score_only_ws(source, lo, hi, consumers=4):
 
 
 def _threshold_v2(source, lo, hi, M, r, swizzle, name):
-    if not isinstance(source, (R.IndexerSource, Fp8IndexerSource)):
-        raise TypeError(f"argument 'source': {name} takes the indexer source only")
-    with launch_stream():
-        lo, hi, M, r = i32(lo, "lo"), i32(hi, "hi"), i32(M, "M"), i32(r, "r")
-        if isinstance(source, Fp8IndexerSource) or _shared_plan(source, lo, hi, M) is not None:
-            return threshold_ws_fused(source, lo, hi, M, r)    # fp8, or one context for all: as before
-        if _scope.current() is None and lo.shape[0]:
-            # a direct call (one sync): more samples than num_samples(L) (not the contract's M) do not
-            # fit the kernel's shared memory: the per-query kernel, which reads up to 8192
-            mcap = min(int(R.num_samples(int(source.keys.shape[0]))), WsThresholdV2Geometry.MAX_SAMPLES)
-            if bool((M > mcap).any()):
-                return threshold_ws_fused(source, lo, hi, M, r)
-        return _indexer(source, name).threshold_v2(lo, hi, M, r, swizzle)
+    # more samples than num_samples(L) do not fit the kernel's shared memory
+    return _sampled_threshold(source, lo, hi, M, r, name, WsThresholdV2Geometry.MAX_SAMPLES,
+                              lambda M, lo, hi, mcap: M > mcap,
+                              lambda x, lo, hi, M, r: x.threshold_v2(lo, hi, M, r, swizzle))
 
 
 _V2_NOTE = ("one block per query: a producer warp steps the sample positions (no positions array, no "
