@@ -107,6 +107,32 @@ __device__ u32 block_radix_select(const Get& get, long long m, u32 rank, u32* hi
     return sc->prefix;
 }
 
+// T of a sampled threshold: the rank-th best (1-based, clamped to [1, m]) of m sample bits in
+// shared memory, written as the need-th sample in position order among those with the selected
+// key (the contract's T is a value; only its key matters, this picks one deterministically).
+// Every thread of the block calls it; one warp writes *T.
+template <bool FAST = false>
+__device__ __forceinline__ void write_rth_sample(const u32* bits, int m, int r, u32* hist, SelectScalars* sc,
+                                                 u32* T) {
+    const u32 rank = (u32)min(max(r, 1), m);
+    auto sample_key = [&](long long j, u32* out) { *out = order_key_bits(bits[j]); return true; };
+    const u32 kstar = block_radix_select<true, FAST>(sample_key, m, rank, hist, sc);
+    const u32 need = sc->remaining;
+    if (threadIdx.x < 32) {
+        u32 seen = 0u;
+        for (int base = 0; base < m; base += 32) {
+            const int j = base + (int)lane_id();
+            const bool match = j < m && order_key_bits(bits[j]) == kstar;
+            const u32 mask = __ballot_sync(0xffffffffu, match);
+            if (seen + __popc(mask) >= need) {
+                if (match && seen + __popc(mask & lanes_below_mask()) + 1u == need) *T = bits[j];
+                break;
+            }
+            seen += __popc(mask);
+        }
+    }
+}
+
 // Sort buffers for up to k kept entries: `a` is filled by the caller, `b` is
 // the ping-pong partner. Kept as separate pointers (no arrays indexed at run
 // time) so nothing lands in local memory.

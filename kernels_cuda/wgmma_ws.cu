@@ -429,23 +429,7 @@ __device__ __forceinline__ void threshold_body(HYTOPK_WS_ARGS, int n, const int*
                                [&](long long j) { return (int)(a + (j * c) / Mt); },
                                [&](long long j, u32 v) { bits[j] = v; }, smem);
     __syncthreads();
-    const u32 rank = (u32)min(max(r[t], 1), m);
-    auto sample_key = [&](long long j, u32* out) { *out = order_key_bits(bits[j]); return true; };
-    const u32 kstar = block_radix_select<true>(sample_key, m, rank, hist, sc);
-    const u32 need = sc->remaining;
-    if (threadIdx.x < 32) {                                  // the need-th sample (position order) with key K*
-        u32 seen = 0u;
-        for (int base = 0; base < m; base += 32) {
-            const int j = base + (int)lane_id();
-            const bool match = j < m && order_key_bits(bits[j]) == kstar;
-            const u32 mask = __ballot_sync(FULL, match);
-            if (seen + __popc(mask) >= need) {
-                if (match && seen + __popc(mask & lanes_below_mask()) + 1u == need) T[t] = bits[j];
-                break;
-            }
-            seen += __popc(mask);
-        }
-    }
+    write_rth_sample<false>(bits, m, r[t], hist, sc, T + t);
 }
 
 
