@@ -20,7 +20,9 @@ fused_hytopk_v2 (one streaming kernel per row, flagged rows through the radix ke
 table_hytopk_v2 (TableHyTopK(kernels="v2")), and the staged path's stages alone for both designs:
 threshold_only, filter_only (the streaming filter; GB/s here is the filter's read rate) and
 select_only; fused_hytopk_v2[no prefetch] and filter_only_v2[no prefetch] time the v2 reads without
-their L2 prefetch (table_v2.FUSED_AHEAD / FILTER_AHEAD = 0). --quick leaves out the slow end-to-end rows (table_topk with match atomics,
+their L2 prefetch (table_v2.FUSED_AHEAD / FILTER_AHEAD = 0); fused_hytopk_v2[one read] times the
+one-read fused kernel (table_v2.FUSED_ONE_READ = 1: hytopk_table_fused1 at (1024, 1)), its idx
+checked against the radix path, its flagged rows and counts against fused_hytopk_v2's. --quick leaves out the slow end-to-end rows (table_topk with match atomics,
 backend.plan.table, backend.topk).
 Each row also records whether its values equal torch.topk's (bit for bit: the multiset of
 the k best values does not depend on tie order) and whether every HyTopK path's idx equals the
@@ -167,6 +169,14 @@ def main(argv=None):
                     lambda: tab.fused_hytopk(scores, lo, hi, k, count=count2, host_check=False, design="v2"),
                     args.repeats, torch)
                 tab_v2.FUSED_AHEAD, tab_v2.FILTER_AHEAD = ahead
+                one_saved = tab_v2.FUSED_ONE_READ, tab_v2.FUSED_THREADS, tab_v2.FUSED_MIN_BLOCKS
+                tab_v2.FUSED_ONE_READ, tab_v2.FUSED_THREADS, tab_v2.FUSED_MIN_BLOCKS = 1, 1024, 1
+                count3 = cp.empty(n, cp.int32)           # the one-read kernel (hytopk_table_fused1)
+                res["fused_hytopk_v2[one read]"] = timed(
+                    lambda: tab.fused_hytopk(scores, lo, hi, k, count=count3, host_check=False, design="v2"),
+                    args.repeats, torch)
+                i_one = tab.fused_hytopk(scores, lo, hi, k, count=count3, host_check=False, design="v2")[0]
+                tab_v2.FUSED_ONE_READ, tab_v2.FUSED_THREADS, tab_v2.FUSED_MIN_BLOCKS = one_saved
                 plans = {d: tab.TableHyTopK(n, L, lo_h, hi_h, k, kernels=d) for d in ("v1", "v2")}
                 for d, sfx in (("v1", ""), ("v2", "_v2")):
                     plan = plans[d]
@@ -197,6 +207,7 @@ def main(argv=None):
                 same_idx["fused"] = tab.fused_hytopk(scores, lo, hi, k, count=count, host_check=False)[0]
                 same_idx["fused_v2"] = tab.fused_hytopk(scores, lo, hi, k, count=count2, host_check=False,
                                                         design="v2")[0]
+                same_idx["fused_v2[one read]"] = i_one
                 same_idx["staged"] = plans["v1"](scores)[0].copy()
                 same_idx["staged_v2"] = plans["v2"](scores)[0].copy()
                 if not args.quick:
@@ -210,6 +221,9 @@ def main(argv=None):
                 row["fused_rows_past_cap_or_below_k"] = int(((c1 < k) | (c1 > tab.check_topk_k(k)[1])).sum())
                 row["fused_v2_rows_flagged"] = int(((c2 < k) | (c2 > tab_v2.fused_cap(k))).sum())
                 row["fused_counts_equal"] = bool((c1 == c2).all())
+                c3 = cp.asnumpy(count3)
+                row["fused_v2_one_read_rows_flagged"] = int(((c3 < k) | (c3 > tab_v2.fused_cap(k))).sum())
+                row["fused_v2_one_read_counts_equal"] = bool((c3 == c2).all())
                 for d, sfx in (("v1", ""), ("v2", "_v2")):
                     st = plans[d].stats()
                     row["hytopk_failed_rows" + sfx] = int(st["failed"].sum())

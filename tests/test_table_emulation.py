@@ -93,3 +93,47 @@ def test_v2_fused_fallback_of_listed_rows_on_the_cpu(driver):
     hi = np.array([L, L, 150, 7, L - 1], np.int32)  # 15000, 14997, 50 (<= k), 0, 14998
     count, failed = E.check_case(driver, s, lo, hi, k, 2000)
     assert failed.tolist() == [1, 1, 0, 0, 1]       # three rows listed, two blocks
+
+
+@pytest.mark.parametrize("family,lay,k,bf16,offset", [
+    ("gaussian", "full", 256, False, 0),
+    ("alias_on_samples", "full", 64, False, 1),         # the pre-sample is a subset of the samples: aliased too
+    ("alias_between_samples", "varlen", 300, True, 3),
+    ("ties_at_kth", "full", 512, False, 0),
+    ("specials", "edge", 128, True, 2),
+    ("relu_plateau", "random", 64, False, 0),
+    ("integers", "causal_tail", 256, False, 3),
+])
+def test_v2_fused_one_read_on_the_cpu(driver, family, lay, k, bf16, offset):
+    """The one-read fused kernel (hytopk_table_fused1) on the adversarial families: the driver asserts
+    its finished rows, counts and listed rows equal the fused kernel's (forced one-read plan at 1024
+    threads, the default plan at 512); here: the one-read path really ran (rows of M >= 128 samples
+    whose T0 held)."""
+    rng = np.random.default_rng(hash((family, lay, "one")) % 2**32)
+    n, L = 3, 12000
+    lo, hi = G.layout(lay, n, L, k, rng)
+    s = G.score_table(family, n, L, k, rng, lo, hi)
+    stats = {}
+    E.check_case(driver, s, lo, hi, k, 2000, offset=offset, bf16=bf16, stats=stats)
+    if family in ("gaussian", "alias_between_samples"):
+        assert stats["one_read"][0] >= 1 and stats["one_read"][1] >= 1, stats
+
+
+def test_v2_fused_one_read_fallbacks_on_the_cpu(driver):
+    """Rows whose T0 fails read again with K* and end as the fused kernel ends them. k = 1024, c =
+    16384: M = 4096 samples (every 4th position), r = 768, T0 = about the 481st best of the 1024
+    pre-samples (every 16th position). Row 0: all equal, a few higher: the collection overflows
+    (then listed: count > cap). Row 1: the pre-sample positions alone are high: 481 < r samples at
+    or above T0, so K* < T0. Row 2: read once."""
+    n, L, k = 3, 16384, 1024
+    rng = np.random.default_rng(7)
+    s = rng.standard_normal((n, L)).astype(np.float32)
+    s[0, :] = 0.5
+    s[0, ::97] = 1.0
+    s[1, ::16] = 10.0 + rng.random(L // 16).astype(np.float32)
+    lo = np.zeros(n, np.int32)
+    hi = np.full(n, L, np.int32)
+    stats = {}
+    count, failed = E.check_case(driver, s, lo, hi, k, 2000, stats=stats)
+    assert stats["one_read"] == [1, 1], stats        # only row 2 is read once (both launches)
+    assert failed.tolist()[0] == 1

@@ -77,6 +77,32 @@ def test_fused_hytopk_counts_are_the_contracts(tab, family, dtype, design):
         assert np.array_equal(cp.asnumpy(count), ref.count), (k, lay)
 
 
+@pytest.mark.parametrize("z", [3.0, -1.0])
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_hytopk_one_read_is_the_fused_kernel(tab, family, dtype, z):
+    """table_v2.FUSED_ONE_READ = 1 (hytopk_table_fused1 at (1024, 1)): the exact top-k and the
+    contract's counts whichever path each row took (z = -1: the one-read plan forced on every row
+    with M >= 128; z = 3: the shipped plan), on rows long enough for the pre-sample to matter."""
+    from workbench.families.cupy import table_v2 as v2
+    rng = np.random.default_rng(hash((family, dtype, "one")) % 2**32)
+    n, L = 6, 131072
+    saved = v2.FUSED_ONE_READ, v2.FUSED_ONE_READ_Z, v2.FUSED_THREADS, v2.FUSED_MIN_BLOCKS
+    v2.FUSED_ONE_READ, v2.FUSED_ONE_READ_Z, v2.FUSED_THREADS, v2.FUSED_MIN_BLOCKS = 1, z, 1024, 1
+    try:
+        for k, lay in ((64, "full"), (2048, "full"), (512, "causal_tail"), (2048, "varlen"), (300, "edge")):
+            lo, hi = G.layout(lay, n, L, k, rng)
+            s = G.score_table(family, n, L, k, rng, lo, hi)
+            wide = s
+            if dtype == "bfloat16":
+                s, wide = bf16_table(s)
+            count = cp.zeros(n, cp.int32)
+            assert same(*tab.fused_hytopk(s, lo, hi, k, count=count, design="v2"), *R.topk(wide, lo, hi, k)), (k, lay)
+            assert np.array_equal(cp.asnumpy(count), R.hytopk(wide, lo, hi, k).count), (k, lay)
+    finally:
+        v2.FUSED_ONE_READ, v2.FUSED_ONE_READ_Z, v2.FUSED_THREADS, v2.FUSED_MIN_BLOCKS = saved
+
+
 @pytest.mark.parametrize("k", [512, 2048])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_table_topk_large_k_every_family(tab, family, k):

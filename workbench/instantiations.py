@@ -19,6 +19,9 @@ TABLES = (TABLE, TABLE_BF16)
 # (threads, blocks per SM) of table_v2.cu's hytopk_table_fused_cfg (table_v2.py FUSED_THREADS /
 # FUSED_MIN_BLOCKS, bench_table_topk.py --fused-sweep); (512, 2) is hytopk_table_fused itself
 FUSED_CONFIGS = ((256, 3), (256, 4), (1024, 1))
+# (threads, blocks per SM) of table_v2.cu's one-read hytopk_table_fused1 (table_v2.py FUSED_ONE_READ;
+# (512, 2) would spill 4 bytes for bf16)
+FUSED1_CONFIGS = ((1024, 1),)
 
 # file -> (kernel, what it is instantiated over)
 #   "table+indexer": every source; "indexer": indexer sources only; "tables": the table sources only;
@@ -38,7 +41,7 @@ KERNELS = {
                       ("hytopk_table_topk_listed", "tables")),
     "table_v2.cu": (("hytopk_table_threshold", "tables"), ("hytopk_table_filter_pieces", "tables"),
                     ("hytopk_table_fused", "tables"), ("hytopk_select_smem", "plain"),
-                    ("hytopk_table_fused_cfg", "tables_cfg")),
+                    ("hytopk_table_fused_cfg", "tables_cfg"), ("hytopk_table_fused1", "tables_cfg1")),
     "dense.cu": (("hytopk_dense", "indexer"),),
     "replay.cu": (("hytopk_replay", "indexer"),),
     "score_only.cu": (("hytopk_score_only", "indexer"),),
@@ -311,6 +314,9 @@ def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
             continue
         if over == "tables_cfg":                # the fused table kernel's swept (threads, blocks per SM)
             out += [f"{kernel}<{src}, {t}, {b}>" for src in TABLES for t, b in FUSED_CONFIGS]
+            continue
+        if over == "tables_cfg1":               # the one-read fused table kernel
+            out += [f"{kernel}<{src}, {t}, {b}>" for src in TABLES for t, b in FUSED1_CONFIGS]
             continue
         if over == "table+indexer":
             out += [name(kernel, src) for src in TABLES]

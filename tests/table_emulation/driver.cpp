@@ -5,6 +5,9 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <atomic>
+static std::atomic<int> g_one_read_rows{0};    // rows hytopk_table_fused1 finished reading once
+#define HYTOPK_EMU_ONE_READ_HOOK(t) (threadIdx.x == 0 ? (void)g_one_read_rows.fetch_add(1) : (void)0)
 #include "kernels_emu.inc"
 
 using namespace hytopk;
@@ -67,7 +70,39 @@ static void run(std::ifstream& in, std::ofstream& out, int n, int L, int k, int 
             if (!same) { std::fprintf(stderr, "fused (1024, 1): row %d differs from the 512-thread kernel\n", t); std::exit(1); }
         }
     }
+    // the one-read kernel (table_v2.py FUSED_ONE_READ): its finished rows must equal the 512-thread
+    // kernel's bit for bit, with the same counts and the same listed rows (same cap); z = -1 forces
+    // the one-read plan on every row (at 1024 threads), z = 3 is table_v2.py's default (at 512)
+    int one_read[2] = {0, 0};
+    for (int variant = 0; variant < 2; ++variant) {
+        std::vector<int> idx2((size_t)n * k, 9), count2(n, -5), flagged2(n, -3), nflagged2(1, 0);
+        std::vector<float> val2((size_t)n * k, 9.0f);
+        g_one_read_rows = 0;
+        const int threads = variant == 0 ? 1024 : 512;
+        emu::launch({(unsigned)n, 1, 1}, threads, 4 * table_fused_smem_words(k, cap, threads), [&] {
+            if (variant == 0)
+                hytopk_table_fused1<Src, 1024, 1>(table, LL, n, lo.data(), hi.data(), k, cap, aligned, 2, 3.0, 1, -1.0,
+                                                  count2.data(), flagged2.data(), nflagged2.data(), idx2.data(), val2.data());
+            else
+                hytopk_table_fused1<Src, 512, 2>(table, LL, n, lo.data(), hi.data(), k, cap, aligned, 2, 3.0, 1, 3.0,
+                                                 count2.data(), flagged2.data(), nflagged2.data(), idx2.data(), val2.data());
+        });
+        one_read[variant] = g_one_read_rows;
+        std::vector<unsigned char> failed2(n, 0);
+        for (int i = 0; i < nflagged2[0]; ++i) failed2[flagged2[i]] = 1;
+        for (int t = 0; t < n; ++t) {
+            bool same = failed2[t] == failed[t] && count2[t] == count[t];
+            for (int j = 0; same && !failed[t] && j < k; ++j)
+                same = idx2[(size_t)t * k + j] == idx[(size_t)t * k + j] &&
+                       std::memcmp(&val2[(size_t)t * k + j], &val[(size_t)t * k + j], 4) == 0;
+            if (!same) {
+                std::fprintf(stderr, "fused1 (%d threads): row %d differs from the 512-thread fused kernel\n", threads, t);
+                std::exit(1);
+            }
+        }
+    }
     wr(out, idx.data(), idx.size()); wr(out, val.data(), val.size()); wr(out, count.data(), n); wr(out, failed.data(), n);
+    wr(out, one_read, 2);
 
     // threshold v2
     std::vector<float> T2(n, 5.0f);

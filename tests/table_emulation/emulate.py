@@ -6,7 +6,8 @@ case by case by driver.cpp, checked against the reference.
     build(out_dir) -> the driver's path (needs g++ with C++20)
     check_case(driver, scores, lo, hi, k, capacity, T=None, offset=0, bf16=False)
 
-check_case runs fused_v2 (the fused kernel + the radix kernel on its flagged rows), the v2
+check_case runs fused_v2 (the fused kernel + the radix kernel on its flagged rows; the one-read
+fused kernel hytopk_table_fused1 checked against it by the driver), the v2
 threshold, the v2 filter (on T, or the contract's threshold) and select_smem (on the filter's
 output; with the fast select and without) with the launch geometry of workbench/families/cupy/table_v2.py, and asserts each
 against the reference (bit for bit where the contract says so). offset: the table's base
@@ -69,7 +70,11 @@ def _same(i, v, ri, rv) -> bool:
     return np.array_equal(i, ri) and np.array_equal(v.view(np.uint32), np.asarray(rv, np.float32).view(np.uint32))
 
 
-def check_case(driver, s, lo, hi, k, capacity, T=None, offset=0, bf16=False):
+def check_case(driver, s, lo, hi, k, capacity, T=None, offset=0, bf16=False, stats=None):
+    """The checks of the module docstring (the driver also checks the one-read fused kernel against the
+    fused kernel: same listed rows and counts, the finished rows bit for bit). stats (a dict), when
+    given, gets "one_read": the rows the one-read kernel finished reading once, [at 1024 threads with
+    z = -1 (the one-read plan forced on every row), at 512 threads with z = 3]. Returns (count, failed)."""
     n, L = s.shape
     lo, hi = np.asarray(lo, np.int32), np.asarray(hi, np.int32)
     table, wide = np.ascontiguousarray(s, np.float32), np.ascontiguousarray(s, np.float32)
@@ -97,6 +102,9 @@ def check_case(driver, s, lo, hi, k, capacity, T=None, offset=0, bf16=False):
         at += a.nbytes
         return a
     fi, fv, fcount, ffailed = take(np.int32, (n, k)), take(np.float32, (n, k)), take(np.int32, (n,)), take(np.uint8, (n,))
+    one_read = take(np.int32, (2,))
+    if stats is not None:
+        stats["one_read"] = one_read.tolist()
     T2 = take(np.float32, (n,))
     ci, cv, cnt = take(np.int32, (n, capacity)), take(np.float32, (n, capacity)), take(np.int32, (n,))
     si, sv = take(np.int32, (n, k)), take(np.float32, (n, k))          # fast = 1

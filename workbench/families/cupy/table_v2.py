@@ -16,7 +16,7 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from ...instantiations import FUSED_CONFIGS
+from ...instantiations import FUSED1_CONFIGS, FUSED_CONFIGS
 from ...registry import register
 from ._launch import (MAX_SAMPLES, bind, smem_optin, bitonic_topk_smem_bytes, check_k_fits, i32, kernel, launch,
                       launch_stream, next_pow2)
@@ -46,6 +46,14 @@ SELECT_CAP_MAX = 8192       # candidates select_smem holds in shared memory
 # the filter's registers already hold 96 KB per SM, the fused kernel's only 40 KB per block
 FILTER_AHEAD = 1
 FUSED_AHEAD = 2
+# 1: the fused kernel reads each row once where it can (hytopk_table_fused1: a provisional threshold
+# T0 from 1024 of the contract's samples, one stream collecting key >= T0, the contract's K* from the
+# collected samples; a row whose T0 fails is read again with K*): same outputs, counts and flagged
+# rows. Instantiated at FUSED1_CONFIGS ((1024, 1)). 0 until measured on the H200.
+FUSED_ONE_READ = 0
+# the one-read plan's margin in standard deviations of T0's fraction (table_v2.cu table_fused1_body):
+# rows whose plan has less read twice from the start (4096 x 131072, k = 2048: 4.5; 1M keys: 1.5)
+FUSED_ONE_READ_Z = 3.0
 
 
 def _file():
@@ -139,6 +147,16 @@ def launch_fused(s, cxx, lo, hi, k, cap, oversample, count, flagged, nflagged, i
     """The fused kernel; the rows it cannot finish go to flagged[0 .. nflagged) (zeroed before)."""
     n, L = s.shape
     threads, blocks = int(FUSED_THREADS), int(FUSED_MIN_BLOCKS)
+    if FUSED_ONE_READ:
+        if (threads, blocks) not in FUSED1_CONFIGS:
+            raise ValueError(f"table_v2.FUSED_THREADS / FUSED_MIN_BLOCKS = {(threads, blocks)}: the one-read kernel "
+                             f"(FUSED_ONE_READ = 1) is instantiated at {list(FUSED1_CONFIGS)} only")
+        launch(kernel(_file(), f"hytopk_table_fused1<{cxx}, {threads}, {blocks}>"), (n,),
+               (s, np.int64(L), np.int32(n), lo, hi, np.int32(k), np.int32(cap), np.int32(int(s.data.ptr % 16 == 0)),
+                np.int32(FUSED_AHEAD), np.float64(oversample), np.int32(SELECT_FAST), np.float64(FUSED_ONE_READ_Z),
+                count, flagged, nflagged, idx, val),
+               4 * fused_smem_words(k, cap, threads), threads=threads)
+        return
     if (threads, blocks) == (SAMPLE_BLOCK, 2):
         name = f"hytopk_table_fused<{cxx}>"
     elif (threads, blocks) in FUSED_CONFIGS:
