@@ -67,9 +67,7 @@ KERNELS = {
 # files that need an arch-specific target (wgmma exists on sm_90a only): NVRTC options, nvcc -gencode
 FILE_OPTIONS = {"wgmma.cu": ("-arch=sm_90a",), "wgmma_ws.cu": ("-arch=sm_90a",), "attend_wgmma.cu": ("-arch=sm_90a",),
                 "wgmma_ws_threshold.cu": ("-arch=sm_90a",), "attend_wgmma2.cu": ("-arch=sm_90a",),
-                # the register cap as an option too: run 7 on the H200 could not launch 320 threads of
-                # wgmma3 with __maxnreg__(200) alone (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)
-                "attend_wgmma3.cu": ("-arch=sm_90a", "--maxrregcount=200")}
+                "attend_wgmma3.cu": ("-arch=sm_90a",)}
 
 
 def nvcc_target(file: str, arch: str) -> str:
