@@ -25,12 +25,3 @@ def test_version_2_instantiations():
     # version 1's figure + 1 KiB to round the base up to a 1024-byte swizzle atom
     assert INST.ATTEND_WGMMA2_SMEM == INST.ATTEND_WGMMA_SMEM + 1024 <= INST.ATTEND_SMEM_LIMIT
     assert len(INST.geometry_asserts("attend_wgmma2.cu")) == 2
-
-
-def test_version_3_instantiations():
-    assert INST.name_expressions("attend_wgmma3.cu") == ["hytopk_attend_fwd_wgmma3<true>", "hytopk_attend_fwd_wgmma3<false>"]
-    assert INST.FILE_OPTIONS["attend_wgmma3.cu"] == ("-arch=sm_90a",)
-    # Q + two 64-key stages (P lives in a stage's rope column tile), maxima / sums, masks, 8 mbarriers, 1 KiB alignment
-    assert INST.ATTEND_WGMMA3_SMEM == 3 * 64 * 576 * 2 + 4 * 64 * 4 + 2 * 64 * 4 + 8 * 8 + 1024 <= INST.ATTEND_SMEM_LIMIT
-    assert INST.ATTEND_WGMMA3_THREADS == 320
-    assert len(INST.geometry_asserts("attend_wgmma3.cu")) == 2
