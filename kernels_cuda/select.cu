@@ -215,17 +215,7 @@ __device__ void select_smem_body(int n, const int* __restrict__ cand_idx, const 
     for (int i = kept + tid; i < P; i += SEL_THREADS) { sw[i] = 0ull; sb[i] = 0u; }   // pads sort last
     __syncthreads();
     block_bitonic_sort_regs<E>(sw, sb);
-    int* orow = idx + (long long)t * k;
-    float* vout = val + (long long)t * k;
-    for (int j = tid; j < k; j += SEL_THREADS) {
-        if (j < kept) {
-            orow[j] = (int)~(u32)sw[j];
-            vout[j] = __uint_as_float(sb[j]);
-        } else {
-            orow[j] = -1;
-            vout[j] = __uint_as_float(0xff800000u);
-        }
-    }
+    write_row(sw, sb, kept, k, idx + (long long)t * k, val + (long long)t * k);
 }
 }  // namespace
 

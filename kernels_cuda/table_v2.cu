@@ -252,6 +252,36 @@ __device__ __forceinline__ void fused_head_prefetch(const void* table, long long
                          (long long)n * L / P);
 }
 
+// K* of a row: the r-th best key of the contract's M samples (read into f.cpos: the candidates
+// overwrite them next).
+template <class Src, int PER>
+__device__ __forceinline__ u32 fused_sample_key(const FusedSmem& f, const void* __restrict__ table, long long g_a,
+                                                long long c, const SamplePlan& sp) {
+    u32* skeys = f.cpos;                        // M <= 2 * cap words: cpos, then cbits
+    gather_sample_keys<Src, PER>(table, g_a, c, sp.M, (int)sp.M, skeys);
+    __syncthreads();
+    auto sample_key = [&](long long q, u32* out) { *out = skeys[q]; return true; };
+    return block_radix_select_keys<true>(sample_key, sp.M, sp.r, f.hist, f.sc);
+}
+
+// One streaming read of the row collecting every key >= key into shared memory (up to cap);
+// returns the true count.
+template <class Src>
+__device__ __forceinline__ int fused_collect(const FusedSmem& f, const void* __restrict__ table, long long L, int n,
+                                             long long row0, long long a, long long c, int cap, int aligned,
+                                             int ahead, u32 key) {
+    using S = FusedStream<Src>;
+    constexpr long long P = S::P;
+    if (threadIdx.x == 0) *f.ncand = 0;
+    __syncthreads();                            // the samples are dead: the candidates overwrite them
+    SmemSink sink = {f.cpos, f.cbits, f.ncand, cap, 0};
+    stream_row<Src, S::U, SmemSink, S::PF>(table, (long long)n * L, aligned, row0, a, c, (row0 + a) / P,
+                                           (row0 + a + c + P - 1) / P, KeyAtLeast::of(bits_of_key(key)), sink,
+                                           ahead);
+    __syncthreads();
+    return *f.ncand;
+}
+
 // The two-read row of hytopk_table_fused: the contract's M samples, K* = their r-th best key, one
 // streaming read collecting every key >= K* into shared memory, fused_finish.
 template <class Src, int THREADS>
@@ -261,26 +291,13 @@ __device__ __forceinline__ void fused_sampled_row(const FusedSmem& f, const void
                                                   bool head_prefetch, int* __restrict__ count_out,
                                                   int* __restrict__ flagged, int* __restrict__ nflagged,
                                                   int* out_idx, float* out_val) {
-    using S = FusedStream<Src>;
-    constexpr int P = S::P;
     // sample loads in flight per thread: all of them at >= 512 threads, at most 16 (registers)
     constexpr int PER = MAX_SAMPLES / THREADS < 16 ? MAX_SAMPLES / THREADS : 16;
     if (head_prefetch) fused_head_prefetch<Src>(table, L, n, row0, a, c, aligned, ahead);
     const SamplePlan sp = SamplePlan::of(c, k, oversample);
-    u32* skeys = f.cpos;                        // M <= 2 * cap words: cpos, then cbits
-    gather_sample_keys<Src, PER>(table, row0 + a, c, sp.M, (int)sp.M, skeys);
-    __syncthreads();
-    auto sample_key = [&](long long q, u32* out) { *out = skeys[q]; return true; };
-    const u32 kstar = block_radix_select_keys<true>(sample_key, sp.M, sp.r, f.hist, f.sc);
-    if (threadIdx.x == 0) *f.ncand = 0;
-    __syncthreads();                            // the samples are dead: the candidates overwrite them
-    SmemSink sink = {f.cpos, f.cbits, f.ncand, cap, 0};
-    const long long P_ = P;
-    stream_row<Src, S::U, SmemSink, S::PF>(table, (long long)n * L, aligned, row0, a, c, (row0 + a) / P_,
-                                           (row0 + a + c + P_ - 1) / P_, KeyAtLeast::of(bits_of_key(kstar)), sink,
-                                           ahead);
-    __syncthreads();
-    fused_finish<THREADS>(f, t, *f.ncand, k, cap, fast, count_out, flagged, nflagged, out_idx, out_val);
+    const u32 kstar = fused_sample_key<Src, PER>(f, table, row0 + a, c, sp);
+    const int cnt = fused_collect<Src>(f, table, L, n, row0, a, c, cap, aligned, ahead, kstar);
+    fused_finish<THREADS>(f, t, cnt, k, cap, fast, count_out, flagged, nflagged, out_idx, out_val);
 }
 }  // namespace hytopk
 
@@ -423,8 +440,6 @@ __device__ __forceinline__ void table_fused1_body(u32* smem, const void* __restr
                                                   double z, int* __restrict__ count_out, int* __restrict__ flagged,
                                                   int* __restrict__ nflagged, int* __restrict__ idx,
                                                   float* __restrict__ val) {
-    using S = FusedStream<Src>;
-    constexpr int P = S::P;
     constexpr int PER = MAX_SAMPLES / THREADS < 16 ? MAX_SAMPLES / THREADS : 16;
     const int t = blockIdx.x;
     if (t >= n) return;
@@ -450,21 +465,9 @@ __device__ __forceinline__ void table_fused1_body(u32* smem, const void* __restr
                                                     (u32)fmin((double)pre, fmax(1.0, ceil(f0 * (double)pre))));
             if (threadIdx.x == 0) *f.nspare = 0;
         } else {
-            u32* skeys = f.cpos;                // M <= 2 * cap words: cpos, then cbits
-            gather_sample_keys<Src, PER>(table, row0 + a, c, sp.M, (int)sp.M, skeys);
-            __syncthreads();
-            auto sample_key = [&](long long q, u32* out) { *out = skeys[q]; return true; };
-            key = block_radix_select_keys<true>(sample_key, sp.M, sp.r, f.hist, f.sc);
+            key = fused_sample_key<Src, PER>(f, table, row0 + a, c, sp);
         }
-        if (threadIdx.x == 0) *f.ncand = 0;
-        __syncthreads();                        // the samples are dead: the candidates overwrite them
-        SmemSink sink = {f.cpos, f.cbits, f.ncand, cap, 0};
-        const long long P_ = P;
-        stream_row<Src, S::U, SmemSink, S::PF>(table, (long long)n * L, aligned, row0, a, c, (row0 + a) / P_,
-                                               (row0 + a + c + P_ - 1) / P_, KeyAtLeast::of(bits_of_key(key)), sink,
-                                               ahead);
-        __syncthreads();
-        const int cnt = *f.ncand;
+        const int cnt = fused_collect<Src>(f, table, L, n, row0, a, c, cap, aligned, ahead, key);
         if (!once) {
             fused_finish<THREADS>(f, t, cnt, k, cap, fast, count_out, flagged, nflagged, idx + (long long)t * k,
                                   val + (long long)t * k);
