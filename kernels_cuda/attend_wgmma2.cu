@@ -1,16 +1,35 @@
-// Sparse attention forward on wgmma (sm_90a), version 2 of attend_wgmma.cu (same function, same math,
-// same tile layout and consumer warpgroups; read that file's header first). What changed, from the
-// H200 profile of version 1 (gather-bound: the consumers waited on the producer 35% of the samples,
-// the producer on a dependent idx load before every row's copies):
+// Sparse attention forward on wgmma (sm_90a) for MLA's shared kv (docs/CONTRACT.md §8, the same
+// function as hytopk_attend_fwd of attend.cu): d_qk 576, d_v 512 (V = the first 512 columns of the
+// gathered kv row), one query x 64 heads per block (heads past Hq are zero rows, not written).
+//
+// 384 threads = 3 warpgroups. WG 2 (producer) gathers key tiles of 64 slots (64 rows x 1152 B)
+// with cp.async into two stages; mbarriers full[s] (after the copies landed) and empty[s] (after
+// the consumers' MMAs read the stage). WG 0 and WG 1 (consumers) per tile:
+//   S_c = Q K_c^T    consumer c takes keys 32c .. 32c+31 of the tile (m64n32k16 x 36, both from smem)
+//   row max of the tile through shared memory (named barrier), then the same online softmax as
+//   attend.cu (base 2, p = exp2(s*scale_log2 - m), P rounded to bf16); P_c -> shared memory
+//   O_c += P V[:, 256c .. 256c+255]   (m64n256k16: own keys' P from registers, the other consumer's
+//   from shared memory; V read in place from the K tile as an MN-major operand, no second copy)
+// out = O / l (correctly rounded), lse = (m + log2 l) * ln 2; no valid slot: out 0, lse -inf.
+//
+// Without SWZ the shared-memory operands use the no-swizzle core-matrix layout
+// (hytopk_wgmma_common.cuh): element (r, d) of a [rows][576] tile at (r/8)*9216 + (d/8)*128 +
+// (r%8)*16 + (d%8)*2. As K (B of Q K^T, K-major) leading offset 128 (next 8 d), stride 9216 (next 8
+// keys); as V (B of P V, MN-major) the same bytes with leading offset 9216 (next 8 keys) and stride
+// 128 (next 8 d).
+//
+// This is version 2. Version 1 (attend_wgmma.cu, removed: wgmma2 gives its bits, faster; perf_notes)
+// was gather-bound on the H200 (the consumers waited on the producer 35% of the samples, the
+// producer on a dependent idx load before every row's copies). What changed:
 // - the producer loads the next tile's indices into registers one tile ahead (their latency hides
 //   under a whole tile), so a tile's 16-byte cp.async run back to back with no global load between
 //   them; the consumers release a stage once per warp (8 arrivals, not 256)
 // - hytopk_attend_fwd_wgmma2c: the two head blocks of a query form a 2-CTA cluster; each gathers
 //   half of the tile's rows (32 x 1152 B) from L2 and, once they landed, pushes them into the other
 //   block's stage with one shared -> shared bulk copy (completing on the peer's full barrier as
-//   36864 transaction bytes): half the L2 -> SM bytes of version 1. A stage is empty once the
+//   36864 transaction bytes): half the L2 -> SM bytes of one block each. A stage is empty once the
 //   consumers of BOTH blocks released it (8 local + 8 remote arrivals), since it is written by both.
-// - SWZ (the `s` kernels): version 1's 16-byte copies put 8 rows' chunk c into one 128-byte core
+// - SWZ (the `s` kernels): the unswizzled 16-byte copies put 8 rows' chunk c into one 128-byte core
 //   matrix, so each quarter warp read 8 half sectors of 8 rows and L2 served every gathered sector
 //   twice (ncu: 50% excess sectors, L2 69% busy at 1.6 TB/s of payload). With SWZ the key tile is
 //   in wgmma's 128-byte-swizzle layout and each quarter warp copies one row's 128 contiguous bytes
@@ -19,7 +38,7 @@
 //   (a half of 32 keys, 9 column tiles of 32 rows x 128 B, 1024-byte swizzle atoms of 8 rows).
 //   As K (B of Q K^T, K-major, 128B swizzle): start + 32 B per k16 step inside a column tile, stride
 //   offset 1024 (8 keys). As V (B of P V, MN-major, 128B swizzle): leading offset 4096 (next 64 d),
-//   stride offset 1024 (next 8 keys). Q and P keep version 1's no-swizzle layout.
+//   stride offset 1024 (next 8 keys). Q and P keep the no-swizzle layout.
 #include "hytopk_cp_async.cuh"
 #include "hytopk_wgmma_common.cuh"
 
@@ -339,7 +358,7 @@ __device__ __forceinline__ void attend_fwd_wgmma2(const bf16_t* __restrict__ q, 
             fence_proxy_async();                      // P stores -> the other consumer's wgmma
             bar_sync(BAR_P, 256);
 
-            // O_c += P V[:, 256c ..] (V = the K tile read MN-major, as version 1)
+            // O_c += P V[:, 256c ..] (V = the K tile read MN-major)
             {
                 const u32 v0 = sk + (u32)(c * 32 * 128);
                 constexpr u32 V_HI = 128u >> 4, V_LEAD = (u32)(GROUP >> 4);

@@ -57,7 +57,7 @@ for arg in "$@"; do      # NAME or NAME:SECONDS (time box for that phase)
     tests-mma-sync) phase tests-mma-sync ${CAP:-120} $PYT tests/test_cupy_gpu.py tests/test_variants.py tests/test_mma_sync_layout.py -k "mma_sync" ;;
     tests-gpu) phase tests-gpu ${CAP:-300} $PYT --durations=15 tests/test_cupy_gpu.py tests/test_variants.py tests/test_torch_gpu.py tests/test_cli_gpu.py tests/test_example.py tests/test_distributed.py tests/test_loader.py tests/test_cupy_bf16.py tests/test_table_topk_gpu.py --junitxml="$OUT/logs/junit-gpu.xml" ;;
     tests-attend) phase tests-attend ${CAP:-420} $PYT --durations=10 tests/test_attention*.py ${ATTEND_K:+-k "$ATTEND_K"} ;;
-    tests-attend-swap) phase tests-attend-swap ${CAP:-150} env HYTOPK_ATTW_V_SWAP=1 $PYT tests/test_attention_wgmma_gpu.py -k "exact or reference" ;;
+    tests-attend-swap) phase tests-attend-swap ${CAP:-150} env HYTOPK_ATTW2_V_SWAP=1 $PYT tests/test_attention_wgmma_gpu.py -k "wgmma2s and (exact or reference)" ;;
     bench-attend) phase bench-attend ${CAP:-240} python3 scripts/bench_attention.py ${BENCH_ATTEND_ARGS:-} --json "$OUT/bench_attention.json" ;;
     tests-app) phase tests-app ${CAP:-240} $PYT --durations=10 tests/test_cli_gpu.py tests/test_example.py tests/test_distributed.py ;;
     cp-selftest) phase cp-selftest ${CAP:-120} python3 -m workbench.distributed selftest --backend nccl --world-size "${WS:-2}" ;;

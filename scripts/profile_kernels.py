@@ -1,6 +1,6 @@
 """One launch of each kernel that an open issue's target depends on, for `ncu` (counters, stall
 reasons). Cases: table (issue 21: the v2 threshold, streaming filter, shared-memory select and
-fused kernel at 4096 x 131072 float32, k = 2048), attend_wgmma (the sm_90a forward, 128 heads), attend_wgmma2 / 2c / 2s / 2sc (its version 2: c the 2-CTA
+fused kernel at 4096 x 131072 float32, k = 2048), attend_wgmma2 / 2c / 2s / 2sc (the sm_90a forward, 128 heads: c the 2-CTA
 cluster, s the swizzled key tile), pipeline (issue 14: the threshold and select of
 the dsv32-128k preset), attend (issue 18: the forward at 128 heads MLA, one and pair at 8 heads).
 
@@ -31,7 +31,6 @@ def table():
 
 
 def pipeline():
-    import dataclasses  # noqa: F401
     import numpy as np
     import torch
     import workbench
@@ -68,16 +67,6 @@ def attend():
         kk, vv = kv[:, None, :], kv[:, None, :512]
         for qpt in variants:
             CA.attend_forward(q, kk, vv, idx, None, qpt=qpt)
-    torch.cuda.synchronize()
-
-
-def attend_wgmma():
-    import torch
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_attention import mla_inputs
-    from workbench.families.cupy import attend_wgmma as AW
-    q, kv, idx = mla_inputs(1024, 128, 65536, 2048)
-    AW.attend_forward_wgmma(q, kv[:, None, :], kv[:, None, :512], idx, None)
     torch.cuda.synchronize()
 
 

@@ -49,7 +49,7 @@ TABLEJOB=("$TT::test_more_ties_at_the_kth_key_than_fit_in_shared_memory" "$TT::t
           "$TT::test_fused_hytopk_counts_are_the_contracts[bfloat16-specials-v2]"
           "$TT::test_select_smem_matches_reference_in_and_past_shared_memory")
 
-# the wgmma attention forwards (attend_wgmma.cu: producer warpgroup, mbarriers, setmaxnreg), a few random cases
+# the wgmma attention forwards (attend_wgmma2.cu: producer warpgroup, mbarriers, setmaxnreg), a few random cases
 AW=(tests/test_attention_wgmma_gpu.py -k "test_random_inputs_match_reference and 100 and (empty or dups) and 64")
 # the sort-free selects (hytopk_select_fast.cuh): select_smem and cupy.select.fast at k = 300 / 2048, every family
 SEL=(tests/test_select_smem_gpu.py -k "test_select_smem_matches_reference and (300 or 2048)")

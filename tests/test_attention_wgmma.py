@@ -1,27 +1,20 @@
-"""cupy.attend.wgmma without a GPU: its instantiation list and launch figures (the kernel's own
-static_asserts check ATTEND_WGMMA_SMEM in the compile check)."""
+"""cupy.attend.wgmma2* without a GPU: the instantiation list and launch figures (the kernel's own
+static_asserts check ATTEND_WGMMA2_SMEM and the thread count in the compile check)."""
 from __future__ import annotations
 
 from workbench import instantiations as INST
 
 
 def test_instantiations():
-    assert INST.name_expressions("attend_wgmma.cu") == ["hytopk_attend_fwd_wgmma<true>", "hytopk_attend_fwd_wgmma<false>"]
-    assert INST.FILE_OPTIONS["attend_wgmma.cu"] == ("-arch=sm_90a",)
-
-
-def test_launch_figures():
-    # Q + two 64-key stages of 576 bf16 columns, two P tiles (64 x 32 bf16), row max / sum, masks, 4 mbarriers
-    assert INST.ATTEND_WGMMA_SMEM == 3 * 64 * 576 * 2 + 2 * 64 * 32 * 2 + 4 * 64 * 4 + 2 * 64 * 4 + 4 * 8
-    assert INST.ATTEND_WGMMA_SMEM <= INST.ATTEND_SMEM_LIMIT
-    assert INST.ATTEND_WGMMA_THREADS == 384 and INST.ATTEND_WGMMA_HEADS == 64
-    assert INST.geometry_asserts("attend_wgmma.cu")
-
-
-def test_version_2_instantiations():
     assert INST.name_expressions("attend_wgmma2.cu") == [
         f"hytopk_attend_fwd_wgmma2{c}<{b}, {z}>" for z in ("false", "true") for c in ("", "c") for b in ("true", "false")]
     assert INST.FILE_OPTIONS["attend_wgmma2.cu"] == ("-arch=sm_90a",)
-    # version 1's figure + 1 KiB to round the base up to a 1024-byte swizzle atom
-    assert INST.ATTEND_WGMMA2_SMEM == INST.ATTEND_WGMMA_SMEM + 1024 <= INST.ATTEND_SMEM_LIMIT
     assert len(INST.geometry_asserts("attend_wgmma2.cu")) == 2
+
+
+def test_launch_figures():
+    # Q + two 64-key stages of 576 bf16 columns, two P tiles (64 x 32 bf16), row max / sum, masks,
+    # 4 mbarriers, + 1 KiB to round the base up to a 1024-byte swizzle atom
+    assert INST.ATTEND_WGMMA2_SMEM == (3 * 64 * 576 * 2 + 2 * 64 * 32 * 2 + 4 * 64 * 4 + 2 * 64 * 4 + 4 * 8
+                                       + 1024) <= INST.ATTEND_SMEM_LIMIT
+    assert INST.ATTEND_WGMMA_THREADS == 384 and INST.ATTEND_WGMMA_HEADS == 64

@@ -1,6 +1,5 @@
-"""The wgmma MLA forwards (kernels_cuda/attend_wgmma.cu, cupy.attend.wgmma; attend_wgmma2.cu,
-cupy.attend.wgmma2, its 2-CTA cluster kernel wgmma2c, and both with the swizzled key tile, wgmma2s
-and wgmma2sc) on a Hopper GPU (skipped elsewhere with the reason); every test runs on each kernel
+"""The wgmma MLA forwards (kernels_cuda/attend_wgmma2.cu: cupy.attend.wgmma2, its 2-CTA cluster
+kernel wgmma2c, and both with the swizzled key tile, wgmma2s and wgmma2sc) on a Hopper GPU (skipped elsewhere with the reason); every test runs on each kernel
 (`FWD`: the c versions forced onto the cluster kernel at every head count, the odd head-block counts
 padded with an empty block).
 
@@ -27,16 +26,14 @@ pytestmark = GPU_MARKS
 KINDS = ["random", "dups", "shared", "disjoint", "empty", "pad_only"]
 
 
-VERSIONS = ["wgmma", "wgmma2", "wgmma2c", "wgmma2s", "wgmma2sc"]
+VERSIONS = ["wgmma2", "wgmma2c", "wgmma2s", "wgmma2sc"]
 
 
 def _forward(version):
-    from workbench.families.cupy import attend_wgmma, attend_wgmma2
+    from workbench.families.cupy import attend_wgmma2
     from workbench import loader
     if loader.current_arch() != "90":
-        pytest.skip("cupy.attend.wgmma needs a Hopper GPU (sm_90a)")
-    if version == "wgmma":
-        return attend_wgmma.attend_forward_wgmma
+        pytest.skip("cupy.attend.wgmma2 needs a Hopper GPU (sm_90a)")
     cluster, swz = version.endswith("c"), version.startswith("wgmma2s")
     return lambda *a, **kw: attend_wgmma2.attend_forward_wgmma2(*a, cluster=cluster, swz=swz, **kw)
 
@@ -168,7 +165,7 @@ def test_gqa_is_refused_with_a_clear_error(FWD):
 @pytest.mark.parametrize("name", ["cupy.attend." + v for v in VERSIONS])
 def test_registered_variant(name):
     from workbench import registry
-    _forward("wgmma")                                        # (skips off Hopper)
+    _forward("wgmma2")                                       # (skips off Hopper)
     assert name in [v.name for v in registry.variants("attend", "cupy")]
     rng = np.random.default_rng(9)
     k, v, kh, vh = layout(True, 500, 1, 576, 512, rng)
@@ -182,10 +179,11 @@ def test_registered_variant(name):
 
 @pytest.mark.parametrize("Hq, kk", [(128, 2048), (128, 300), (64, 1000), (192, 130), (16, 64)])
 @pytest.mark.parametrize("version", VERSIONS[1:])
-def test_version_2_is_version_1_bit_for_bit(version, Hq, kk):
-    """The same arithmetic in the same order: out and lse equal version 1's bits (cluster or not,
-    several tiles, padding, a partial last tile, more queries than SMs' worth of blocks)."""
-    v1, v2 = _forward("wgmma"), _forward(version)
+def test_variants_are_wgmma2_bit_for_bit(version, Hq, kk):
+    """The same arithmetic in the same order: out and lse equal wgmma2's bits (swizzled tile or not,
+    cluster or not, several tiles, padding, a partial last tile, more queries than SMs' worth of
+    blocks). (wgmma2 equalled the removed version 1 bit for bit: run 6 of results/h200-2026-12-01.)"""
+    v1, v2 = _forward("wgmma2"), _forward(version)
     rng = np.random.default_rng(seed("wgmma-v2", version, Hq, kk))
     n, L = 300 if Hq == 128 and kk == 300 else 5, 5000
     k, v, _, _ = layout(True, L, 1, 576, 512, rng)

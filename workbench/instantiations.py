@@ -60,11 +60,10 @@ KERNELS = {
                   ("hytopk_attend_dkv_reduce", "attend"), ("hytopk_attend_pair_union_reg", "attend"),
                   ("hytopk_attend_bwd_hb2", "attend"), ("hytopk_attend_dkv_reduce_warp", "attend"),
                   ("hytopk_attend_fwd_acc2", "attend")),
-    "attend_wgmma.cu": (("hytopk_attend_fwd_wgmma", "attend_wgmma"),),
     "attend_wgmma2.cu": (("hytopk_attend_fwd_wgmma2", "attend_wgmma"), ("hytopk_attend_fwd_wgmma2c", "attend_wgmma")),
 }
 # files that need an arch-specific target (wgmma exists on sm_90a only): NVRTC options, nvcc -gencode
-FILE_OPTIONS = {"wgmma.cu": ("-arch=sm_90a",), "wgmma_ws.cu": ("-arch=sm_90a",), "attend_wgmma.cu": ("-arch=sm_90a",),
+FILE_OPTIONS = {"wgmma.cu": ("-arch=sm_90a",), "wgmma_ws.cu": ("-arch=sm_90a",),
                 "wgmma_ws_threshold.cu": ("-arch=sm_90a",), "attend_wgmma2.cu": ("-arch=sm_90a",)}
 
 
@@ -167,20 +166,14 @@ def attend_reduce_warp_name(shared, W):
     return None if rc is None else f"hytopk_attend_dkv_reduce_warp<{_b(shared)}, {rc}>"
 
 
-# attend_wgmma.cu: MLA only (d_qk 576, d_v 512, shared kv), 64 heads per block, out bf16 or float32
+# attend_wgmma2.cu: MLA only (d_qk 576, d_v 512, shared kv), 64 heads per block, out bf16 or float32;
+# shared memory: Q + two 64-key stages of 576 bf16 columns, two P tiles (64 x 32 bf16), row max /
+# sum, masks, 4 mbarriers, + 1 KiB to round the base up to a 1024-byte swizzle atom; cluster: the 2-CTA kernel; swz: the 128-byte-swizzled
+# key tile (full-sector gather)
 ATTEND_WGMMA_DIMS = (576, 512)
 ATTEND_WGMMA_HEADS = 64
 ATTEND_WGMMA_THREADS = 384
-ATTEND_WGMMA_SMEM = 73728 * 3 + 2 * 4096 + 4 * 64 * 4 + 2 * 64 * 4 + 32   # attw::SMEM (static_assert in the compile check)
-
-
-def attend_wgmma_name(out_bf16) -> str:
-    return f"hytopk_attend_fwd_wgmma<{_b(out_bf16)}>"
-
-
-# attend_wgmma2.cu: version 2 (attend_wgmma.cu's layout + 1 KiB to round the base up to 1024 B);
-# cluster: the 2-CTA kernel; swz: the 128-byte-swizzled key tile (full-sector gather)
-ATTEND_WGMMA2_SMEM = ATTEND_WGMMA_SMEM + 1024                             # attw2::LAUNCH_SMEM (static_assert)
+ATTEND_WGMMA2_SMEM = 73728 * 3 + 2 * 4096 + 4 * 64 * 4 + 2 * 64 * 4 + 32 + 1024   # attw2::LAUNCH_SMEM (static_assert)
 
 
 def attend_wgmma2_name(out_bf16, cluster, swz) -> str:
@@ -242,8 +235,6 @@ def geometry_asserts(file: str, shapes=SHAPES) -> list[str]:
     (compiled by the compile check next to the instantiations)."""
     if file == "attend.cu":
         return attend_static_asserts()
-    if file == "attend_wgmma.cu":
-        return [f'static_assert(hytopk::attw::SMEM == {ATTEND_WGMMA_SMEM}, "instantiations.ATTEND_WGMMA_SMEM drifted");']
     if file == "wgmma_ws_threshold.cu":
         from workbench.geometry import ws_threshold_v2_static_asserts
         return ws_threshold_v2_static_asserts(list(dict.fromkeys(tiled_shape(*s) for s in shapes)))
@@ -276,8 +267,6 @@ def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
     out = []
     if file == "attend.cu":
         return attend_names()
-    if file == "attend_wgmma.cu":
-        return tuple(attend_wgmma_name(b) for b in (True, False))
     if file == "attend_wgmma2.cu":
         return tuple(attend_wgmma2_name(b, c, z) for z in (False, True) for c in (False, True) for b in (True, False))
     for kernel, over in KERNELS[file]:

@@ -72,7 +72,7 @@ def _use_kernels(q) -> bool:
 
 
 def _wgmma_applies(q, k, vv) -> bool:
-    """MLA's shared rows at the wgmma forward's dims (attend_wgmma.unsupported), on Hopper."""
+    """MLA's shared rows at the wgmma forward's dims (attend_wgmma2.unsupported), on Hopper."""
     from workbench.instantiations import ATTEND_WGMMA_DIMS
     return (WGMMA_FORWARD and k.dim() == 3 and k.shape[1] == 1 and (k.shape[2], vv.shape[2]) == ATTEND_WGMMA_DIMS
             and vv.data_ptr() == k.data_ptr() and vv.stride() == k.stride() and k.stride(2) == 1

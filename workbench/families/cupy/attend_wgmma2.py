@@ -1,12 +1,16 @@
 """Sparse attention forward on wgmma (sm_90a), version 2 (kernels_cuda/attend_wgmma2.cu).
 
-Variants of the `attend` stage (MLA only, as cupy.attend.wgmma, the same function and results):
-  cupy.attend.wgmma2   version 1's block (one query x 64 heads, a cp.async gather producer, two
-                       wgmma consumers) with the producer's index loads one tile ahead
+Variants of the `attend` stage, MLA only (kv [L, 576] shared rows, V = kv[:, :512]); the same function
+as cupy.attend.one (docs/CONTRACT.md §8: base-2 online softmax in float32, P in bf16, out = O / l
+correctly rounded, lse = (m + log2 l) ln 2), bit for bit on exact inputs; other layouts raise a
+ValueError that says to use cupy.attend.one:
+  cupy.attend.wgmma2   one query x 64 heads per block (3 warpgroups: a cp.async gather producer with
+                       its index loads one tile ahead, two wgmma consumers). Version 1 (2026-12-01,
+                       removed: wgmma2 gives its bits, faster) loaded each tile's indices in the loop
   cupy.attend.wgmma2c  the same, the two head blocks of a query as a 2-CTA cluster: each gathers
                        half of every key tile from L2 and copies it into the other's shared memory
   cupy.attend.wgmma2s  wgmma2 with the key tile in the 128-byte-swizzle layout, so the gather reads
-                       whole 32-byte sectors (version 1's copies read each sector twice)
+                       whole 32-byte sectors (wgmma2's copies read each sector twice)
   cupy.attend.wgmma2sc both (swizzled tile, 2-CTA cluster)
 """
 from __future__ import annotations
@@ -22,7 +26,6 @@ from ... import loader
 from ...registry import register
 from ._launch import launch_stream
 from .attend import Bound
-from .attend_wgmma import unsupported
 from .wgmma import require_sm90
 
 FILE = "attend_wgmma2.cu"
@@ -33,6 +36,18 @@ def _fn(name: str):
     if os.environ.get("HYTOPK_ATTW2_V_SWAP") == "1":       # probe: the swizzled V descriptor's offsets swapped
         opts = opts + ("-DHYTOPK_ATTW2_V_SWAP",)
     return loader.module(FILE, (name,), options=opts).function(name)
+
+
+def unsupported(b: Bound) -> str | None:
+    """Why the wgmma kernel cannot take these inputs (None: it can)."""
+    DQK, DV = INST.ATTEND_WGMMA_DIMS
+    if not b.shared or b.Hkv != 1:
+        return "needs MLA's shared kv (k = kv[:, None, :], v = kv[:, None, :d_v])"
+    if b.d_qk != DQK or b.d_v != DV:
+        return f"needs d_qk {DQK} and d_v {DV}, got {b.d_qk} and {b.d_v}"
+    if b.k_stride % 8 or b.k.data.ptr % 16:
+        return "needs 16-byte aligned kv rows"
+    return None
 
 
 def attend_forward_wgmma2(q, k, v, idx, scale=None, *, out_dtype="bfloat16", cluster=False, swz=False):
