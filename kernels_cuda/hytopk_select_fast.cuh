@@ -36,20 +36,6 @@ struct SmemEntries {
     __device__ __forceinline__ u32 bits(long long i) const { return v[i]; }
 };
 
-// The sorted rank-order words word[0 .. kept) to one output row, -1 / -inf past kept.
-__device__ __forceinline__ void write_row(const u64* word, const u32* wbits, int kept, int k, int* out_idx,
-                                          float* out_val) {
-    for (int i = threadIdx.x; i < k; i += blockDim.x) {
-        if (i < kept) {
-            out_idx[i] = (int)~(u32)word[i];
-            out_val[i] = __uint_as_float(wbits[i]);
-        } else {
-            out_idx[i] = -1;
-            out_val[i] = __uint_as_float(0xff800000u);
-        }
-    }
-}
-
 // The exact top-k of m entries (block_keep_top_v2: the key select, the position select among
 // the ties at K*), sorted by sort_desc_v2, to one output row. word / wbits: sort_slots_v2(k) slots.
 template <class Entries>

@@ -446,4 +446,18 @@ __device__ int block_keep_top_v2(const Entries& e, long long m, int k, u32* hist
     return min((int)sc->kept, k);
 }
 
+// The sorted rank-order words word[0 .. kept) to one output row, -1 / -inf past kept.
+__device__ __forceinline__ void write_row(const u64* word, const u32* wbits, int kept, int k, int* out_idx,
+                                          float* out_val) {
+    for (int i = threadIdx.x; i < k; i += blockDim.x) {
+        if (i < kept) {
+            out_idx[i] = (int)~(u32)word[i];
+            out_val[i] = __uint_as_float(wbits[i]);
+        } else {
+            out_idx[i] = -1;
+            out_val[i] = __uint_as_float(0xff800000u);
+        }
+    }
+}
+
 }  // namespace hytopk

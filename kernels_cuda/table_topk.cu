@@ -383,15 +383,7 @@ __device__ __forceinline__ void table_topk_row(const int j, u32* smem, const voi
         __syncthreads();
     }
     block_bitonic_sort_desc(word, wbits, kept);
-    for (int i = threadIdx.x; i < k; i += blockDim.x) {
-        if (i < kept) {
-            out_idx[i] = (int)~(u32)word[i];
-            out_val[i] = __uint_as_float(wbits[i]);
-        } else {
-            out_idx[i] = -1;
-            out_val[i] = __uint_as_float(0xff800000u);
-        }
-    }
+    write_row(word, wbits, kept, k, out_idx, out_val);
 }
 
 template <class Src>
