@@ -1,4 +1,4 @@
-// Sparse attention forward on wgmma (sm_90a), version 3 (same function as attend_wgmma.cu / 2.cu; the
+// Sparse attention forward on wgmma (sm_90a), version 3 (same function as attend_wgmma2.cu; the
 // same math conventions, other rounding: see below). What changed against version 2s (consumer-bound):
 // - each consumer warpgroup w owns every other 64-key tile (tile t: w = t % 2, stage t % 2) and
 //   computes its S = Q K_t^T alone with m64n64k16 (36 instructions per tile, not 2 x 36 of n32):
@@ -26,7 +26,7 @@
 //   quarter: at most 16384 / 3 / 32 -> 168 registers per thread for a 10-warp block. With 12 warps
 //   each quarter holds one producer warp and two consumer warps: 32 x (40 + 2 x 232) = 16128.
 // Rounding differs from versions 1/2 (k-step order of S, P rounded under the chained max), so the
-// tests compare version 3 with the reference within tolerance, not bitwise with version 1.
+// tests compare version 3 with the reference and wgmma2 within tolerance, not bitwise.
 #include "hytopk_cp_async.cuh"
 #include "hytopk_wgmma_common.cuh"
 

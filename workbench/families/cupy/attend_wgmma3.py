@@ -1,7 +1,7 @@
 """Sparse attention forward on wgmma (sm_90a), version 3 (kernels_cuda/attend_wgmma3.cu).
 
-Variant of the `attend` stage (MLA only, the same function as cupy.attend.wgmma / wgmma2*, other
-rounding: compared with the reference within tolerance, not bitwise with version 1):
+Variant of the `attend` stage (MLA only, the same function as cupy.attend.wgmma2*, other
+rounding: compared with the reference within tolerance, not bitwise with wgmma2):
   cupy.attend.wgmma3   each consumer warpgroup owns every other 64-key tile (S at N = 64), the row
                        max chained between the two warpgroups, P exchanged through the tile's rope
                        columns, key stages released in two regions; version 2s's swizzled gather
