@@ -67,46 +67,21 @@ static_assert(PRODUCER_REGS <= LAUNCH_REGS && CONSUMER_REGS >= LAUNCH_REGS, "att
 constexpr int BAR_Q = 1, BAR_L = 2, BAR_P0 = 3;   // BAR_P0 + w: P_{t-1} and M_{t-1} for warpgroup w
 constexpr int BAR_WG0 = 5;                        // BAR_WG0 + w: warpgroup w's 128 threads
 
-__device__ __forceinline__ void cp_async16_l2pf(u32 dst, const void* src, bool valid) {
-    const int n = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
-}
-// one arrival on `bar` once all of this thread's earlier cp.async have landed (counted in the init)
-__device__ __forceinline__ void cp_async_arrive_noinc(u32 bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
 __device__ __forceinline__ u64 desc_sw128(u32 addr, u32 lead, u32 stride) {
     return (u64)((addr >> 4) & 0x3fffu) | ((u64)((lead >> 4) & 0x3fffu) << 16) | ((u64)((stride >> 4) & 0x3fffu) << 32) | (1ull << 62);
 }
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
-__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-__device__ __forceinline__ u32 ns_now() {
-    u32 t;
-    asm volatile("mov.u32 %0, %%globaltimer_lo;\n" : "=r"(t));
-    return t;
-}
 // mbarrier wait that traps (a launch error) instead of hanging when a phase never completes (2 s)
 __device__ __forceinline__ void wait_or_trap(u32 bar, u32 parity) {
     u32 done, t0 = 0;
     bool timed = false;
     do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+        done = mbar_try_wait(bar, parity);
         if (!done) {
-            if (!timed) { t0 = ns_now(); timed = true; }
-            else if (ns_now() - t0 > 2000000000u) asm volatile("trap;");
+            if (!timed) { t0 = globaltimer_lo(); timed = true; }
+            else if (globaltimer_lo() - t0 > 2000000000u) device_trap();
         }
     } while (!done);
-}
-// a value the compiler cannot treat as loop-invariant (keeps descriptor arithmetic inside the loop)
-__device__ __forceinline__ u32 opaque(u32 x) {
-    u32 r;
-    asm volatile("mov.u32 %0, %1;\n" : "=r"(r) : "r"(x));
-    return r;
 }
 // column tile i (0..8) of region Y_s (i < 4) or X_s (i >= 4) of stage s: S's k-step order too
 __device__ __forceinline__ int region_ct(int s, int i) {
@@ -188,7 +163,7 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
             cp_async_arrive_noinc(fullX + 8 * s);
             if (it + 1 < ntiles) load_slots(it + 1);                     // in flight under the next waits
         }
-        asm volatile("cp.async.wait_all;\n" ::: "memory");              // no copy outlives the thread
+        cp_async_wait_all();                                             // no copy outlives the thread
     } else {
         // -------------------------------------------------------------------- consumers
         regs_inc<CONSUMER_REGS>();
@@ -234,9 +209,9 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
         const u32 a_lo0 = ((sq >> 4) & 0x3fffu) | (8u << 16);
 
         for (int t = w;; t += 2) {
-            const u32 a_lo = opaque(a_lo0);
+            const u32 a_lo = opaque_u32(a_lo0);
             const bool own = t < ntiles;
-            const u32 stage = opaque(sk0 + (u32)(w * TILE_BYTES));       // (else 36 hoisted descriptors spill)
+            const u32 stage = opaque_u32(sk0 + (u32)(w * TILE_BYTES));       // (else 36 hoisted descriptors spill)
             const u32 u = (u32)((t >> 1) & 1);
             float s[32];
             if (own) {
@@ -311,10 +286,10 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
                         p[e] = exp2f(s[4 * nb + e] - mu[e >> 1]);         // masked: exp2(-inf) = 0
                         ps[e >> 1] += p[e];
                     }
-                    const u32 lo = pack_bf16(p[0], p[1]), hi = pack_bf16(p[2], p[3]);
+                    const u32 lo = pack_bf16x2(p[0], p[1]), hi = pack_bf16x2(p[2], p[3]);
                     const u32 at = pp + (u32)(warp * 2048 + nb * 128 + g8 * 16 + tig * 4);
-                    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(lo) : "memory");
-                    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at + 1024u), "r"(hi) : "memory");
+                    st_shared_u32(at, lo);
+                    st_shared_u32(at + 1024u, hi);
                 }
                 if (tig == 0) {
                     red[(t & 1) * ROWS + r0] = mn[0];
@@ -326,7 +301,7 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
             if (ss) {
                 // O_w (at M_{t-1}) += P_{t-1} V_{t-1}[:, 256w ..] (P from the other stage's rope tile)
                 rescale(mp);
-                const u32 ost = opaque(sk0 + (u32)((w ^ 1) * TILE_BYTES)), op = ost + (u32)(8 * CT_BYTES);
+                const u32 ost = opaque_u32(sk0 + (u32)((w ^ 1) * TILE_BYTES)), op = ost + (u32)(8 * CT_BYTES);
                 wgmma_fence();
 #pragma unroll
                 for (int k2 = 0; k2 < 4; ++k2) {
@@ -382,7 +357,7 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
                 const float x1 = l > 0.0f ? __fdiv_rn(o[4 * nb + 2 * h + 1], l) : 0.0f;
                 const long long at = row * DV + w * 256 + nb * 8 + tig * 2;
                 if (OUT_BF16)
-                    *reinterpret_cast<u32*>(reinterpret_cast<bf16_t*>(out) + at) = pack_bf16(x0, x1);
+                    *reinterpret_cast<u32*>(reinterpret_cast<bf16_t*>(out) + at) = pack_bf16x2(x0, x1);
                 else
                     *reinterpret_cast<float2*>(reinterpret_cast<float*>(out) + at) = make_float2(x0, x1);
             }
