@@ -259,6 +259,10 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
             wgmma_wait<0>();
             float ps[2] = {0.0f, 0.0f}, mn[2] = {mp[0], mp[1]};          // M_t = max(M_{t-1}, rowmax S_t)
             if (own) {
+                // P_t overwrites the rope tile that every warp's part of S_t reads: a warp's wait
+                // covers only its own part, so all four parts are done before any warp stores P
+                // (without it the CPU emulation caught warps writing P under another warp's S)
+                bar_sync(BAR_WG0 + w, 128);
                 // logits (base 2): s[4nb + e] = row (e < 2 ? r0 : r1), key 8nb + 2tig + (e & 1)
                 const float* msk = smask + w * NK;
 #pragma unroll
