@@ -161,8 +161,9 @@ inline u32 try_wait(u32 a, u32 parity) {
     set_state(MBAR_WAIT, a, parity);
     // a bounded wait, as the instruction's: the kernel's loop polls again
     sync->cv.wait_for(lk, std::chrono::milliseconds(2), [&] { return (u32)(b.phase & 1) != (parity & 1); });
-    set_state(RUNNING);
-    return (u32)(b.phase & 1) != (parity & 1);
+    const u32 done = (u32)(b.phase & 1) != (parity & 1);
+    if (done) set_state(RUNNING);                       // (else still in the kernel's wait loop)
+    return done;
 }
 
 // ---- named barriers (id 1..15; 0 is __syncthreads)
