@@ -149,24 +149,27 @@ def test_variants_agree(driver):
 
 
 def test_planted_bugs_are_caught(tmp_path):
-    """The emulator's own checks on scratch copies of the kernels with a planted bug: a full barrier
-    that waits for one arrival too many (wgmma2: a deadlock, reported by the watchdog or the kernel's
-    trap), and wgmma3 without its warpgroup barrier before P overwrites the rope tile (the operand
-    race the emulation found: a wgmma operand changed under another warp's part; the race shows in
-    most runs, so a few runs)."""
+    """Scratch copies of the kernels with planted bugs are caught: a full barrier that waits for one
+    arrival too many (wgmma2: a deadlock, reported by the watchdog or the kernel's trap); V's two
+    descriptor offsets swapped (wgmma2s, its HYTOPK_ATTW2_V_SWAP probe: wrong numbers); wgmma3
+    without its warpgroup barrier before P overwrites the rope tile (the race the emulation found: a
+    wgmma operand changed under another warp's part; it shows in most runs, so a few runs)."""
     src2 = (E.KERNELS / "attend_wgmma2.cu").read_text()
     src3 = (E.KERNELS / "attend_wgmma3.cu").read_text()
-    bad2 = src2.replace("mbar_init(full0, 128);", "mbar_init(full0, 129);")
+    bad2 = "#define HYTOPK_ATTW2_V_SWAP 1\n" + src2.replace("mbar_init(full0, 128);", "mbar_init(full0, SWZ ? 128 : 129);")
     race = "                bar_sync(BAR_WG0 + w, 128);\n"
     assert bad2 != src2 and src3.count(race) == 1          # (the one before the P stores)
     bad3 = src3.replace(race, "", 1)
     drv = E.build(tmp_path, sources={"attend_wgmma2.cu": bad2, "attend_wgmma3.cu": bad3})
     rng = np.random.default_rng(3)
-    kv, _ = bf16(rng.standard_normal((300, 576)))
-    qd, _ = bf16(rng.standard_normal((2, 96, 576)))
+    kv, kh = bf16(rng.standard_normal((300, 576)))
+    qd, qh = bf16(rng.standard_normal((2, 96, 576)))
     idx = make_idx(rng, 2, 300, 200, "random")
     with pytest.raises(E.EmulationError, match="deadlock|trap"):
         E.forward(drv, qd, kv, idx, version="wgmma2", env={"HYTOPK_EMU_STALL_S": "3"})
+    out, _ = E.forward(drv, qd, kv, idx, version="wgmma2s")
+    ro, _ = reference(qh, kh, idx)
+    assert np.abs(out - ro).max() > 0.1
     caught = 0
     for _ in range(4):
         try:
