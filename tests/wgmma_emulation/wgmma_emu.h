@@ -10,8 +10,10 @@
 //   the PTX lets a copy land (wait_group, wait_all, the noinc arrival, thread exit)
 // - wgmma.mma_async m64nNk16 bf16: descriptors decoded as the PTX ISA's canonical layouts (K- and
 //   MN-major, no swizzle and 32/64/128-byte swizzle on the absolute address), each thread computing
-//   the accumulator elements it owns; the result reaches the registers only at the wait_group that
-//   retires it, and the operand bytes it read must be unchanged then (else an error)
+//   the accumulator elements it owns (a warp issues it as one: a rendezvous); the result reaches the
+//   registers only at the wait_group that retires it; errors: the operand bytes a thread read changed
+//   before that wait, or the warps of a warpgroup saw different operands for the same wgmma
+// - HYTOPK_EMU_JITTER=p: random short sleeps at synchronisation points (other interleavings)
 // - a watchdog: no synchronisation progress for HYTOPK_EMU_STALL_S seconds (default 10) = a
 //   deadlock: every thread's wait is printed and the process exits 3. Every emulation error exits 3
 //   with "EMU ERROR" on stderr; a kernel trap exits 4.
@@ -130,6 +132,24 @@ inline void dump_states() {
     }
 }
 
+// HYTOPK_EMU_JITTER=p: before each synchronisation and shared-memory operation a thread sleeps
+// up to 200 us with probability p (seeded by HYTOPK_EMU_SEED and the thread): other interleavings,
+// so a race shows in other runs
+inline double env_num(const char* name, double dflt) {
+    const char* v = std::getenv(name);
+    return v && *v ? std::atof(v) : dflt;
+}
+inline void jitter() {
+    static const double p = env_num("HYTOPK_EMU_JITTER", 0.0);
+    if (p <= 0.0) return;
+    static const unsigned long long seed = (unsigned long long)env_num("HYTOPK_EMU_SEED", 1.0);
+    thread_local unsigned long long x = 0;
+    if (x == 0) x = (seed * 0x9E3779B97F4A7C15ull) ^ ((u64)(bidx.x * 4096 + tidx.x + 1) * 0xD1B54A32D192ED03ull) | 1;
+    x ^= x << 13; x ^= x >> 7; x ^= x << 17;            // xorshift
+    if ((double)(x >> 11) * (1.0 / 9007199254740992.0) < p)
+        std::this_thread::sleep_for(std::chrono::microseconds((x >> 3) % 200));
+}
+
 // ---- mbarriers
 inline MBar& mb(u32 a, const char* what) {
     sh(a, 8, what);
@@ -155,6 +175,7 @@ inline void complete_tx(u32 a, u32 bytes) {
     bump();
 }
 inline u32 try_wait(u32 a, u32 parity) {
+    jitter();
     std::unique_lock<std::mutex> lk(sync->m);
     MBar& b = mb(a, "mbarrier.try_wait.parity");
     if ((u32)(b.phase & 1) != (parity & 1)) return 1;
@@ -168,6 +189,7 @@ inline u32 try_wait(u32 a, u32 parity) {
 
 // ---- named barriers (id 1..15; 0 is __syncthreads)
 inline void named_bar(int id, int threads, bool wait) {
+    jitter();
     if (id <= 0 || id >= 16) EMU_FAIL("bar %d: named barrier ids are 1..15 here (0 is __syncthreads)", id);
     if (threads <= 0 || threads % 32 || threads > (int)bdim.x) EMU_FAIL("bar %d: thread count %d", id, threads);
     std::unique_lock<std::mutex> lk(sync->m);
@@ -298,6 +320,7 @@ inline u64 operand_hash(const Op& op) {
 template <int NACC>
 inline void mma(float (&d)[NACC], u64 da, const u32* a_regs, u64 db, int scale_d, bool tb) {
     const u32 t = tidx.x & 127, warp = t >> 5, g8 = (t & 31) >> 2, tig = t & 3;
+    jitter();
     emu::warp().bar.arrive_and_wait();                  // .sync.aligned: the warp issues it as one
     check_issue(da, a_regs != nullptr, db, tb, NACC / 2);
     float A[2][16];
@@ -359,10 +382,6 @@ inline void wait_groups(size_t n) {
 }
 
 // ---- launch: blocks one after another, 'threads' std::threads each, a watchdog per block
-inline double env_num(const char* name, double dflt) {
-    const char* v = std::getenv(name);
-    return v && *v ? std::atof(v) : dflt;
-}
 template <class K>
 inline void launch(unsigned grid, unsigned threads, size_t dyn_bytes, K kernel) {
     gdim = {grid, 1, 1};
@@ -472,11 +491,12 @@ inline void cp_async_wait() {
 }
 inline void cp_async_wait_all() { emu::wg::land_all(); }
 inline void cp_async_arrive_noinc(u32 bar) {
+    emu::wg::jitter();
     emu::wg::land_all();                                // the arrival comes once all earlier copies landed
     std::lock_guard<std::mutex> lk(emu::wg::sync->m);
     emu::wg::arrive_locked(bar, "cp.async.mbarrier.arrive.noinc");
 }
-inline void st_shared_u32(u32 addr, u32 v) { std::memcpy(emu::wg::sh(addr, 4, "st.shared.u32"), &v, 4); }
+inline void st_shared_u32(u32 addr, u32 v) { emu::wg::jitter(); std::memcpy(emu::wg::sh(addr, 4, "st.shared.u32"), &v, 4); }
 
 namespace wgp {
 inline void wgmma_fence() {}
@@ -503,6 +523,7 @@ inline void mbar_init(u32 bar, u32 count) {
 }
 inline void mbar_fence_init() {}
 inline void mbar_arrive(u32 bar) {
+    emu::wg::jitter();
     std::lock_guard<std::mutex> lk(emu::wg::sync->m);
     emu::wg::arrive_locked(bar, "mbarrier.arrive");
 }
