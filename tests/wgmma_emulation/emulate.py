@@ -11,7 +11,15 @@ q: uint16 bf16 bits [n, Hq, 576]; kv: uint16 bf16 bits [L, stride >= 576] (MLA's
 the first 512 columns); idx int32 [n, kk] in [-1, L). out: float32 [n, Hq, 512] (or uint16 bf16
 bits), lse float32 [n, Hq]. An emulation error (a deadlock, an out-of-bounds shared or global
 access, an mbarrier misuse, a wgmma operand changed in flight, a kernel trap) raises EmulationError
-with the driver's report. The 2-CTA cluster kernels (wgmma2c / wgmma2sc) are not emulated."""
+with the driver's report. The 2-CTA cluster kernels (wgmma2c / wgmma2sc) are not emulated.
+
+forward's env: HYTOPK_EMU_STALL_S (the watchdog, default 10 s), HYTOPK_EMU_JITTER / HYTOPK_EMU_SEED
+(random short sleeps at synchronisation points: other interleavings), HYTOPK_EMU_TIMER_DIV
+(%globaltimer's slow-down, default 8: the kernels' trap timeouts).
+
+A new wgmma kernel: every PTX use in a wrapper of the headers (guarded by HYTOPK_EMU_PTX, a CPU
+version in wgmma_emu.h: a new wgmma shape or layout goes through emu::wg::mma), an entry point in
+_ENTRY (its launch through emu::wg::launch) and a declaration + dispatch in driver.cpp."""
 from __future__ import annotations
 
 import math
