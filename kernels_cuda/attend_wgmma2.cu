@@ -73,27 +73,12 @@ static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 65536, "attend_wgmma2
 // named barriers (0 = __syncthreads): 1-4 the 256 consumer threads, 5 the 128 producer threads
 constexpr int BAR_Q = 1, BAR_MAX = 2, BAR_P = 3, BAR_L = 4, BAR_PROD = 5;
 
-// 16 bytes global -> shared, L2 fetching the 256-byte block around it (the next row chunks' sectors)
-__device__ __forceinline__ void cp_async16_l2pf(u32 dst, const void* src, bool valid) {
-    const int n = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
-}
 // matrix descriptor, 128-byte swizzle (mode 1): addresses and offsets in bytes
 __device__ __forceinline__ u64 desc_sw128(u32 addr, u32 lead, u32 stride) {
     return (u64)((addr >> 4) & 0x3fffu) | ((u64)((lead >> 4) & 0x3fffu) << 16) | ((u64)((stride >> 4) & 0x3fffu) << 32) | (1ull << 62);
 }
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
-__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-__device__ __forceinline__ u32 ns_now() {
-    u32 t;
-    asm volatile("mov.u32 %0, %%globaltimer_lo;\n" : "=r"(t));
-    return t;
-}
 // mbarrier wait that traps (a launch error) instead of hanging when a phase never completes (2 s);
 // CLUSTER_ACQ: acquire at cluster scope (the empty barriers also get the peer block's arrivals)
 template <bool CLUSTER_ACQ>
@@ -101,44 +86,16 @@ __device__ __forceinline__ void wait_or_trap(u32 bar, u32 parity) {
     u32 done, t0 = 0;
     bool timed = false;
     do {
-        if (CLUSTER_ACQ)
-            asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                         : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-        else
-            asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                         : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+        done = CLUSTER_ACQ ? mbar_try_wait_cluster(bar, parity) : mbar_try_wait(bar, parity);
         if (!done) {                                   // the clock is read only once the first poll failed
-            if (!timed) { t0 = ns_now(); timed = true; }
-            else if (ns_now() - t0 > 2000000000u) asm volatile("trap;");
+            if (!timed) { t0 = globaltimer_lo(); timed = true; }
+            else if (globaltimer_lo() - t0 > 2000000000u) device_trap();
         }
     } while (!done);
 }
 
-// ---- cluster primitives (2-CTA cluster of the wgmma2c kernel)
-__device__ __forceinline__ u32 cluster_rank() {
-    u32 r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-// all threads of both blocks (each warp converged)
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// this block's shared address `a` as the same offset in block `rank`'s shared memory (shared::cluster)
-__device__ __forceinline__ u32 map_peer(u32 a, u32 rank) {
-    u32 r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(rank));
-    return r;
-}
-__device__ __forceinline__ void mbar_arrive_remote(u32 cluster_bar) {
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar) : "memory");
-}
-// `bytes` of this block's shared memory at src into the peer's (dst, shared::cluster), completing as
-// transaction bytes on the peer's mbarrier (shared::cluster)
-__device__ __forceinline__ void bulk_s2peer(u32 dst, u32 src, u32 bytes, u32 bar) {
-    asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-                 ::"r"(dst), "r"(src), "r"(bytes), "r"(bar) : "memory");
-}
+// cluster primitives (cluster_ctarank, cluster_sync, map_peer, mbar_arrive_remote, bulk_s2peer):
+// hytopk_wgmma_common.cuh
 
 // q [n, Hq, 576] bf16 (contiguous); kv rows at kv + s * kv_stride (elements; 16-byte aligned rows);
 // idx [n, kk] int32 in [-1, L) (-1 and out-of-range slots masked; duplicates count per slot);
@@ -161,7 +118,7 @@ __device__ __forceinline__ void attend_fwd_wgmma2(const bf16_t* __restrict__ q, 
     const u32 full0 = base + BAR_OFF, empty0 = full0 + 16;
     const int ntiles = (kk + NK - 1) / NK;
     const int* lst = idx + (long long)t * kk;
-    const u32 rank = CLUSTER ? cluster_rank() : 0u, peer = rank ^ 1u;
+    const u32 rank = CLUSTER ? cluster_ctarank() : 0u, peer = rank ^ 1u;
     constexpr u32 EMPTY_COUNT = CLUSTER ? 16 : 8;   // one arrival per consumer warp (of both blocks)
 
     if (threadIdx.x == 0) {
@@ -339,12 +296,12 @@ __device__ __forceinline__ void attend_fwd_wgmma2(const bf16_t* __restrict__ q, 
                     p[e] = w > 0.0f ? exp2f(s[4 * nb + e] - muse[e >> 1]) : 0.0f;
                     ps[e >> 1] += p[e];
                 }
-                const u32 lo = pack_bf16(p[0], p[1]), hi = pack_bf16(p[2], p[3]);
+                const u32 lo = pack_bf16x2(p[0], p[1]), hi = pack_bf16x2(p[2], p[3]);
                 pa[nb >> 1][(nb & 1) * 2 + 0] = lo;
                 pa[nb >> 1][(nb & 1) * 2 + 1] = hi;
                 const u32 at = spc + (u32)(warp * 2 * 512 + nb * 128 + g8 * 16 + tig * 4);
-                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(lo) : "memory");
-                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at + 512u), "r"(hi) : "memory");
+                st_shared_u32(at, lo);
+                st_shared_u32(at + 512u, hi);
             }
             lsum[0] = lsum[0] * alpha[0] + ps[0];
             lsum[1] = lsum[1] * alpha[1] + ps[1];
@@ -420,7 +377,7 @@ __device__ __forceinline__ void attend_fwd_wgmma2(const bf16_t* __restrict__ q, 
                 const float x1 = l > 0.0f ? __fdiv_rn(o[4 * nb + 2 * h + 1], l) : 0.0f;
                 const long long at = row * DV + c * 256 + nb * 8 + tig * 2;
                 if (OUT_BF16)
-                    *reinterpret_cast<u32*>(reinterpret_cast<bf16_t*>(out) + at) = pack_bf16(x0, x1);
+                    *reinterpret_cast<u32*>(reinterpret_cast<bf16_t*>(out) + at) = pack_bf16x2(x0, x1);
                 else
                     *reinterpret_cast<float2*>(reinterpret_cast<float*>(out) + at) = make_float2(x0, x1);
             }

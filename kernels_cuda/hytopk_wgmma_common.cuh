@@ -1,6 +1,8 @@
 // What every wgmma core (sm_90a) shares: the generated mma wrappers, the
 // warpgroup fence/commit/wait, matrix descriptors, named barriers, and the
 // mbarrier + bulk-copy (TMA engine) primitives of the warp-specialised core.
+// Every PTX use is one small wrapper (guarded by HYTOPK_EMU_PTX): the CPU emulation
+// (tests/wgmma_emulation) supplies its own versions of them.
 #pragma once
 #include "hytopk_order.cuh"
 #include "hytopk_wgmma_ptx.cuh"
@@ -8,6 +10,7 @@
 namespace hytopk {
 namespace wgp {
 
+#ifndef HYTOPK_EMU_PTX
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
@@ -19,6 +22,7 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 // Named barriers (0 is __syncthreads): `threads` of the block, a multiple of 32.
 __device__ __forceinline__ void bar_sync(int id, int threads) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id, int threads) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
+#endif  // HYTOPK_EMU_PTX
 
 // Matrix descriptor: no swizzle, K-major; addresses and offsets in 16-byte units.
 // Core-matrix layout (both operands): 8 rows x 16 bytes stored as 128 contiguous bytes;
@@ -32,6 +36,7 @@ __device__ __forceinline__ u64 smem_desc(u32 addr, u32 lead, u32 stride) {
 }
 
 // ---- mbarriers (shared::cta addresses) and the bulk copy engine
+#ifndef HYTOPK_EMU_PTX
 __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
@@ -44,13 +49,19 @@ __device__ __forceinline__ void mbar_arrive(u32 bar) {
 __device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
-// until the phase of parity `parity` has completed
-__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+// 1 once the phase of parity `parity` has completed (a bounded wait in hardware), else 0
+__device__ __forceinline__ u32 mbar_try_wait(u32 bar, u32 parity) {
     u32 done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    } while (!done);
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    return done;
+}
+// the same with acquire at cluster scope (a barrier that also gets a peer block's arrivals)
+__device__ __forceinline__ u32 mbar_try_wait_cluster(u32 bar, u32 parity) {
+    u32 done;
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    return done;
 }
 // global -> shared bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned),
 // completing as transactions on mbarrier `bar`
@@ -64,6 +75,58 @@ template <int REGS>
 __device__ __forceinline__ void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS)); }
 template <int REGS>
 __device__ __forceinline__ void regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS)); }
+
+// ---- clock, trap, conversions
+__device__ __forceinline__ u32 globaltimer_lo() {
+    u32 t;
+    asm volatile("mov.u32 %0, %%globaltimer_lo;\n" : "=r"(t));
+    return t;
+}
+__device__ __forceinline__ void device_trap() { asm volatile("trap;"); }
+// a value the compiler cannot treat as loop-invariant (keeps arithmetic on it inside a loop)
+__device__ __forceinline__ u32 opaque_u32(u32 x) {
+    u32 r;
+    asm volatile("mov.u32 %0, %1;\n" : "=r"(r) : "r"(x));
+    return r;
+}
+// two floats -> packed bf16x2 (round to nearest even), lo in the low half
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// ---- 2-CTA clusters
+__device__ __forceinline__ u32 cluster_ctarank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+// all threads of the cluster's blocks (each warp converged)
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// this block's shared address `a` as the same offset in block `rank`'s shared memory (shared::cluster)
+__device__ __forceinline__ u32 map_peer(u32 a, u32 rank) {
+    u32 r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ void mbar_arrive_remote(u32 cluster_bar) {
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar) : "memory");
+}
+// `bytes` of this block's shared memory at src into the peer's (dst, shared::cluster), completing as
+// transaction bytes on the peer's mbarrier (shared::cluster)
+__device__ __forceinline__ void bulk_s2peer(u32 dst, u32 src, u32 bytes, u32 bar) {
+    asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(dst), "r"(src), "r"(bytes), "r"(bar) : "memory");
+}
+#endif  // HYTOPK_EMU_PTX
+
+// until the phase of parity `parity` has completed
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    while (!mbar_try_wait(bar, parity)) {}
+}
 
 }  // namespace wgp
 }  // namespace hytopk

@@ -2,7 +2,7 @@
 
   forward   MLA 128 heads, d_qk 576 / d_v 512, k 2048, 8192 queries, bf16: effective TFLOP/s
             2 n H k (d_qk + d_v) / t over the bf16 GEMM rate of the same run (`one`, `pair`, and
-            `wgmma2*`: attend_wgmma2.cu, s: swizzled tile, c: 2-CTA cluster, sm_90a)
+            `wgmma2*`: attend_wgmma2.cu, s: swizzled tile, c: 2-CTA cluster, `wgmma3`: attend_wgmma3.cu, sm_90a)
   heads     8 and 16 heads per query: `pair` (two adjacent queries per block over the union of
             their selections; the union build timed apart too, both union kernels) vs `one`, and
             their _acc2 kernels (two logit accumulators), pair_nk64 (64-key tiles at 16 heads)
@@ -101,7 +101,10 @@ def max_error(q, kk, vv, idx, out):
 
 def _forward_fn(name, q, kk, vv, idx):
     """The forward of variant `name` (bf16 out): one / pair and their _acc2 / pair_nk64 kernels
-    (attend.cu) or wgmma2 / wgmma2c / wgmma2s / wgmma2sc (attend_wgmma2.cu)."""
+    (attend.cu), wgmma2 / wgmma2c / wgmma2s / wgmma2sc (attend_wgmma2.cu) or wgmma3 (attend_wgmma3.cu)."""
+    if name == "wgmma3":                             # version 3: producer warpgroup, per-warpgroup tiles, chained max
+        from workbench.families.cupy import attend_wgmma3 as AW3
+        return lambda: AW3.attend_forward_wgmma3(q, kk, vv, idx, None)
     if name.startswith("wgmma2"):                    # version 2 (attend_wgmma2.cu): c the 2-CTA cluster, s the swizzled tile
         from workbench.families.cupy import attend_wgmma2 as AW2
         cluster, swz = name.endswith("c"), name.startswith("wgmma2s")
@@ -252,7 +255,7 @@ def main(argv=None):
            "flops": {"forward": "2 n H k (d_qk + d_v)", "backward": "2 n H k (3 d_qk + 2 d_v)"}}
     print(f"GPU {props.name}  bf16 GEMM {gemm:.0f} TFLOP/s", flush=True)
     sections = [
-        ("forward", lambda: forward_rows(n, 128, L, k, gemm, ("one", "pair", "wgmma2", "wgmma2s", "wgmma2c", "wgmma2sc"))),
+        ("forward", lambda: forward_rows(n, 128, L, k, gemm, ("one", "pair", "wgmma2", "wgmma2s", "wgmma2c", "wgmma2sc", "wgmma3"))),
         ("heads", lambda: {str(H): forward_rows(n, H, L, k, gemm, ("one", "pair", "one_acc2", "pair_acc2",
                                                                    "pair_nk64")) for H in (8, 16)}),
         ("backward", lambda: backward_rows(n, 128, L, k, res.get("forward", {}).get("one", {}).get("tflops"))),

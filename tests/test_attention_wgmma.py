@@ -18,3 +18,12 @@ def test_launch_figures():
     assert INST.ATTEND_WGMMA2_SMEM == (3 * 64 * 576 * 2 + 2 * 64 * 32 * 2 + 4 * 64 * 4 + 2 * 64 * 4 + 4 * 8
                                        + 1024) <= INST.ATTEND_SMEM_LIMIT
     assert INST.ATTEND_WGMMA_THREADS == 384 and INST.ATTEND_WGMMA_HEADS == 64
+
+
+def test_version_3_instantiations():
+    assert INST.name_expressions("attend_wgmma3.cu") == ["hytopk_attend_fwd_wgmma3<true>", "hytopk_attend_fwd_wgmma3<false>"]
+    assert INST.FILE_OPTIONS["attend_wgmma3.cu"] == ("-arch=sm_90a",)
+    # Q + two 64-key stages (P lives in a stage's rope column tile), maxima / sums, masks, 8 mbarriers, 1 KiB alignment
+    assert INST.ATTEND_WGMMA3_SMEM == 3 * 64 * 576 * 2 + 4 * 64 * 4 + 2 * 64 * 4 + 8 * 8 + 1024 <= INST.ATTEND_SMEM_LIMIT
+    assert INST.ATTEND_WGMMA3_THREADS == 384          # 2 consumer warpgroups + a producer warpgroup (setmaxnreg)
+    assert len(INST.geometry_asserts("attend_wgmma3.cu")) == 2

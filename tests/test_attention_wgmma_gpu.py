@@ -1,5 +1,6 @@
 """The wgmma MLA forwards (kernels_cuda/attend_wgmma2.cu: cupy.attend.wgmma2, its 2-CTA cluster
-kernel wgmma2c, and both with the swizzled key tile, wgmma2s and wgmma2sc) on a Hopper GPU (skipped elsewhere with the reason); every test runs on each kernel
+kernel wgmma2c, and both with the swizzled key tile, wgmma2s and wgmma2sc; attend_wgmma3.cu:
+cupy.attend.wgmma3, other rounding, so close to wgmma2, never bitwise) on a Hopper GPU (skipped elsewhere with the reason); every test runs on each kernel
 (`FWD`: the c versions forced onto the cluster kernel at every head count, the odd head-block counts
 padded with an empty block).
 
@@ -26,14 +27,17 @@ pytestmark = GPU_MARKS
 KINDS = ["random", "dups", "shared", "disjoint", "empty", "pad_only"]
 
 
-VERSIONS = ["wgmma2", "wgmma2c", "wgmma2s", "wgmma2sc"]
+VERSIONS = ["wgmma2", "wgmma2c", "wgmma2s", "wgmma2sc", "wgmma3"]
+V2_VERSIONS = VERSIONS[:4]                 # one arithmetic order: bitwise wgmma2 (wgmma3 rounds differently)
 
 
 def _forward(version):
-    from workbench.families.cupy import attend_wgmma2
+    from workbench.families.cupy import attend_wgmma2, attend_wgmma3
     from workbench import loader
     if loader.current_arch() != "90":
         pytest.skip("cupy.attend.wgmma2 needs a Hopper GPU (sm_90a)")
+    if version == "wgmma3":
+        return attend_wgmma3.attend_forward_wgmma3
     cluster, swz = version.endswith("c"), version.startswith("wgmma2s")
     return lambda *a, **kw: attend_wgmma2.attend_forward_wgmma2(*a, cluster=cluster, swz=swz, **kw)
 
@@ -178,7 +182,7 @@ def test_registered_variant(name):
 
 
 @pytest.mark.parametrize("Hq, kk", [(128, 2048), (128, 300), (64, 1000), (192, 130), (16, 64)])
-@pytest.mark.parametrize("version", VERSIONS[1:])
+@pytest.mark.parametrize("version", V2_VERSIONS[1:])
 def test_variants_are_wgmma2_bit_for_bit(version, Hq, kk):
     """The same arithmetic in the same order: out and lse equal wgmma2's bits (swizzled tile or not,
     cluster or not, several tiles, padding, a partial last tile, more queries than SMs' worth of
@@ -228,3 +232,30 @@ def test_torch_op_takes_wgmma2s_for_mla_at_many_heads():
         assert torch.equal(torch.isfinite(a), fin)
         scale = max(1e-3, float(b[fin].abs().max())) if fin.any() else 1.0
         assert float((a[fin] - b[fin]).abs().max()) <= 3e-2 * scale
+
+
+@pytest.mark.parametrize("Hq, kk", [(128, 2048), (128, 300), (64, 1000), (192, 130), (16, 64), (128, 1)])
+def test_version_3_close_to_version_2(Hq, kk):
+    """Version 3 (other rounding: chained max, S k-steps reordered) within tolerance of wgmma2 over
+    many tiles, odd and even tile counts, padding, and more queries than SMs' worth of blocks."""
+    v2, v3 = _forward("wgmma2"), _forward("wgmma3")
+    rng = np.random.default_rng(seed("wgmma-v3", Hq, kk))
+    n, L = 300 if Hq == 128 and kk == 300 else 5, 5000
+    k, v, _, _ = layout(True, L, 1, 576, 512, rng)
+    qd, _ = bf16(rng.standard_normal((n, Hq, 576)))
+    idx = cp.asarray(make_idx(rng, n, L, kk, "random"))
+    (o2, l2), (o3, l3) = v2(qd, k, v, idx, None, out_dtype="float32"), v3(qd, k, v, idx, None, out_dtype="float32")
+    np.testing.assert_allclose(cp.asnumpy(o3), cp.asnumpy(o2), rtol=1e-2, atol=1e-2)
+    np.testing.assert_allclose(cp.asnumpy(l3), cp.asnumpy(l2), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("out_bf16", [True, False])
+def test_version_3_fits_the_launch(out_bf16):
+    """The driver's view of version 3 (the first one, 320 threads at 200 registers, got
+    max_threads_per_block 256 and never launched): 168 registers at launch, 384 threads allowed."""
+    from workbench import instantiations as INST
+    from workbench.families.cupy import attend_wgmma3
+    _forward("wgmma3")                                       # (skips off Hopper)
+    fn = attend_wgmma3._fn(INST.attend_wgmma3_name(out_bf16))
+    assert fn.num_regs == 168
+    assert fn.max_threads_per_block >= INST.ATTEND_WGMMA3_THREADS == 384

@@ -61,10 +61,12 @@ KERNELS = {
                   ("hytopk_attend_bwd_hb2", "attend"), ("hytopk_attend_dkv_reduce_warp", "attend"),
                   ("hytopk_attend_fwd_acc2", "attend")),
     "attend_wgmma2.cu": (("hytopk_attend_fwd_wgmma2", "attend_wgmma"), ("hytopk_attend_fwd_wgmma2c", "attend_wgmma")),
+    "attend_wgmma3.cu": (("hytopk_attend_fwd_wgmma3", "attend_wgmma"),),
 }
 # files that need an arch-specific target (wgmma exists on sm_90a only): NVRTC options, nvcc -gencode
 FILE_OPTIONS = {"wgmma.cu": ("-arch=sm_90a",), "wgmma_ws.cu": ("-arch=sm_90a",),
-                "wgmma_ws_threshold.cu": ("-arch=sm_90a",), "attend_wgmma2.cu": ("-arch=sm_90a",)}
+                "wgmma_ws_threshold.cu": ("-arch=sm_90a",), "attend_wgmma2.cu": ("-arch=sm_90a",),
+                "attend_wgmma3.cu": ("-arch=sm_90a",)}
 
 
 def nvcc_target(file: str, arch: str) -> str:
@@ -180,6 +182,16 @@ def attend_wgmma2_name(out_bf16, cluster, swz) -> str:
     return f"hytopk_attend_fwd_wgmma2{'c' if cluster else ''}<{_b(out_bf16)}, {_b(swz)}>"
 
 
+# attend_wgmma3.cu: version 3 (per-warpgroup 64-key tiles, chained max, P in the rope column tile):
+# Q + two 64-key stages + maxima / sums + masks + 8 mbarriers + 1 KiB to round the base up to 1024 B
+ATTEND_WGMMA3_SMEM = 73728 * 3 + 4 * 64 * 4 + 2 * 64 * 4 + 8 * 8 + 1024     # attw3::LAUNCH_SMEM (static_assert)
+ATTEND_WGMMA3_THREADS = 384                                                # 2 consumer warpgroups + 1 producer warpgroup (setmaxnreg)
+
+
+def attend_wgmma3_name(out_bf16) -> str:
+    return f"hytopk_attend_fwd_wgmma3<{_b(out_bf16)}>"
+
+
 def attend_names() -> tuple:
     """The instantiations the compile check builds (the shipped shapes' hot ones)."""
     out = []
@@ -241,6 +253,9 @@ def geometry_asserts(file: str, shapes=SHAPES) -> list[str]:
     if file == "attend_wgmma2.cu":
         return [f'static_assert(hytopk::attw2::LAUNCH_SMEM == {ATTEND_WGMMA2_SMEM}, "instantiations.ATTEND_WGMMA2_SMEM drifted");',
                 f'static_assert(hytopk::attw2::THREADS == {ATTEND_WGMMA_THREADS}, "instantiations.ATTEND_WGMMA_THREADS drifted");']
+    if file == "attend_wgmma3.cu":
+        return [f'static_assert(hytopk::attw3::LAUNCH_SMEM == {ATTEND_WGMMA3_SMEM}, "instantiations.ATTEND_WGMMA3_SMEM drifted");',
+                f'static_assert(hytopk::attw3::THREADS == {ATTEND_WGMMA3_THREADS}, "instantiations.ATTEND_WGMMA3_THREADS drifted");']
     if file != "wgmma_ws.cu":
         return []
     from workbench.geometry import ws_static_asserts
@@ -269,6 +284,8 @@ def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
         return attend_names()
     if file == "attend_wgmma2.cu":
         return tuple(attend_wgmma2_name(b, c, z) for z in (False, True) for c in (False, True) for b in (True, False))
+    if file == "attend_wgmma3.cu":
+        return tuple(attend_wgmma3_name(b) for b in (True, False))
     for kernel, over in KERNELS[file]:
         if over == "plain":
             out.append(name(kernel))

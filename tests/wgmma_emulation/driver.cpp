@@ -1,0 +1,57 @@
+// Runs one wgmma attention forward (kernels_cuda/attend_wgmma2.cu or attend_wgmma3.cu, compiled for
+// the CPU by emulate.py) on the case in argv[1], writes out and lse to argv[2].
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <vector>
+
+#include "wgmma_emu.h"
+
+typedef unsigned short bf16_t;
+// the kernel translation units (emulate.py): one per source file
+void emu_attend_wgmma2(bool out_bf16, bool swz, const bf16_t* q, const bf16_t* kv, long long kv_stride, const int* idx,
+                       int kk, int n, long long L, int Hq, float scale_log2, void* out, float* lse);
+void emu_attend_wgmma3(bool out_bf16, const bf16_t* q, const bf16_t* kv, long long kv_stride, const int* idx, int kk,
+                       int n, long long L, int Hq, float scale_log2, void* out, float* lse);
+
+// a buffer of exactly n bytes at a 256-byte boundary (cudaMalloc's alignment), bounds as registered
+static unsigned char* buffer(std::vector<unsigned char>& store, size_t n, const char* name) {
+    store.assign(n + 256, 0xCD);
+    unsigned char* p = store.data() + (256 - reinterpret_cast<uintptr_t>(store.data()) % 256) % 256;
+    emu::wg::global_buffer(p, n, name);
+    return p;
+}
+
+int main(int argc, char** argv) {
+    if (argc != 3) { std::fprintf(stderr, "usage: %s IN OUT\n", argv[0]); return 2; }
+    std::ifstream in(argv[1], std::ios::binary);
+    int h[10];
+    in.read(reinterpret_cast<char*>(h), sizeof h);
+    const int version = h[0], swz = h[1], out_bf16 = h[2], n = h[3], Hq = h[4], kk = h[5], L = h[6], stride = h[7];
+    emu::wg::smem_off = (unsigned)h[8];
+    float scale_log2;
+    std::memcpy(&scale_log2, &h[9], 4);
+    std::vector<unsigned char> sq, skv, sidx, sout, slse;
+    const size_t qb = (size_t)n * Hq * 576 * 2, kvb = (size_t)L * stride * 2, ib = (size_t)n * kk * 4;
+    unsigned char* q = buffer(sq, qb, "q");
+    unsigned char* kv = buffer(skv, kvb, "kv");
+    unsigned char* idx = buffer(sidx, ib, "idx");
+    in.read(reinterpret_cast<char*>(q), (std::streamsize)qb);
+    in.read(reinterpret_cast<char*>(kv), (std::streamsize)kvb);
+    in.read(reinterpret_cast<char*>(idx), (std::streamsize)ib);
+    if (!in) { std::fprintf(stderr, "driver: short input\n"); return 2; }
+    const size_t ob = (size_t)n * Hq * 512 * (out_bf16 ? 2 : 4);
+    unsigned char* out = buffer(sout, ob, "out");
+    float* lse = reinterpret_cast<float*>(buffer(slse, (size_t)n * Hq * 4, "lse"));
+    const bf16_t* qp = reinterpret_cast<const bf16_t*>(q);
+    const bf16_t* kvp = reinterpret_cast<const bf16_t*>(kv);
+    const int* ip = reinterpret_cast<const int*>(idx);
+    if (version == 2) emu_attend_wgmma2(out_bf16, swz, qp, kvp, stride, ip, kk, n, L, Hq, scale_log2, out, lse);
+    else if (version == 3) emu_attend_wgmma3(out_bf16, qp, kvp, stride, ip, kk, n, L, Hq, scale_log2, out, lse);
+    else { std::fprintf(stderr, "driver: version %d\n", version); return 2; }
+    std::ofstream of(argv[2], std::ios::binary);
+    of.write(reinterpret_cast<const char*>(out), (std::streamsize)ob);
+    of.write(reinterpret_cast<const char*>(lse), (std::streamsize)n * Hq * 4);
+    return 0;
+}

@@ -1,0 +1,161 @@
+"""The Hopper wgmma attention forwards (kernels_cuda/attend_wgmma2.cu: wgmma2 and its swizzled tile
+wgmma2s; attend_wgmma3.cu: wgmma3) run on the CPU: their real source, compiled with g++ and
+HYTOPK_EMU_PTX against wgmma_emu.h (CPU versions of every PTX wrapper of the headers: mbarriers,
+named barriers, cp.async, wgmma.mma_async with its descriptors and fragments), one std::thread per
+CUDA thread (tests/table_emulation/cuda_emu.h), driven case by case by driver.cpp.
+
+    build(out_dir) -> the driver's path (needs g++ with C++20)
+    forward(driver, q, kv, idx, scale=None, version="wgmma2", out_dtype="float32") -> (out, lse)
+
+q: uint16 bf16 bits [n, Hq, 576]; kv: uint16 bf16 bits [L, stride >= 576] (MLA's shared rows, V =
+the first 512 columns); idx int32 [n, kk] in [-1, L). out: float32 [n, Hq, 512] (or uint16 bf16
+bits), lse float32 [n, Hq]. An emulation error (a deadlock, an out-of-bounds shared or global
+access, an mbarrier misuse, a wgmma operand changed in flight, a kernel trap) raises EmulationError
+with the driver's report. The 2-CTA cluster kernels (wgmma2c / wgmma2sc) are not emulated.
+
+forward's env: HYTOPK_EMU_STALL_S (the watchdog, default 10 s), HYTOPK_EMU_JITTER / HYTOPK_EMU_SEED
+(random short sleeps at synchronisation points: other interleavings), HYTOPK_EMU_TIMER_DIV
+(%globaltimer's slow-down, default 8: the kernels' trap timeouts).
+
+A new wgmma kernel: every PTX use in a wrapper of the headers (guarded by HYTOPK_EMU_PTX, a CPU
+version in wgmma_emu.h: a new wgmma shape or layout goes through emu::wg::mma), an entry point in
+_ENTRY (its launch through emu::wg::launch) and a declaration + dispatch in driver.cpp."""
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+import reference.attention as RA
+from table_emulation.emulate import _inline
+
+HERE = Path(__file__).resolve().parent
+CORE = HERE.parent / "table_emulation"
+KERNELS = HERE.parent.parent / "kernels_cuda"
+VERSIONS = ("wgmma2", "wgmma2s", "wgmma3")
+DQK, DV = 576, 512
+
+
+class EmulationError(RuntimeError):
+    """The emulated kernel failed: the driver's report (stderr) is the message."""
+
+
+_ENTRY = {
+    "attend_wgmma2.cu": """
+void emu_attend_wgmma2(bool ob, bool swz, const bf16_t* q, const bf16_t* kv, long long ks, const int* idx, int kk,
+                       int n, long long L, int Hq, float sl2, void* out, float* lse) {
+    const int nhb = (Hq + ROWS - 1) / ROWS;
+    emu::wg::launch((unsigned)(n * nhb), THREADS, LAUNCH_SMEM, [&] {
+        if (ob && swz) hytopk_attend_fwd_wgmma2<true, true>(q, kv, ks, idx, kk, n, L, Hq, nhb, sl2, out, lse);
+        else if (ob) hytopk_attend_fwd_wgmma2<true, false>(q, kv, ks, idx, kk, n, L, Hq, nhb, sl2, out, lse);
+        else if (swz) hytopk_attend_fwd_wgmma2<false, true>(q, kv, ks, idx, kk, n, L, Hq, nhb, sl2, out, lse);
+        else hytopk_attend_fwd_wgmma2<false, false>(q, kv, ks, idx, kk, n, L, Hq, nhb, sl2, out, lse);
+    });
+}
+""",
+    "attend_wgmma3.cu": """
+void emu_attend_wgmma3(bool ob, const bf16_t* q, const bf16_t* kv, long long ks, const int* idx, int kk, int n,
+                       long long L, int Hq, float sl2, void* out, float* lse) {
+    const int nhb = (Hq + ROWS - 1) / ROWS;
+    emu::wg::launch((unsigned)(n * nhb), THREADS, LAUNCH_SMEM, [&] {
+        if (ob) hytopk_attend_fwd_wgmma3<true>(q, kv, ks, idx, kk, n, L, Hq, nhb, sl2, out, lse);
+        else hytopk_attend_fwd_wgmma3<false>(q, kv, ks, idx, kk, n, L, Hq, nhb, sl2, out, lse);
+    });
+}
+""",
+}
+
+
+def kernel_source(name: str, source: str | None = None) -> str:
+    """One .cu file (or `source`, its text: a scratch variant) with its headers inlined for the CPU:
+    the dynamic shared memory from the emulator, and the entry point the driver calls."""
+    seen: set = set()
+    body = _inline(KERNELS / name, seen) if source is None else _inline_text(source, seen)
+    decl = "extern __shared__ __align__(128) unsigned char smem_raw[];"
+    assert decl in body, f"{name}: the dynamic shared memory declaration changed"
+    body = body.replace(decl, "unsigned char* smem_raw = emu::wg::win + emu::wg::win_lo;")
+    return '#include "wgmma_emu.h"\n' + body + _ENTRY[name]
+
+
+def _inline_text(text: str, seen: set) -> str:
+    """table_emulation's _inline on a file's text (its includes from kernels_cuda/)."""
+    out = []
+    for line in text.splitlines():
+        m = re.match(r'#include "(.+)"', line)
+        if m:
+            p = KERNELS / m.group(1)
+            if p not in seen:
+                seen.add(p)
+                out.append(_inline(p, seen))
+            continue
+        out.append(line)
+    return "\n".join(out)
+
+
+def compiler() -> str | None:
+    return shutil.which("g++")
+
+
+def build(out_dir, sources: dict | None = None) -> Path:
+    """Compiles the driver and both kernel files (three translation units in parallel) into out_dir.
+    sources: {"attend_wgmma3.cu": text} replaces a file's text (a scratch copy with a planted bug)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    flags = ["-std=c++20", "-O2", "-pthread", "-w", f"-I{HERE}", f"-I{CORE}"]
+    units = [HERE / "driver.cpp"]
+    for name in _ENTRY:
+        src = out_dir / (Path(name).stem + "_emu.cpp")
+        src.write_text(kernel_source(name, (sources or {}).get(name)))
+        units.append(src)
+    procs = [(u, subprocess.Popen([compiler(), *flags, "-c", str(u), "-o", str(out_dir / (u.stem + ".o"))],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)) for u in units]
+    for u, p in procs:
+        _, err = p.communicate()
+        if p.returncode:
+            raise RuntimeError(f"g++ failed on {u.name}:\n{err[-4000:]}")
+    exe = out_dir / "wgmma_driver"
+    subprocess.run([compiler(), "-pthread", *[str(out_dir / (u.stem + ".o")) for u in units], "-o", str(exe)],
+                   check=True)
+    return exe
+
+
+def forward(driver, q, kv, idx, scale=None, *, version="wgmma2", out_dtype="float32", smem_off=0x410,
+            timeout=900, env=None):
+    """(out, lse) of one forward of `version` on the CPU (module docstring)."""
+    q = np.ascontiguousarray(q, np.uint16)
+    kv = np.ascontiguousarray(kv, np.uint16)
+    idx = np.ascontiguousarray(idx, np.int32)
+    n, Hq, d = q.shape
+    L, stride = kv.shape
+    assert d == DQK and stride >= DQK and stride % 8 == 0 and idx.shape[0] == n
+    kk = idx.shape[1]
+    scale_log2 = np.float32(RA.check_scale(scale, DQK) / math.log(2.0))
+    out_bf16 = out_dtype == "bfloat16"
+    vnum = 3 if version == "wgmma3" else 2
+    swz = int(version == "wgmma2s")
+    head = np.array([vnum, swz, int(out_bf16), n, Hq, kk, L, stride, smem_off, 0], np.int32)
+    head[9] = scale_log2.view(np.int32)
+    with tempfile.TemporaryDirectory() as tmp:
+        fin, fout = Path(tmp) / "in", Path(tmp) / "out"
+        fin.write_bytes(head.tobytes() + q.tobytes() + kv.tobytes() + idx.tobytes())
+        run_env = dict(os.environ, **(env or {}))
+        try:
+            r = subprocess.run([str(driver), str(fin), str(fout)], capture_output=True, text=True, timeout=timeout,
+                               env=run_env)
+        except subprocess.TimeoutExpired as e:
+            raise EmulationError(f"{version}: the emulation did not finish in {timeout} s (a deadlock the "
+                                 f"watchdog missed?)\n{(e.stderr or '')[-4000:]}") from None
+        if r.returncode:
+            raise EmulationError(f"{version}: the driver exited {r.returncode}:\n{r.stderr[-6000:]}")
+        b = fout.read_bytes()
+    ob = n * Hq * DV * (2 if out_bf16 else 4)
+    assert len(b) == ob + n * Hq * 4
+    out = np.frombuffer(b, np.uint16 if out_bf16 else np.float32, n * Hq * DV).reshape(n, Hq, DV).copy()
+    lse = np.frombuffer(b, np.float32, n * Hq, ob).reshape(n, Hq).copy()
+    return out, lse

@@ -1,0 +1,69 @@
+"""Sparse attention forward on wgmma (sm_90a), version 3 (kernels_cuda/attend_wgmma3.cu).
+
+Variant of the `attend` stage (MLA only, the same function as cupy.attend.wgmma2*, other
+rounding: compared with the reference within tolerance, not bitwise with wgmma2):
+  cupy.attend.wgmma3   each consumer warpgroup owns every other 64-key tile (S at N = 64), the row
+                       max chained between the two warpgroups, P exchanged through the tile's rope
+                       columns, key stages released in two regions; version 2s's swizzled gather
+"""
+from __future__ import annotations
+
+import cupy as cp
+import numpy as np
+
+from workbench import instantiations as INST
+
+from ... import loader
+from ...cubin_info import check_launch
+from ...registry import register
+from ._launch import launch_stream
+from .attend import Bound
+from .attend_wgmma2 import unsupported
+from .wgmma import require_sm90
+
+FILE = "attend_wgmma3.cu"
+
+
+_FITS: dict[int, object] = {}     # id -> function already checked (held, so ids are not reused)
+
+
+def _fn(name: str):
+    fn = loader.module(FILE, (name,), options=INST.FILE_OPTIONS[FILE]).function(name)
+    if id(fn) not in _FITS:           # a launch that cannot fit says why (registers x threads)
+        check_launch(fn.num_regs, fn.max_threads_per_block, INST.ATTEND_WGMMA3_THREADS, name)
+        _FITS[id(fn)] = fn
+    return fn
+
+
+def attend_forward_wgmma3(q, k, v, idx, scale=None, *, out_dtype="bfloat16"):
+    """(out [n, Hq, 512], lse float32 [n, Hq]) on a Hopper GPU; inputs as attend.attend_forward."""
+    if out_dtype not in ("bfloat16", "float32"):
+        raise ValueError(f"argument 'out_dtype' must be 'bfloat16' or 'float32', got {out_dtype!r}")
+    require_sm90()
+    with launch_stream():
+        b = Bound(q, k, v, idx, scale)
+        why = unsupported(b)
+        if why:
+            raise ValueError(f"arguments 'k', 'v': cupy.attend.wgmma3 {why}; use cupy.attend.one")
+        out_bf16 = out_dtype == "bfloat16"
+        out = cp.empty((b.n, b.Hq, b.DV), cp.uint16 if out_bf16 else cp.float32)
+        lse = cp.empty((b.n, b.Hq), cp.float32)
+        nhb = -(-b.Hq // INST.ATTEND_WGMMA_HEADS)            # head blocks per query: adjacent blocks
+        if b.n == 0 or b.Hq == 0:
+            return out, lse
+        if b.n * nhb >= 2 ** 31:
+            raise ValueError(f"argument 'q': {b.n} queries x {nhb} head blocks exceed one launch's 2^31 - 1 blocks")
+        fn = _fn(INST.attend_wgmma3_name(out_bf16))
+        smem = INST.ATTEND_WGMMA3_SMEM
+        if fn.max_dynamic_shared_size_bytes < smem:
+            fn.max_dynamic_shared_size_bytes = smem
+        fn((b.n * nhb,), (INST.ATTEND_WGMMA3_THREADS,),
+           (b.q, b.k, np.int64(b.k_stride), b.idx, np.int32(b.kk), np.int32(b.n), np.int64(b.L), np.int32(b.Hq),
+            np.int32(nhb), b.scale_log2, out, lse), shared_mem=smem)
+        return out, lse
+
+
+@register("attend", "cupy.attend.wgmma3", gpu_only=True)
+def attend_wgmma3(q, k, v, idx, scale=None):
+    """MLA on wgmma (sm_90a), version 3: per-warpgroup 64-key tiles, chained max, P exchange."""
+    return attend_forward_wgmma3(q, k, v, idx, scale, out_dtype="float32")
