@@ -19,6 +19,7 @@
 //                                (table_topk.cu), launched right after on the device
 //   hytopk_select_smem           stage 8 with each row's candidates read once into shared memory
 #include "hytopk_select_fast.cuh"
+#include "hytopk_cluster.cuh"
 using namespace hytopk;
 
 namespace hytopk {
@@ -519,6 +520,259 @@ hytopk_table_fused1(const void* __restrict__ table, long long L, int n, const in
     extern __shared__ __align__(16) u32 smem[];
     table_fused1_body<Src, THREADS>(smem, table, L, n, lo, hi, k, cap, aligned, ahead, oversample, fast, z, count_out,
                                     flagged, nflagged, idx, val);
+}
+
+namespace hytopk {
+// ---- The cluster kernel: rows that fit the shared memory of a cluster, read once (issue 21) ----
+// A row's context [a, a + c) is cut into C slices of S elements (S a multiple of P, so every slice
+// starts at the same offset h0 inside a 16-byte vector); block q of the cluster holds slice q in a
+// buffer whose element j is the table's element (row0 + a + q S) - h0 + j, copied by the bulk copy
+// engine (whole vectors inside the table; the vector that reaches past the table's end and every
+// element of a table whose base is not 16-byte aligned by ordinary loads).
+struct ClusterRow {
+    long long row0, a, c;
+    int S, h0;
+    __device__ __forceinline__ static ClusterRow of(long long t, long long L, const int* lo, const int* hi, int C, int P) {
+        ClusterRow g;
+        g.row0 = t * L;
+        g.a = min(max((long long)lo[t], 0LL), L);                      // clamped: never a read outside the row
+        g.c = min(max((long long)hi[t], g.a), L) - g.a;
+        g.S = (int)(((g.c + C - 1) / C + P - 1) / P * P);
+        g.h0 = (int)((g.row0 + g.a) % P);
+        return g;
+    }
+    __device__ __forceinline__ int len(int q) const { return (int)min(max(c - (long long)q * S, 0LL), (long long)S); }
+};
+
+// Element g of the table to element j of a slice buffer (raw bits, the table's width).
+template <class Src>
+__device__ __forceinline__ void copy_elem(u32* buf, int j, const void* table, long long g) {
+    if (TableVec<Src>::PER_VEC == 4) buf[j] = static_cast<const u32*>(table)[g];
+    else reinterpret_cast<unsigned short*>(buf)[j] = static_cast<const unsigned short*>(table)[g];
+}
+
+// Slice q of row g to buf; exactly one arrival on bar by thread 0 (with the bytes of the bulk copy
+// when there is one), whatever the path: a row's wait is always one phase of its buffer's mbarrier.
+// use = false (c <= k: the row is not read here) or an empty slice: the arrival only. The ordinary
+// loads (an unaligned table, or the vector past the table's end) are stored before this returns;
+// the cluster barrier that follows publishes them.
+template <class Src>
+__device__ __forceinline__ void cluster_load_slice(const ClusterRow& g, int q, bool use, u32* buf, u64* bar,
+                                                   const void* table, long long total, int aligned) {
+    constexpr long long P = TableVec<Src>::PER_VEC;
+    const int len = use ? g.len(q) : 0;
+    const long long g_start = g.row0 + g.a + (long long)q * g.S, g_end = g_start + len;
+    const long long v0 = (g_start - g.h0) / P, vend = (g_end + P - 1) / P;
+    if (len > 0 && !aligned) {
+        for (long long j = threadIdx.x; j < (vend - v0) * P; j += blockDim.x) {
+            const long long e = v0 * P + j;
+            if (e >= g_start && e < g_end) copy_elem<Src>(buf, (int)j, table, e);
+        }
+    }
+    if (threadIdx.x != 0) return;
+    if (len <= 0 || !aligned) {
+        mbar_arrive_tx(bar, 0u);
+        return;
+    }
+    const long long vb = min(vend, total / P);                         // whole vectors inside the table
+    const u32 bytes = (u32)((vb - v0) * 16);
+    mbar_arrive_tx(bar, bytes);
+    if (bytes > 0u) bulk_load(buf, static_cast<const uint4*>(table) + v0, bytes, bar);
+    for (long long e = vb * P; e < g_end; ++e) copy_elem<Src>(buf, (int)(e - v0 * P), table, e);   // past the table's end
+}
+
+// The contract's M samples of the row (p_j = a + (j c) // M) as order keys keys[0 .. M), read from
+// the slices of every block of the cluster (distributed shared memory), PER loads in flight per thread.
+template <class Src, int PER>
+__device__ __forceinline__ void cluster_sample_keys(const ClusterRow& g, u32* buf, long long M, u32* keys) {
+    const long long B = blockDim.x, c = g.c;
+    const long long dq = (B * c) / M, dr = (B * c) % M;
+    for (long long q0 = 0; q0 < M; q0 += PER * B) {
+        const long long j0 = q0 + threadIdx.x;
+        long long Q = (j0 * c) / M, R = (j0 * c) % M;
+        u32 sb[PER];
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            sb[i] = 0u;
+            if (j0 + i * B < M) {
+                const u32 rel = (u32)Q, owner = rel / (u32)g.S;
+                sb[i] = TableVec<Src>::bits_at(cluster_map(buf, owner), (long long)(rel - owner * (u32)g.S + g.h0));
+            }
+            Q += dq;
+            R += dr;
+            if (R >= M) { R -= M; ++Q; }
+        }
+#pragma unroll
+        for (int i = 0; i < PER; ++i)
+            if (j0 + i * B < M) keys[j0 + i * B] = order_key_bits(sb[i]);
+    }
+}
+
+// Every key >= key(T) (tb: T's bits) of this block's slice to the sink, positions as row columns.
+template <class Src>
+__device__ __forceinline__ void cluster_filter_slice(const ClusterRow& g, int q, const u32* buf, u32 tb, SmemSink& sink) {
+    constexpr int P = TableVec<Src>::PER_VEC;
+    constexpr int U = 16 / P;                                         // 16 elements per thread per step
+    const int len = g.len(q);
+    if (len <= 0) return;                                             // uniform over the block
+    const int nv = (g.h0 + len + P - 1) / P;
+    const u32 col0 = (u32)(g.a + (long long)q * g.S - g.h0);          // column of buffer element 0
+    const KeyAtLeast pass = KeyAtLeast::of(tb);
+    const int B = (int)blockDim.x;
+    for (int vs = 0; vs < nv; vs += U * B) {                          // uniform over the block
+        u32 bits[U][P];
+        u32 mask = 0u;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int v = vs + u * B + (int)threadIdx.x;
+            if (v < nv) {
+                TableVec<Src>::unpack(reinterpret_cast<const uint4*>(buf)[v], bits[u]);
+#pragma unroll
+                for (int e = 0; e < P; ++e) {
+                    const int j = v * P + e;
+                    mask |= (u32)((u32)(j - g.h0) < (u32)len && pass(bits[u][e])) << (u * P + e);
+                }
+            }
+        }
+        sink.reserve(__popc(mask));
+        if (mask) {
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+                for (int e = 0; e < P; ++e)
+                    if (mask & (1u << (u * P + e)))
+                        sink.put(col0 + (u32)((vs + u * B + (int)threadIdx.x) * P + e), bits[u][e]);
+        }
+    }
+}
+
+// Words of dynamic shared memory of hytopk_table_cluster: two slice buffers of buf_words words
+// (a multiple of 4), two mbarriers, the T and base slots, then hytopk_table_fused's layout.
+__host__ __device__ constexpr long long table_cluster_smem_words(int k, int cap, int buf_words, int threads) {
+    return 2LL * buf_words + 8 + table_fused_smem_words(k, cap, threads);
+}
+}  // namespace hytopk
+
+// HyTopK over a table whose rows fit the shared memory of a cluster of C blocks, each row read
+// from global memory once (issue 21 at 128K keys; perf_notes "The cluster kernel"). A persistent
+// grid of clusters: cluster i takes rows i, i + nclusters, ...; block q of a cluster holds slice q
+// of the row (ClusterRow) in one of two buffers, the next row's slice being copied in while this
+// one is worked on. Per row (iteration it, leader L = it % C, P = (it - 1) % C the last row's leader):
+//   wait for the own slice; cluster barrier S1 (every slice present; the last row's candidates
+//   complete in P); copy the next row's slice into the other buffer;
+//   P: the exact select of the last row from its candidates (fused_finish, as hytopk_table_fused:
+//      count, check against cap, listed in flagged or written) or the whole last row (c <= k);
+//   the others: the contract's M samples from the cluster's slices (distributed shared memory), K*
+//      = their r-th best (every block the same; L also stores it in P's T slot);
+//   zero the counters; cluster barrier S2; every block streams its slice (key >= K*): L into its
+//   own candidate area, the others into their own area then one remote atomic in L's counter and
+//   a copy into L's area (distributed shared memory).
+// So the select of a row runs in one block while the others select the next row's threshold.
+// Outputs, counts and listed rows: hytopk_table_fused's (its cap = this cap), bit for bit.
+// grid: a multiple of C blocks; smem: table_cluster_smem_words(k, cap, buf_words, THREADS) words;
+// buf_words >= (S + P) elements for every row's S (host: table_v2.py cluster_geometry); cap >=
+// MAX_SAMPLES / 2 (the samples live in the candidate area).
+template <class Src, int C, int THREADS>
+__device__ __forceinline__ void table_cluster_body(u32* smem, const void* __restrict__ table, long long L, int n,
+                                                   const int* __restrict__ lo, const int* __restrict__ hi, int k,
+                                                   int cap, int buf_words, int aligned, double oversample, int fast,
+                                                   int* __restrict__ count_out, int* __restrict__ flagged,
+                                                   int* __restrict__ nflagged, int* __restrict__ idx,
+                                                   float* __restrict__ val) {
+    static_assert(C >= 2, "the last row's leader must differ from this row's");
+    constexpr int P = TableVec<Src>::PER_VEC;
+    constexpr int PER = 4;
+    const int q = (int)cluster_rank();
+    const long long cid = blockIdx.x / C, ncl = gridDim.x / C;
+    u64* full = reinterpret_cast<u64*>(smem + 2LL * buf_words);
+    u32* tslot = smem + 2LL * buf_words + 4;
+    u32* bslot = tslot + 1;
+    const FusedSmem f = FusedSmem::of(smem + 2LL * buf_words + 8, k, cap, THREADS);
+    const long long total = (long long)n * L;
+    if (threadIdx.x == 0) {
+        mbar_init(&full[0], 1u);
+        mbar_init(&full[1], 1u);
+        *f.ncand = 0;
+        *f.nspare = 0;
+    }
+    __syncthreads();
+    if (cid < n) {
+        const ClusterRow g0 = ClusterRow::of(cid, L, lo, hi, C, P);
+        cluster_load_slice<Src>(g0, q, g0.c > k, smem, &full[0], table, total, aligned);
+    }
+    for (int it = 0;; ++it) {
+        const long long t = cid + it * ncl;                            // uniform over the cluster
+        const bool valid = t < n;
+        const int b = it & 1;
+        u32* buf = smem + (long long)b * buf_words;
+        ClusterRow g = {0, 0, 0, 1, 0};
+        if (valid) {
+            g = ClusterRow::of(t, L, lo, hi, C, P);
+            mbar_wait(&full[b], (u32)(it >> 1) & 1u);
+        }
+        cluster_sync();                                                // S1
+        if (valid && t + ncl < n) {
+            const ClusterRow gn = ClusterRow::of(t + ncl, L, lo, hi, C, P);
+            cluster_load_slice<Src>(gn, q, gn.c > k, smem + (long long)(b ^ 1) * buf_words, &full[b ^ 1], table,
+                                    total, aligned);
+        }
+        const int lead = it % C, prev = (it + C - 1) % C;
+        u32 kstar = 0u;
+        if (it > 0 && q == prev) {                                     // the last row, in its leader
+            const long long tp = t - ncl;
+            const ClusterRow gp = ClusterRow::of(tp, L, lo, hi, C, P);
+            int* out_idx = idx + tp * k;
+            float* out_val = val + tp * k;
+            if (gp.c <= k) {
+                fused_whole_row<Src>(f, table, (int)tp, gp.row0, gp.a, gp.c, k, count_out, out_idx, out_val);
+            } else {
+                const int cnt = *f.ncand;                              // fused_finish: a barrier before its select's scratch
+                fused_finish<THREADS>(f, (int)tp, cnt, k, cap, fast, count_out, flagged, nflagged, out_idx, out_val);
+            }
+        } else if (valid && g.c > k) {
+            const SamplePlan sp = SamplePlan::of(g.c, k, oversample);
+            cluster_sample_keys<Src, PER>(g, buf, sp.M, f.cpos);
+            __syncthreads();
+            auto sample_key = [&](long long j, u32* out) { *out = f.cpos[j]; return true; };
+            kstar = block_radix_select_keys<true>(sample_key, sp.M, sp.r, f.hist, f.sc);
+            if (it > 0 && q == lead && threadIdx.x == 0) *cluster_map(tslot, (u32)prev) = kstar;
+        }
+        if (!valid) return;                                            // uniform over the cluster
+        __syncthreads();
+        if (threadIdx.x == 0) { *f.ncand = 0; *f.nspare = 0; }
+        cluster_sync();                                                // S2
+        if (g.c <= k) continue;
+        if (it > 0 && q == prev) kstar = *tslot;
+        const bool leader = q == lead;
+        SmemSink sink = {f.cpos, f.cbits, leader ? f.ncand : f.nspare, cap, 0};
+        cluster_filter_slice<Src>(g, q, buf, bits_of_key(kstar), sink);
+        if (leader) continue;
+        __syncthreads();
+        const int m = *f.nspare;
+        if (m == 0) continue;                                          // uniform
+        if (threadIdx.x == 0) *bslot = (u32)atomicAdd(cluster_map(f.ncand, (u32)lead), m);
+        __syncthreads();
+        const int base = (int)*bslot;
+        u32* rpos = cluster_map(f.cpos, (u32)lead);
+        u32* rbits = cluster_map(f.cbits, (u32)lead);
+        for (int i = threadIdx.x; i < min(m, cap) && base + i < cap; i += THREADS) {
+            rpos[base + i] = f.cpos[i];
+            rbits[base + i] = f.cbits[i];
+        }
+    }
+}
+
+// The cluster kernel at C blocks per cluster and THREADS threads (table_v2.py FUSED_CLUSTER,
+// instantiations.CLUSTER_CONFIGS): one block per SM (its shared memory).
+template <class Src, int C, int THREADS>
+__global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(THREADS, 1)
+hytopk_table_cluster(const void* __restrict__ table, long long L, int n, const int* __restrict__ lo,
+                     const int* __restrict__ hi, int k, int cap, int buf_words, int aligned, double oversample,
+                     int fast, int* __restrict__ count_out, int* __restrict__ flagged, int* __restrict__ nflagged,
+                     int* __restrict__ idx, float* __restrict__ val) {
+    extern __shared__ __align__(16) u32 smem[];
+    table_cluster_body<Src, C, THREADS>(smem, table, L, n, lo, hi, k, cap, buf_words, aligned, oversample, fast,
+                                        count_out, flagged, nflagged, idx, val);
 }
 
 // Stage 8 with the candidates in shared memory (select_smem_rows, hytopk_select_fast.cuh): each
