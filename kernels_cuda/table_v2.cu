@@ -530,18 +530,21 @@ namespace hytopk {
 // engine (whole vectors inside the table; the vector that reaches past the table's end and every
 // element of a table whose base is not 16-byte aligned by ordinary loads).
 struct ClusterRow {
-    long long row0, a, c;
-    int S, h0;
-    __device__ __forceinline__ static ClusterRow of(long long t, long long L, const int* lo, const int* hi, int C, int P) {
+    long long row0;
+    int a, c, S, h0;
+    // lo / hi read through volatile: the kernel re-reads a row's bounds where it needs them
+    // instead of keeping them live across the select (registers: 1024 threads leave 64)
+    __device__ __forceinline__ static ClusterRow of(int t, long long L, const int* lo, const int* hi, int C, int P) {
         ClusterRow g;
-        g.row0 = t * L;
-        g.a = min(max((long long)lo[t], 0LL), L);                      // clamped: never a read outside the row
-        g.c = min(max((long long)hi[t], g.a), L) - g.a;
-        g.S = (int)(((g.c + C - 1) / C + P - 1) / P * P);
-        g.h0 = (int)((g.row0 + g.a) % P);
+        g.row0 = (long long)t * L;
+        const long long a = min(max((long long)*(volatile const int*)(lo + t), 0LL), L);   // clamped: never a read outside the row
+        g.a = (int)a;
+        g.c = (int)(min(max((long long)*(volatile const int*)(hi + t), a), L) - a);
+        g.S = ((g.c + C - 1) / C + P - 1) / P * P;
+        g.h0 = (int)((g.row0 + a) % P);
         return g;
     }
-    __device__ __forceinline__ int len(int q) const { return (int)min(max(c - (long long)q * S, 0LL), (long long)S); }
+    __device__ __forceinline__ int len(int q) const { return min(max(c - q * S, 0), S); }
 };
 
 // Element g of the table to element j of a slice buffer (raw bits, the table's width).
@@ -683,13 +686,14 @@ __device__ __forceinline__ void table_cluster_body(u32* smem, const void* __rest
     constexpr int P = TableVec<Src>::PER_VEC;
     constexpr int PER = 4;
     const int q = (int)cluster_rank();
-    const long long cid = blockIdx.x / C, ncl = gridDim.x / C;
+    const int cid = (int)(blockIdx.x / C), ncl = (int)(gridDim.x / C);
     u64* full = reinterpret_cast<u64*>(smem + 2LL * buf_words);
     u32* tslot = smem + 2LL * buf_words + 4;
     u32* bslot = tslot + 1;
-    const FusedSmem f = FusedSmem::of(smem + 2LL * buf_words + 8, k, cap, THREADS);
+    u32* fsm = smem + 2LL * buf_words + 8;
     const long long total = (long long)n * L;
     if (threadIdx.x == 0) {
+        const FusedSmem f = FusedSmem::of(fsm, k, cap, THREADS);
         mbar_init(&full[0], 1u);
         mbar_init(&full[1], 1u);
         *f.ncand = 0;
@@ -701,51 +705,54 @@ __device__ __forceinline__ void table_cluster_body(u32* smem, const void* __rest
         cluster_load_slice<Src>(g0, q, g0.c > k, smem, &full[0], table, total, aligned);
     }
     for (int it = 0;; ++it) {
-        const long long t = cid + it * ncl;                            // uniform over the cluster
+        const int t = cid + it * ncl;                                  // uniform over the cluster
         const bool valid = t < n;
-        const int b = it & 1;
-        u32* buf = smem + (long long)b * buf_words;
-        ClusterRow g = {0, 0, 0, 1, 0};
-        if (valid) {
-            g = ClusterRow::of(t, L, lo, hi, C, P);
-            mbar_wait(&full[b], (u32)(it >> 1) & 1u);
-        }
+        if (valid) mbar_wait(&full[it & 1], (u32)(it >> 1) & 1u);
         cluster_sync();                                                // S1
         if (valid && t + ncl < n) {
             const ClusterRow gn = ClusterRow::of(t + ncl, L, lo, hi, C, P);
-            cluster_load_slice<Src>(gn, q, gn.c > k, smem + (long long)(b ^ 1) * buf_words, &full[b ^ 1], table,
-                                    total, aligned);
+            cluster_load_slice<Src>(gn, q, gn.c > k, smem + (long long)((it & 1) ^ 1) * buf_words, &full[(it & 1) ^ 1],
+                                    table, total, aligned);
         }
         const int lead = it % C, prev = (it + C - 1) % C;
         u32 kstar = 0u;
         if (it > 0 && q == prev) {                                     // the last row, in its leader
-            const long long tp = t - ncl;
+            const FusedSmem f = FusedSmem::of(fsm, k, cap, THREADS);
+            const int tp = t - ncl;
             const ClusterRow gp = ClusterRow::of(tp, L, lo, hi, C, P);
-            int* out_idx = idx + tp * k;
-            float* out_val = val + tp * k;
-            if (gp.c <= k) {
-                fused_whole_row<Src>(f, table, (int)tp, gp.row0, gp.a, gp.c, k, count_out, out_idx, out_val);
-            } else {
-                const int cnt = *f.ncand;                              // fused_finish: a barrier before its select's scratch
-                fused_finish<THREADS>(f, (int)tp, cnt, k, cap, fast, count_out, flagged, nflagged, out_idx, out_val);
+            int* out_idx = idx + (long long)tp * k;
+            float* out_val = val + (long long)tp * k;
+            if (gp.c <= k)
+                fused_whole_row<Src>(f, table, tp, gp.row0, gp.a, gp.c, k, count_out, out_idx, out_val);
+            else                                                       // fused_finish: a barrier before its scratch is written
+                fused_finish<THREADS>(f, tp, *f.ncand, k, cap, fast, count_out, flagged, nflagged, out_idx, out_val);
+        } else if (valid) {
+            const ClusterRow g = ClusterRow::of(t, L, lo, hi, C, P);
+            if (g.c > k) {
+                const FusedSmem f = FusedSmem::of(fsm, k, cap, THREADS);
+                const SamplePlan sp = SamplePlan::of(g.c, k, oversample);
+                cluster_sample_keys<Src, PER>(g, smem + (long long)(it & 1) * buf_words, sp.M, f.cpos);
+                __syncthreads();
+                auto sample_key = [&](long long j, u32* out) { *out = f.cpos[j]; return true; };
+                kstar = block_radix_select_keys<true>(sample_key, sp.M, sp.r, f.hist, f.sc);
+                if (it > 0 && q == lead && threadIdx.x == 0) *cluster_map(tslot, (u32)prev) = kstar;
             }
-        } else if (valid && g.c > k) {
-            const SamplePlan sp = SamplePlan::of(g.c, k, oversample);
-            cluster_sample_keys<Src, PER>(g, buf, sp.M, f.cpos);
-            __syncthreads();
-            auto sample_key = [&](long long j, u32* out) { *out = f.cpos[j]; return true; };
-            kstar = block_radix_select_keys<true>(sample_key, sp.M, sp.r, f.hist, f.sc);
-            if (it > 0 && q == lead && threadIdx.x == 0) *cluster_map(tslot, (u32)prev) = kstar;
         }
         if (!valid) return;                                            // uniform over the cluster
         __syncthreads();
-        if (threadIdx.x == 0) { *f.ncand = 0; *f.nspare = 0; }
+        if (threadIdx.x == 0) {
+            const FusedSmem f = FusedSmem::of(fsm, k, cap, THREADS);
+            *f.ncand = 0;
+            *f.nspare = 0;
+        }
         cluster_sync();                                                // S2
+        const ClusterRow g = ClusterRow::of(t, L, lo, hi, C, P);
         if (g.c <= k) continue;
         if (it > 0 && q == prev) kstar = *tslot;
+        const FusedSmem f = FusedSmem::of(fsm, k, cap, THREADS);
         const bool leader = q == lead;
         SmemSink sink = {f.cpos, f.cbits, leader ? f.ncand : f.nspare, cap, 0};
-        cluster_filter_slice<Src>(g, q, buf, bits_of_key(kstar), sink);
+        cluster_filter_slice<Src>(g, q, smem + (long long)(it & 1) * buf_words, bits_of_key(kstar), sink);
         if (leader) continue;
         __syncthreads();
         const int m = *f.nspare;

@@ -102,23 +102,24 @@ def fused_sweep(tab, tab_v2, scores, lo, hi, k, i_radix, repeats, torch, cp):
     return out
 
 
-# the cluster sweep (with --fused-sweep): (CLUSTER_SIZE, CLUSTER_GRID (0: SMs // C)) of the cluster kernel
-CLUSTER_SWEEP = ((8, 0), (8, 15), (8, 14), (4, 0), (4, 32))
+# the cluster sweep (with --fused-sweep): (CLUSTER_SIZE, CLUSTER_THREADS, CLUSTER_GRID (0: SMs // C)) of the
+# cluster kernel (a grid past the clusters that fit at once leaves a tail: 15 / 14 in case 16 do not fit)
+CLUSTER_SWEEP = ((8, 1024, 0), (8, 1024, 15), (8, 1024, 14), (8, 512, 0), (4, 1024, 0), (4, 1024, 32), (4, 512, 0))
 
 
 def cluster_sweep(tab, tab_v2, scores, lo, hi, k, cxx, repeats, torch, cp):
     """fused_hytopk_v2[cluster] under each CLUSTER_SWEEP configuration: time, idx == the fused kernel's."""
     out = []
-    saved = dict(tab_v2.CLUSTER_SIZE), tab_v2.CLUSTER_GRID
+    saved = dict(tab_v2.CLUSTER_SIZE), tab_v2.CLUSTER_GRID, tab_v2.CLUSTER_THREADS
     count = cp.empty(scores.shape[0], cp.int32)
     tab_v2.FUSED_CLUSTER = 0                 # the reference: the fused kernel's indices
     ref = tab.fused_hytopk(scores, lo, hi, k, count=count, host_check=False, design="v2")[0].copy()
     tab_v2.FUSED_CLUSTER = 1
     try:
-        for C, grid in CLUSTER_SWEEP:
+        for C, threads, grid in CLUSTER_SWEEP:
             tab_v2.CLUSTER_SIZE = dict(saved[0], **{cxx: C})
-            tab_v2.CLUSTER_GRID = grid
-            rec = {"C": C, "grid": grid}
+            tab_v2.CLUSTER_GRID, tab_v2.CLUSTER_THREADS = grid, threads
+            rec = {"C": C, "threads": threads, "grid": grid}
             try:
                 if tab_v2.cluster_geometry(scores.shape[1], cxx, k) is None:
                     raise ValueError("rows do not fit this cluster size")
@@ -129,11 +130,11 @@ def cluster_sweep(tab, tab_v2, scores, lo, hi, k, cxx, repeats, torch, cp):
             except Exception as e:          # a configuration that does not launch here: say so, go on
                 rec["error"] = f"{type(e).__name__}: {e}"[:200]
             out.append(rec)
-            print(f"    cluster C={C} grid={grid}" + (f": {rec['median_ms']:8.3f} ms {rec['GBps']:6.0f} GB/s "
+            print(f"    cluster C={C} threads={threads} grid={grid}" + (f": {rec['median_ms']:8.3f} ms {rec['GBps']:6.0f} GB/s "
                                                        f"idx==fused {rec['idx_equals_fused']}"
                                                        if "error" not in rec else f": {rec['error']}"), flush=True)
     finally:
-        tab_v2.CLUSTER_SIZE, tab_v2.CLUSTER_GRID = saved
+        tab_v2.CLUSTER_SIZE, tab_v2.CLUSTER_GRID, tab_v2.CLUSTER_THREADS = saved
     return out
 
 

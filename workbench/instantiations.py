@@ -23,8 +23,8 @@ FUSED_CONFIGS = ((256, 3), (256, 4), (1024, 1))
 # (512, 2) would spill 4 bytes for bf16)
 FUSED1_CONFIGS = ((1024, 1),)
 # (cluster size C, threads) of table_v2.cu's hytopk_table_cluster (table_v2.py FUSED_CLUSTER,
-# CLUSTER_SIZE): both table sources at each; 1024 threads spill (64 registers: 16-24 bytes)
-CLUSTER_CONFIGS = ((8, 512), (4, 512))
+# CLUSTER_SIZE, CLUSTER_THREADS): both table sources at each
+CLUSTER_CONFIGS = ((8, 1024), (4, 1024), (8, 512), (4, 512))
 
 # file -> (kernel, what it is instantiated over)
 #   "table+indexer": every source; "indexer": indexer sources only; "tables": the table sources only;

@@ -62,7 +62,7 @@ FUSED_ONE_READ_Z = 3.0
 # counts as the fused kernel (its own cap). Longer rows keep the fused kernel. 0 until measured.
 FUSED_CLUSTER = 0
 CLUSTER_SIZE = {"hytopk::TableSource": 8, "hytopk::TableBf16Source": 4}   # blocks per cluster (instantiations.CLUSTER_CONFIGS)
-CLUSTER_THREADS = 512       # threads per block (1024 spills)
+CLUSTER_THREADS = 1024      # threads per block (1024: 64 registers, 512: ~100; instantiations.CLUSTER_CONFIGS)
 CLUSTER_GRID = 0            # clusters in the persistent grid (0: SMs // CLUSTER_SIZE, one block per SM)
 
 
