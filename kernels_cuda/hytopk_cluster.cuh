@@ -18,8 +18,10 @@ __device__ __forceinline__ u32 cluster_rank() {
 }
 
 // Every thread of every block of the cluster: writes before it (shared, distributed shared,
-// global) are seen by every thread of the cluster after it. Called uniformly by all threads.
+// global) are seen by every thread of the cluster after it. Called uniformly by all threads; the
+// .aligned forms need the warp converged (lanes leave mbar_wait's spin at different times).
 __device__ __forceinline__ void cluster_sync() {
+    __syncwarp();
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
