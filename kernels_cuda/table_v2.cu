@@ -672,6 +672,8 @@ __host__ __device__ constexpr long long table_cluster_smem_words(int k, int cap,
 //   a copy into L's area (distributed shared memory).
 // So the select of a row runs in one block while the others select the next row's threshold.
 // Outputs, counts and listed rows: hytopk_table_fused's (its cap = this cap), bit for bit.
+// skip_select = 1 (the bench's diagnostic, never exact): the leaders skip the last row's select and
+// write nothing for it, so its time is the copies, thresholds, filters and barriers alone.
 // grid: a multiple of C blocks; smem: table_cluster_smem_words(k, cap, buf_words, THREADS) words;
 // buf_words >= (S + P) elements for every row's S (host: table_v2.py cluster_geometry); cap >=
 // MAX_SAMPLES / 2 (the samples live in the candidate area).
@@ -679,7 +681,7 @@ template <class Src, int C, int THREADS>
 __device__ __forceinline__ void table_cluster_body(u32* smem, const void* __restrict__ table, long long L, int n,
                                                    const int* __restrict__ lo, const int* __restrict__ hi, int k,
                                                    int cap, int buf_words, int aligned, double oversample, int fast,
-                                                   int* __restrict__ count_out, int* __restrict__ flagged,
+                                                   int skip_select, int* __restrict__ count_out, int* __restrict__ flagged,
                                                    int* __restrict__ nflagged, int* __restrict__ idx,
                                                    float* __restrict__ val) {
     static_assert(C >= 2, "the last row's leader must differ from this row's");
@@ -722,10 +724,12 @@ __device__ __forceinline__ void table_cluster_body(u32* smem, const void* __rest
             const ClusterRow gp = ClusterRow::of(tp, L, lo, hi, C, P);
             int* out_idx = idx + (long long)tp * k;
             float* out_val = val + (long long)tp * k;
-            if (gp.c <= k)
+            if (skip_select) {                                         // the bench's diagnostic: no output
+            } else if (gp.c <= k) {
                 fused_whole_row<Src>(f, table, tp, gp.row0, gp.a, gp.c, k, count_out, out_idx, out_val);
-            else                                                       // fused_finish: a barrier before its scratch is written
+            } else {                                                   // fused_finish: a barrier before its scratch is written
                 fused_finish<THREADS>(f, tp, *f.ncand, k, cap, fast, count_out, flagged, nflagged, out_idx, out_val);
+            }
         } else if (valid) {
             const ClusterRow g = ClusterRow::of(t, L, lo, hi, C, P);
             if (g.c > k) {
@@ -775,11 +779,11 @@ template <class Src, int C, int THREADS>
 __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(THREADS, 1)
 hytopk_table_cluster(const void* __restrict__ table, long long L, int n, const int* __restrict__ lo,
                      const int* __restrict__ hi, int k, int cap, int buf_words, int aligned, double oversample,
-                     int fast, int* __restrict__ count_out, int* __restrict__ flagged, int* __restrict__ nflagged,
-                     int* __restrict__ idx, float* __restrict__ val) {
+                     int fast, int skip_select, int* __restrict__ count_out, int* __restrict__ flagged,
+                     int* __restrict__ nflagged, int* __restrict__ idx, float* __restrict__ val) {
     extern __shared__ __align__(16) u32 smem[];
     table_cluster_body<Src, C, THREADS>(smem, table, L, n, lo, hi, k, cap, buf_words, aligned, oversample, fast,
-                                        count_out, flagged, nflagged, idx, val);
+                                        skip_select, count_out, flagged, nflagged, idx, val);
 }
 
 // Stage 8 with the candidates in shared memory (select_smem_rows, hytopk_select_fast.cuh): each

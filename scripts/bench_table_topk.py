@@ -25,7 +25,9 @@ one-read fused kernel (table_v2.FUSED_ONE_READ = 1: hytopk_table_fused1 at (1024
 checked against the radix path, its flagged rows and counts against fused_hytopk_v2's;
 fused_hytopk_v2[cluster] times the cluster kernel (table_v2.FUSED_CLUSTER = 1: hytopk_table_cluster,
 rows that fit a cluster's shared memory: 128K keys, not 1M), checked the same way (with --fused-sweep
-also under each CLUSTER_SWEEP cluster size and grid). --quick leaves out the slow end-to-end rows (table_topk with match atomics,
+also under each CLUSTER_SWEEP cluster size, block size and grid); fused_hytopk_v2[cluster, no select] is
+a diagnostic, not an answer: the same kernel with its selects skipped (table_v2.CLUSTER_SKIP_SELECT),
+i.e. what the copies, thresholds, filters and cluster barriers cost without the one-block select. --quick leaves out the slow end-to-end rows (table_topk with match atomics,
 backend.plan.table, backend.topk).
 Each row also records whether its values equal torch.topk's (bit for bit: the multiset of
 the k best values does not depend on tie order) and whether every HyTopK path's idx equals the
@@ -227,6 +229,13 @@ def main(argv=None):
                             lambda: tab.fused_hytopk(scores, lo, hi, k, count=count4, host_check=False, design="v2"),
                             args.repeats, torch)
                         i_cl = tab.fused_hytopk(scores, lo, hi, k, count=count4, host_check=False, design="v2")[0]
+                        tab_v2.CLUSTER_SKIP_SELECT = 1          # diagnostic: the same kernel without its selects
+                        try:
+                            res["fused_hytopk_v2[cluster, no select]"] = timed(
+                                lambda: tab.fused_hytopk(scores, lo, hi, k, count=cp.empty(n, cp.int32),
+                                                         host_check=False, design="v2"), args.repeats, torch)
+                        finally:
+                            tab_v2.CLUSTER_SKIP_SELECT = 0
                         if args.fused_sweep:
                             row["cluster_sweep"] = cluster_sweep(tab, tab_v2, scores, lo, hi, k, cxx, args.repeats,
                                                                  torch, cp)

@@ -38,7 +38,7 @@ static void run_cluster(std::ofstream& out, const void* table, int n, long long 
     std::vector<int> idx2((size_t)n * k, 9), count2(n, -5), flagged2(n, -3), nflagged2(1, 0);
     std::vector<float> val2((size_t)n * k, 9.0f);
     emu::launch_cluster({(unsigned)(clusters * C), 1, 1}, C, THREADS, 4 * table_cluster_smem_words(k, cap, bw, THREADS), [&] {
-        hytopk_table_cluster<Src, C, THREADS>(table, L, n, lo.data(), hi.data(), k, cap, bw, aligned, 3.0, 1,
+        hytopk_table_cluster<Src, C, THREADS>(table, L, n, lo.data(), hi.data(), k, cap, bw, aligned, 3.0, 1, 0,
                                               count2.data(), flagged2.data(), nflagged2.data(), idx2.data(), val2.data());
     });
     std::vector<unsigned char> failed2(n, 0);

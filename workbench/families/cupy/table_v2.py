@@ -64,6 +64,7 @@ FUSED_CLUSTER = 0
 CLUSTER_SIZE = {"hytopk::TableSource": 8, "hytopk::TableBf16Source": 4}   # blocks per cluster (instantiations.CLUSTER_CONFIGS)
 CLUSTER_THREADS = 1024      # threads per block (1024: 64 registers, 512: ~100; instantiations.CLUSTER_CONFIGS)
 CLUSTER_GRID = 0            # clusters in the persistent grid (0: SMs // CLUSTER_SIZE, one block per SM)
+CLUSTER_SKIP_SELECT = 0     # 1: the bench's diagnostic (rows left unwritten: never exact): the cluster kernel without its selects
 
 
 def _file():
@@ -217,8 +218,8 @@ def launch_cluster(s, cxx, lo, hi, k, oversample, count, flagged, nflagged, idx,
     clusters = max(1, min(n, clusters))
     launch(kernel(_file(), f"hytopk_table_cluster<{cxx}, {C}, {threads}>"), (clusters * C,),
            (s, np.int64(L), np.int32(n), lo, hi, np.int32(k), np.int32(cap), np.int32(buf_words),
-            np.int32(int(s.data.ptr % 16 == 0)), np.float64(oversample), np.int32(SELECT_FAST), count, flagged,
-            nflagged, idx, val),
+            np.int32(int(s.data.ptr % 16 == 0)), np.float64(oversample), np.int32(SELECT_FAST),
+            np.int32(int(CLUSTER_SKIP_SELECT)), count, flagged, nflagged, idx, val),
            cluster_smem_bytes(k, cap, buf_words, threads), threads=threads)
     return True
 
