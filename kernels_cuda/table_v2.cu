@@ -215,23 +215,32 @@ __device__ __forceinline__ void fused_whole_row(const FusedSmem& f, const void* 
     write_row(f.word, f.wbits, (int)c, k, out_idx, out_val);
 }
 
-// The cnt candidates (every key >= the contract's K*) in cpos/cbits: count_out[t] = cnt, then the
-// check of CONTRACT.md §3.6 against the shared-memory cap (a failing row is listed in flagged for
-// hytopk_table_topk_listed), else the exact select writes the row.
-template <int THREADS>
-__device__ __forceinline__ void fused_finish(const FusedSmem& f, int t, int cnt, int k, int cap, int fast,
-                                             int* __restrict__ count_out, int* __restrict__ flagged,
-                                             int* __restrict__ nflagged, int* out_idx, float* out_val) {
+// count_out[t] = cnt and the check of CONTRACT.md §3.6 against the shared-memory cap: a failing row
+// is listed in flagged for hytopk_table_topk_listed (false, uniform).
+__device__ __forceinline__ bool fused_check(int t, int cnt, int k, int cap, int* __restrict__ count_out,
+                                            int* __restrict__ flagged, int* __restrict__ nflagged) {
     const bool ok = cnt >= k && cnt <= cap;
     if (threadIdx.x == 0) {
         count_out[t] = cnt;
         if (!ok) flagged[atomicAdd(nflagged, 1)] = t;     // < n slots: one per row at most
     }
-    if (!ok) return;                            // uniform: hytopk_table_topk_listed writes this row
+    return ok;
+}
+
+// Most bins per thread of the fast select at THREADS threads.
+template <int THREADS> struct FastBins { static constexpr int PB = FAST_NB_MAX / THREADS > 0 ? FAST_NB_MAX / THREADS : 1; };
+
+// The cnt candidates (every key >= the contract's K*) in cpos/cbits: fused_check, then the exact
+// select writes the row.
+template <int THREADS>
+__device__ __forceinline__ void fused_finish(const FusedSmem& f, int t, int cnt, int k, int cap, int fast,
+                                             int* __restrict__ count_out, int* __restrict__ flagged,
+                                             int* __restrict__ nflagged, int* out_idx, float* out_val) {
+    if (!fused_check(t, cnt, k, cap, count_out, flagged, nflagged)) return;   // uniform: the radix kernel writes it
     const SmemEntries ce = {f.cpos, f.cbits};
     __syncthreads();                            // every *ncand read: the fast select's scratch covers it
-    select_row_best<(FAST_NB_MAX / THREADS > 0 ? FAST_NB_MAX / THREADS : 1)>(
-        ce, cnt, k, fast, f.hist, f.sc, f.word, f.wbits, RADIX + 6 + 3LL * f.KW, out_idx, out_val);
+    select_row_best<FastBins<THREADS>::PB>(ce, cnt, k, fast, f.hist, f.sc, f.word, f.wbits, RADIX + 6 + 3LL * f.KW,
+                                           out_idx, out_val);
 }
 
 // Register budget of the fused streams: 64 / 32 bytes in flight per thread (64 registers, no
@@ -649,10 +658,24 @@ __device__ __forceinline__ void cluster_filter_slice(const ClusterRow& g, int q,
     }
 }
 
+// The cluster kernel's words between the slice buffers and hytopk_table_fused's layout.
+struct ClusterHeader {
+    u64 full[2];             // the slice buffers' mbarriers
+    u32 tslot;               // K* of this row, from the leader (this block selects the last row)
+    u32 bslot;               // this block's first slot in the leader's candidate area
+    int recv;                // candidates of the row this block leads (remote atomics)
+    int stg;                 // candidates staged here before the copy to the leader
+    u32 mode;                // the last row's select, set by its leader: 0 done / nothing, 1 ranks to share, 2 the leader's
+    u32 cnt;                 // its candidates
+    FastStage st;            // mode 1: what block_select_fast_stage left beside the scratch
+};
+constexpr int CLUSTER_HEADER_WORDS = 16;
+static_assert(sizeof(ClusterHeader) <= 4 * CLUSTER_HEADER_WORDS, "the cluster kernel's header");
+
 // Words of dynamic shared memory of hytopk_table_cluster: two slice buffers of buf_words words
-// (a multiple of 4), two mbarriers, the T and base slots, then hytopk_table_fused's layout.
+// (a multiple of 4), the header, then hytopk_table_fused's layout.
 __host__ __device__ constexpr long long table_cluster_smem_words(int k, int cap, int buf_words, int threads) {
-    return 2LL * buf_words + 8 + table_fused_smem_words(k, cap, threads);
+    return 2LL * buf_words + CLUSTER_HEADER_WORDS + table_fused_smem_words(k, cap, threads);
 }
 }  // namespace hytopk
 
@@ -677,7 +700,7 @@ __host__ __device__ constexpr long long table_cluster_smem_words(int k, int cap,
 // grid: a multiple of C blocks; smem: table_cluster_smem_words(k, cap, buf_words, THREADS) words;
 // buf_words >= (S + P) elements for every row's S (host: table_v2.py cluster_geometry); cap >=
 // MAX_SAMPLES / 2 (the samples live in the candidate area).
-template <class Src, int C, int THREADS>
+template <class Src, int C, int THREADS, bool SHARE>
 __device__ __forceinline__ void table_cluster_body(u32* smem, const void* __restrict__ table, long long L, int n,
                                                    const int* __restrict__ lo, const int* __restrict__ hi, int k,
                                                    int cap, int buf_words, int aligned, double oversample, int fast,
@@ -689,46 +712,55 @@ __device__ __forceinline__ void table_cluster_body(u32* smem, const void* __rest
     constexpr int PER = 4;
     const int q = (int)cluster_rank();
     const int cid = (int)(blockIdx.x / C), ncl = (int)(gridDim.x / C);
-    u64* full = reinterpret_cast<u64*>(smem + 2LL * buf_words);
-    u32* tslot = smem + 2LL * buf_words + 4;
-    u32* bslot = tslot + 1;
-    u32* fsm = smem + 2LL * buf_words + 8;
+    ClusterHeader* hd = reinterpret_cast<ClusterHeader*>(smem + 2LL * buf_words);
+    u32* fsm = smem + 2LL * buf_words + CLUSTER_HEADER_WORDS;
     const long long total = (long long)n * L;
     if (threadIdx.x == 0) {
-        const FusedSmem f = FusedSmem::of(fsm, k, cap, THREADS);
-        mbar_init(&full[0], 1u);
-        mbar_init(&full[1], 1u);
-        *f.ncand = 0;
-        *f.nspare = 0;
+        mbar_init(&hd->full[0], 1u);
+        mbar_init(&hd->full[1], 1u);
+        hd->recv = 0;
+        hd->stg = 0;
     }
     __syncthreads();
     if (cid < n) {
         const ClusterRow g0 = ClusterRow::of(cid, L, lo, hi, C, P);
-        cluster_load_slice<Src>(g0, q, g0.c > k, smem, &full[0], table, total, aligned);
+        cluster_load_slice<Src>(g0, q, g0.c > k, smem, &hd->full[0], table, total, aligned);
     }
     for (int it = 0;; ++it) {
         const int t = cid + it * ncl;                                  // uniform over the cluster
         const bool valid = t < n;
-        if (valid) mbar_wait(&full[it & 1], (u32)(it >> 1) & 1u);
+        if (valid) mbar_wait(&hd->full[it & 1], (u32)(it >> 1) & 1u);
         cluster_sync();                                                // S1
         if (valid && t + ncl < n) {
             const ClusterRow gn = ClusterRow::of(t + ncl, L, lo, hi, C, P);
-            cluster_load_slice<Src>(gn, q, gn.c > k, smem + (long long)((it & 1) ^ 1) * buf_words, &full[(it & 1) ^ 1],
-                                    table, total, aligned);
+            cluster_load_slice<Src>(gn, q, gn.c > k, smem + (long long)((it & 1) ^ 1) * buf_words,
+                                    &hd->full[(it & 1) ^ 1], table, total, aligned);
         }
         const int lead = it % C, prev = (it + C - 1) % C;
         u32 kstar = 0u;
-        if (it > 0 && q == prev) {                                     // the last row, in its leader
+        if (it > 0 && q == prev) {                                     // the last row, in its leader: up to its ranking
             const FusedSmem f = FusedSmem::of(fsm, k, cap, THREADS);
             const int tp = t - ncl;
             const ClusterRow gp = ClusterRow::of(tp, L, lo, hi, C, P);
             int* out_idx = idx + (long long)tp * k;
             float* out_val = val + (long long)tp * k;
+            u32 mode = 0u;
+            FastStage st;
             if (skip_select) {                                         // the bench's diagnostic: no output
             } else if (gp.c <= k) {
                 fused_whole_row<Src>(f, table, tp, gp.row0, gp.a, gp.c, k, count_out, out_idx, out_val);
-            } else {                                                   // fused_finish: a barrier before its scratch is written
-                fused_finish<THREADS>(f, tp, *f.ncand, k, cap, fast, count_out, flagged, nflagged, out_idx, out_val);
+            } else if (!SHARE || !valid) {                             // all of it here (the cluster's last row)
+                fused_finish<THREADS>(f, tp, hd->recv, k, cap, fast, count_out, flagged, nflagged, out_idx, out_val);
+            } else if (fused_check(tp, hd->recv, k, cap, count_out, flagged, nflagged)) {
+                const int cnt = hd->recv;
+                const SmemEntries ce = {f.cpos, f.cbits};
+                mode = fast && block_select_fast_stage<FastBins<THREADS>::PB>(ce, cnt, k, f.hist, RADIX + 6 + 3LL * f.KW,
+                                                                              &st) ? 1u : 2u;
+            }
+            if (SHARE && threadIdx.x == 0) {
+                hd->mode = mode;
+                hd->cnt = (u32)hd->recv;
+                hd->st = st;
             }
         } else if (valid) {
             const ClusterRow g = ClusterRow::of(t, L, lo, hi, C, P);
@@ -739,50 +771,82 @@ __device__ __forceinline__ void table_cluster_body(u32* smem, const void* __rest
                 __syncthreads();
                 auto sample_key = [&](long long j, u32* out) { *out = f.cpos[j]; return true; };
                 kstar = block_radix_select_keys<true>(sample_key, sp.M, sp.r, f.hist, f.sc);
-                if (it > 0 && q == lead && threadIdx.x == 0) *cluster_map(tslot, (u32)prev) = kstar;
+                if (it > 0 && q == lead && threadIdx.x == 0) cluster_map(hd, (u32)prev)->tslot = kstar;
             }
         }
         if (!valid) return;                                            // uniform over the cluster
         __syncthreads();
         if (threadIdx.x == 0) {
-            const FusedSmem f = FusedSmem::of(fsm, k, cap, THREADS);
-            *f.ncand = 0;
-            *f.nspare = 0;
+            hd->recv = 0;
+            hd->stg = 0;
         }
         cluster_sync();                                                // S2
-        const ClusterRow g = ClusterRow::of(t, L, lo, hi, C, P);
-        if (g.c <= k) continue;
-        if (it > 0 && q == prev) kstar = *tslot;
-        const FusedSmem f = FusedSmem::of(fsm, k, cap, THREADS);
-        const bool leader = q == lead;
-        SmemSink sink = {f.cpos, f.cbits, leader ? f.ncand : f.nspare, cap, 0};
-        cluster_filter_slice<Src>(g, q, smem + (long long)(it & 1) * buf_words, bits_of_key(kstar), sink);
-        if (leader) continue;
-        __syncthreads();
-        const int m = *f.nspare;
-        if (m == 0) continue;                                          // uniform
-        if (threadIdx.x == 0) *bslot = (u32)atomicAdd(cluster_map(f.ncand, (u32)lead), m);
-        __syncthreads();
-        const int base = (int)*bslot;
-        u32* rpos = cluster_map(f.cpos, (u32)lead);
-        u32* rbits = cluster_map(f.cbits, (u32)lead);
-        for (int i = threadIdx.x; i < min(m, cap) && base + i < cap; i += THREADS) {
-            rpos[base + i] = f.cpos[i];
-            rbits[base + i] = f.cbits[i];
+        const bool leader = q == lead, last = it > 0 && q == prev;
+        if (ClusterRow::of(t, L, lo, hi, C, P).c > k) {                // this row's filter
+            const FusedSmem f = FusedSmem::of(fsm, k, cap, THREADS);
+            const ClusterRow g = ClusterRow::of(t, L, lo, hi, C, P);
+            if (last) kstar = hd->tslot;
+            // the leader into its own area; with SHARE the last row's leader straight into the leader's
+            // (its own area holds the last row's candidates until they are ranked); the others stage here
+            SmemSink sink = {f.cpos, f.cbits, leader ? &hd->recv : &hd->stg, cap, 0};
+            if (SHARE && last) sink = {cluster_map(f.cpos, (u32)lead), cluster_map(f.cbits, (u32)lead),
+                              &cluster_map(hd, (u32)lead)->recv, cap, 0};
+            cluster_filter_slice<Src>(g, q, smem + (long long)(it & 1) * buf_words, bits_of_key(kstar), sink);
+            if (!leader && !(SHARE && last)) {
+                __syncthreads();
+                const int m = hd->stg;
+                if (m > 0) {                                           // uniform
+                    if (threadIdx.x == 0) hd->bslot = (u32)atomicAdd(&cluster_map(hd, (u32)lead)->recv, m);
+                    __syncthreads();
+                    const int base = (int)hd->bslot;
+                    u32* rpos = cluster_map(f.cpos, (u32)lead);
+                    u32* rbits = cluster_map(f.cbits, (u32)lead);
+                    for (int i = threadIdx.x; i < min(m, cap) && base + i < cap; i += THREADS) {
+                        rpos[base + i] = f.cpos[i];
+                        rbits[base + i] = f.cbits[i];
+                    }
+                }
+            }
+        }
+        if (SHARE && it > 0) {                                         // the last row's ranking, shared
+            const FusedSmem f = FusedSmem::of(fsm, k, cap, THREADS);
+            const ClusterHeader* ph = cluster_map(hd, (u32)prev);
+            const u32 mode = ph->mode;
+            const int tp = t - ncl;
+            int* out_idx = idx + (long long)tp * k;
+            float* out_val = val + (long long)tp * k;
+            if (mode == 1u) {
+                const FastStage st = ph->st;
+                if (!last) {                                           // its scratch here: the bins, the stage
+                    const u32* src = cluster_map(f.hist, (u32)prev);
+                    const int w = (int)fast_stage_words(st.NB, st.staged);
+                    for (int i = threadIdx.x; i < w; i += THREADS) f.hist[i] = src[i];
+                    __syncthreads();
+                }
+                const int part = (q - prev + C) % C;
+                const SmemEntries ce = {cluster_map(f.cpos, (u32)prev), cluster_map(f.cbits, (u32)prev)};
+                block_select_fast_rank(ce, f.hist, st, (int)((long long)st.staged * part / C),
+                                       (int)((long long)st.staged * (part + 1) / C), out_idx, out_val);
+                if (last) pad_row(st.kk, k, out_idx, out_val);
+            } else if (mode == 2u && last) {                           // the fast select declined: the leader's select
+                const SmemEntries ce = {f.cpos, f.cbits};
+                select_row_v2(ce, (long long)ph->cnt, k, f.hist, f.sc, f.word, f.wbits, out_idx, out_val);
+            }
         }
     }
 }
 
-// The cluster kernel at C blocks per cluster and THREADS threads (table_v2.py FUSED_CLUSTER,
-// instantiations.CLUSTER_CONFIGS): one block per SM (its shared memory).
-template <class Src, int C, int THREADS>
+// The cluster kernel at C blocks per cluster and THREADS threads, SHARE: the ranking of each row's
+// select shared by the cluster (table_v2.py FUSED_CLUSTER, CLUSTER_SIZE, CLUSTER_THREADS,
+// CLUSTER_SHARE; instantiations.CLUSTER_CONFIGS): one block per SM (its shared memory).
+template <class Src, int C, int THREADS, bool SHARE>
 __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(THREADS, 1)
 hytopk_table_cluster(const void* __restrict__ table, long long L, int n, const int* __restrict__ lo,
                      const int* __restrict__ hi, int k, int cap, int buf_words, int aligned, double oversample,
                      int fast, int skip_select, int* __restrict__ count_out, int* __restrict__ flagged,
                      int* __restrict__ nflagged, int* __restrict__ idx, float* __restrict__ val) {
     extern __shared__ __align__(16) u32 smem[];
-    table_cluster_body<Src, C, THREADS>(smem, table, L, n, lo, hi, k, cap, buf_words, aligned, oversample, fast,
+    table_cluster_body<Src, C, THREADS, SHARE>(smem, table, L, n, lo, hi, k, cap, buf_words, aligned, oversample, fast,
                                         skip_select, count_out, flagged, nflagged, idx, val);
 }
 

@@ -25,7 +25,7 @@ one-read fused kernel (table_v2.FUSED_ONE_READ = 1: hytopk_table_fused1 at (1024
 checked against the radix path, its flagged rows and counts against fused_hytopk_v2's;
 fused_hytopk_v2[cluster] times the cluster kernel (table_v2.FUSED_CLUSTER = 1: hytopk_table_cluster,
 rows that fit a cluster's shared memory: 128K keys, not 1M), checked the same way (with --fused-sweep
-also under each CLUSTER_SWEEP cluster size, block size and grid); fused_hytopk_v2[cluster, no select] is
+also under each CLUSTER_SWEEP cluster size, select sharing and grid); fused_hytopk_v2[cluster, no select] is
 a diagnostic, not an answer: the same kernel with its selects skipped (table_v2.CLUSTER_SKIP_SELECT),
 i.e. what the copies, thresholds, filters and cluster barriers cost without the one-block select. --quick leaves out the slow end-to-end rows (table_topk with match atomics,
 backend.plan.table, backend.topk).
@@ -104,24 +104,24 @@ def fused_sweep(tab, tab_v2, scores, lo, hi, k, i_radix, repeats, torch, cp):
     return out
 
 
-# the cluster sweep (with --fused-sweep): (CLUSTER_SIZE, CLUSTER_THREADS, CLUSTER_GRID (0: SMs // C)) of the
+# the cluster sweep (with --fused-sweep): (CLUSTER_SIZE, CLUSTER_SHARE, CLUSTER_GRID (0: SMs // C)) of the
 # cluster kernel (a grid past the clusters that fit at once leaves a tail: 15 / 14 in case 16 do not fit)
-CLUSTER_SWEEP = ((8, 1024, 0), (8, 1024, 15), (8, 1024, 14), (8, 512, 0), (4, 1024, 0), (4, 1024, 32), (4, 512, 0))
+CLUSTER_SWEEP = ((8, 1, 0), (8, 1, 15), (8, 1, 14), (8, 0, 0), (4, 1, 0), (4, 1, 32), (4, 0, 0))
 
 
 def cluster_sweep(tab, tab_v2, scores, lo, hi, k, cxx, repeats, torch, cp):
     """fused_hytopk_v2[cluster] under each CLUSTER_SWEEP configuration: time, idx == the fused kernel's."""
     out = []
-    saved = dict(tab_v2.CLUSTER_SIZE), tab_v2.CLUSTER_GRID, tab_v2.CLUSTER_THREADS
+    saved = dict(tab_v2.CLUSTER_SIZE), tab_v2.CLUSTER_GRID, tab_v2.CLUSTER_SHARE
     count = cp.empty(scores.shape[0], cp.int32)
     tab_v2.FUSED_CLUSTER = 0                 # the reference: the fused kernel's indices
     ref = tab.fused_hytopk(scores, lo, hi, k, count=count, host_check=False, design="v2")[0].copy()
     tab_v2.FUSED_CLUSTER = 1
     try:
-        for C, threads, grid in CLUSTER_SWEEP:
+        for C, share, grid in CLUSTER_SWEEP:
             tab_v2.CLUSTER_SIZE = dict(saved[0], **{cxx: C})
-            tab_v2.CLUSTER_GRID, tab_v2.CLUSTER_THREADS = grid, threads
-            rec = {"C": C, "threads": threads, "grid": grid}
+            tab_v2.CLUSTER_GRID, tab_v2.CLUSTER_SHARE = grid, share
+            rec = {"C": C, "share": share, "grid": grid}
             try:
                 if tab_v2.cluster_geometry(scores.shape[1], cxx, k) is None:
                     raise ValueError("rows do not fit this cluster size")
@@ -132,11 +132,11 @@ def cluster_sweep(tab, tab_v2, scores, lo, hi, k, cxx, repeats, torch, cp):
             except Exception as e:          # a configuration that does not launch here: say so, go on
                 rec["error"] = f"{type(e).__name__}: {e}"[:200]
             out.append(rec)
-            print(f"    cluster C={C} threads={threads} grid={grid}" + (f": {rec['median_ms']:8.3f} ms {rec['GBps']:6.0f} GB/s "
+            print(f"    cluster C={C} share={share} grid={grid}" + (f": {rec['median_ms']:8.3f} ms {rec['GBps']:6.0f} GB/s "
                                                        f"idx==fused {rec['idx_equals_fused']}"
                                                        if "error" not in rec else f": {rec['error']}"), flush=True)
     finally:
-        tab_v2.CLUSTER_SIZE, tab_v2.CLUSTER_GRID, tab_v2.CLUSTER_THREADS = saved
+        tab_v2.CLUSTER_SIZE, tab_v2.CLUSTER_GRID, tab_v2.CLUSTER_SHARE = saved
     return out
 
 

@@ -104,22 +104,22 @@ def test_fused_hytopk_one_read_is_the_fused_kernel(tab, family, dtype, z):
 
 
 class cluster_kernel:
-    """``with cluster_kernel(C, threads, grid):`` fused_v2 runs hytopk_table_cluster
-    (table_v2.FUSED_CLUSTER = 1) at C blocks of `threads` per cluster for both dtypes (None: the
-    shipped configuration) on `grid` clusters (0: one per C SMs); the launches of the block are
-    recorded (rec.names())."""
+    """``with cluster_kernel(C, share, grid):`` fused_v2 runs hytopk_table_cluster
+    (table_v2.FUSED_CLUSTER = 1) at C blocks per cluster for both dtypes, each row's select shared by
+    the cluster or not (None: the shipped configuration), on `grid` clusters (0: one per C SMs); the
+    launches of the block are recorded (rec.names())."""
 
-    def __init__(self, C=None, threads=None, grid=0):
+    def __init__(self, C=None, share=None, grid=0):
         from workbench.families.cupy import table_v2 as v2
-        self.v2, self.C, self.threads, self.grid = v2, C, threads, grid
+        self.v2, self.C, self.share, self.grid = v2, C, share, grid
 
     def __enter__(self):
         from workbench.families.cupy import _launch
         v2 = self.v2
-        self.saved = v2.FUSED_CLUSTER, dict(v2.CLUSTER_SIZE), v2.CLUSTER_GRID, v2.CLUSTER_THREADS
+        self.saved = v2.FUSED_CLUSTER, dict(v2.CLUSTER_SIZE), v2.CLUSTER_GRID, v2.CLUSTER_SHARE
         v2.FUSED_CLUSTER, v2.CLUSTER_GRID = 1, self.grid
-        if self.threads is not None:
-            v2.CLUSTER_THREADS = self.threads
+        if self.share is not None:
+            v2.CLUSTER_SHARE = self.share
         if self.C is not None:
             v2.CLUSTER_SIZE = {key: self.C for key in v2.CLUSTER_SIZE}
         self.ctx = _launch.record_launches()
@@ -127,7 +127,7 @@ class cluster_kernel:
 
     def __exit__(self, *exc):
         self.ctx.__exit__(*exc)
-        self.v2.FUSED_CLUSTER, self.v2.CLUSTER_SIZE, self.v2.CLUSTER_GRID, self.v2.CLUSTER_THREADS = self.saved
+        self.v2.FUSED_CLUSTER, self.v2.CLUSTER_SIZE, self.v2.CLUSTER_GRID, self.v2.CLUSTER_SHARE = self.saved
         return False
 
 
@@ -135,14 +135,14 @@ def launched_cluster(rec) -> bool:
     return any("hytopk_table_cluster" in name for name in rec.names())
 
 
-@pytest.mark.parametrize("C,threads,grid", [(None, None, 0), (4, 1024, 3), (8, 512, 1)])
+@pytest.mark.parametrize("C,share,grid", [(None, None, 0), (4, 1, 3), (8, 0, 1), (4, 0, 2)])
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_fused_hytopk_cluster_is_exact_with_the_contracts_counts(tab, family, dtype, C, threads, grid):
+def test_fused_hytopk_cluster_is_exact_with_the_contracts_counts(tab, family, dtype, C, share, grid):
     """table_v2.FUSED_CLUSTER = 1 (hytopk_table_cluster): the exact top-k and the contract's counts
     whichever path each row took (collected, listed for the radix kernel), on 128K-key rows and
-    short ones, full / causal / varlen / edge contexts, both cluster sizes and block sizes, a grid of
-    one or three clusters (each cluster many rows: the double buffer and every leader in turn)."""
+    short ones, full / causal / varlen / edge contexts, both cluster sizes, the select shared by the
+    cluster or in the leader alone, a grid of one to three clusters (each cluster many rows: the double buffer and every leader in turn)."""
     rng = np.random.default_rng(hash((family, dtype, "cluster")) % 2**32)
     for n, L, k, lay in ((6, 131072, 2048, "full"), (9, 131072, 512, "causal_tail"), (7, 131071, 2048, "varlen"),
                          (11, 40000, 300, "edge"), (5, 5003, 64, "random")):
@@ -152,7 +152,7 @@ def test_fused_hytopk_cluster_is_exact_with_the_contracts_counts(tab, family, dt
         if dtype == "bfloat16":
             s, wide = bf16_table(s)
         count = cp.zeros(n, cp.int32)
-        with cluster_kernel(C, threads, grid) as rec:
+        with cluster_kernel(C, share, grid) as rec:
             i, v = tab.fused_hytopk(s, lo, hi, k, count=count, design="v2")
         assert launched_cluster(rec), (L, k, lay)
         assert same(i, v, *R.topk(wide, lo, hi, k)), (L, k, lay)

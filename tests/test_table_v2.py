@@ -185,9 +185,9 @@ def test_cluster_kernel_is_instantiated_and_its_geometry_fits():
     import sys
     from pathlib import Path
     names = INST.name_expressions("table_v2.cu")
-    for C, t in INST.CLUSTER_CONFIGS:
+    for C, t, share in INST.CLUSTER_CONFIGS:
         for src in (INST.TABLE, INST.TABLE_BF16):
-            assert f"hytopk_table_cluster<{src}, {C}, {t}>" in names
+            assert f"hytopk_table_cluster<{src}, {C}, {t}, {str(share).lower()}>" in names
     here = Path(__file__).resolve().parent
     code = (
         "import json, workbench.families.cupy.table_v2 as v2\n"
@@ -208,7 +208,7 @@ def test_cluster_kernel_is_instantiated_and_its_geometry_fits():
             assert g is None
             continue
         C, threads, buf_words, cap = g
-        assert (C, threads) in INST.CLUSTER_CONFIGS and smem <= 232448 and cap >= 4096
+        assert (C, threads, True) in INST.CLUSTER_CONFIGS and smem <= 232448 and cap >= 4096
         P = 4 if cxx == "hytopk::TableSource" else 8
         S = -(-(-(-L // C)) // P) * P                     # table_v2.cu ClusterRow::of at c = L (the longest)
         for h0 in range(P):                               # vectors of slice q: ceil((h0 + len) / P), len <= S

@@ -28,7 +28,7 @@ static int cluster_buf_words(int L, int C, int P, int esize) {
 // the fused kernel's cap: its counts and listed rows must equal the fused kernel's and its finished
 // rows the fused kernel's bit for bit; then the radix kernel finishes its listed rows and its final
 // output is written out (checked against the reference by emulate.py).
-template <class Src, int C, int THREADS>
+template <class Src, int C, int THREADS, bool SHARE>
 static void run_cluster(std::ofstream& out, const void* table, int n, long long L, int k, int cap, int aligned,
                         const std::vector<int>& lo, const std::vector<int>& hi, int tcap, int clusters,
                         const std::vector<int>& idx, const std::vector<float>& val, const std::vector<int>& count,
@@ -38,7 +38,7 @@ static void run_cluster(std::ofstream& out, const void* table, int n, long long 
     std::vector<int> idx2((size_t)n * k, 9), count2(n, -5), flagged2(n, -3), nflagged2(1, 0);
     std::vector<float> val2((size_t)n * k, 9.0f);
     emu::launch_cluster({(unsigned)(clusters * C), 1, 1}, C, THREADS, 4 * table_cluster_smem_words(k, cap, bw, THREADS), [&] {
-        hytopk_table_cluster<Src, C, THREADS>(table, L, n, lo.data(), hi.data(), k, cap, bw, aligned, 3.0, 1, 0,
+        hytopk_table_cluster<Src, C, THREADS, SHARE>(table, L, n, lo.data(), hi.data(), k, cap, bw, aligned, 3.0, 1, 0,
                                               count2.data(), flagged2.data(), nflagged2.data(), idx2.data(), val2.data());
     });
     std::vector<unsigned char> failed2(n, 0);
@@ -49,8 +49,8 @@ static void run_cluster(std::ofstream& out, const void* table, int n, long long 
             same = idx2[(size_t)t * k + j] == idx[(size_t)t * k + j] &&
                    std::memcmp(&val2[(size_t)t * k + j], &val[(size_t)t * k + j], 4) == 0;
         if (!same) {
-            std::fprintf(stderr, "cluster (C = %d, %d threads): row %d differs from the fused kernel (count %d vs %d, "
-                         "listed %d vs %d)\n", C, THREADS, t, count2[t], count[t], failed2[t], failed[t]);
+            std::fprintf(stderr, "cluster (C = %d, %d threads, share %d): row %d differs from the fused kernel (count %d "
+                         "vs %d, listed %d vs %d)\n", C, THREADS, (int)SHARE, t, count2[t], count[t], failed2[t], failed[t]);
             std::exit(1);
         }
     }
@@ -99,12 +99,16 @@ static void run(std::ifstream& in, std::ofstream& out, int n, int L, int k, int 
     for (int i = 0; i < nflagged[0]; ++i) failed[flagged[i]] = 1;
     if (mode == 1) {            // the fused kernel and the cluster kernel at C = 8 only (long rows)
         wr(out, idx.data(), idx.size()); wr(out, val.data(), val.size()); wr(out, count.data(), n); wr(out, failed.data(), n);
-        run_cluster<Src, 8, 128>(out, table, n, LL, k, cap, aligned, lo, hi, tcap, 1, idx, val, count, failed);
+        run_cluster<Src, 8, 128, true>(out, table, n, LL, k, cap, aligned, lo, hi, tcap, 1, idx, val, count, failed);
+        run_cluster<Src, 8, 128, false>(out, table, n, LL, k, cap, aligned, lo, hi, tcap, 1, idx, val, count, failed);
         return;
     }
-    // the cluster kernel: C = 2 on two clusters (rows alternate), C = 4 on one (every leader in turn)
-    run_cluster<Src, 2, 128>(out, table, n, LL, k, cap, aligned, lo, hi, tcap, std::min(n, 2), idx, val, count, failed);
-    run_cluster<Src, 4, 128>(out, table, n, LL, k, cap, aligned, lo, hi, tcap, 1, idx, val, count, failed);
+    // the cluster kernel: C = 2 on two clusters (rows alternate), C = 4 on one (every leader in turn), the
+    // ranking shared and not
+    run_cluster<Src, 2, 128, true>(out, table, n, LL, k, cap, aligned, lo, hi, tcap, std::min(n, 2), idx, val, count, failed);
+    run_cluster<Src, 4, 128, true>(out, table, n, LL, k, cap, aligned, lo, hi, tcap, 1, idx, val, count, failed);
+    run_cluster<Src, 2, 128, false>(out, table, n, LL, k, cap, aligned, lo, hi, tcap, std::min(n, 2), idx, val, count, failed);
+    run_cluster<Src, 4, 128, false>(out, table, n, LL, k, cap, aligned, lo, hi, tcap, 1, idx, val, count, failed);
     {   // the default launch (table_v2.py FUSED_THREADS / FUSED_MIN_BLOCKS = 1024, 1): its finished rows
         // must equal the 512-thread kernel's bit for bit, and it must flag the same rows (same cap)
         std::vector<int> idx2((size_t)n * k, 9), count2(n, -5), flagged2(n, -3), nflagged2(1, 0);

@@ -8,7 +8,8 @@ case by case by driver.cpp, checked against the reference.
 
 check_case runs fused_v2 (the fused kernel + the radix kernel on its flagged rows; the one-read
 fused kernel hytopk_table_fused1 and the cluster kernel hytopk_table_cluster (C = 2 and 4 blocks of
-128 threads, run together by emu::launch_cluster) checked against it by the driver), the v2
+128 threads, run together by emu::launch_cluster, the ranking shared and not) checked against it by
+the driver), the v2
 threshold, the v2 filter (on T, or the contract's threshold) and select_smem (on the filter's
 output; with the fast select and without) with the launch geometry of workbench/families/cupy/table_v2.py, and asserts each
 against the reference (bit for bit where the contract says so). offset: the table's base
@@ -108,13 +109,14 @@ def check_case(driver, s, lo, hi, k, capacity, T=None, offset=0, bf16=False, sta
     exact = R.topk(wide, lo, hi, k)
     if cluster_only:
         fi, fv, fcount, ffailed = take(np.int32, (n, k)), take(np.float32, (n, k)), take(np.int32, (n,)), take(np.uint8, (n,))
-        ci8, cv8 = take(np.int32, (n, k)), take(np.float32, (n, k))
+        c8 = [(take(np.int32, (n, k)), take(np.float32, (n, k))) for _ in range(2)]   # shared ranking, not
         assert at == len(b)
         assert _same(fi, fv, *exact), "fused_v2: not the exact top-k"
-        assert _same(ci8, cv8, *exact), "cluster (C = 8): not the exact top-k"
+        for (ci8, cv8), share in zip(c8, (True, False)):
+            assert _same(ci8, cv8, *exact), f"cluster (C = 8, share {share}): not the exact top-k"
         assert np.array_equal(fcount, R.hytopk(wide, lo, hi, k).count), "fused_v2: counts differ from the contract's"
         return fcount, ffailed
-    clusters = [(take(np.int32, (n, k)), take(np.float32, (n, k))) for _ in range(2)]    # C = 2, C = 4
+    clusters = [(take(np.int32, (n, k)), take(np.float32, (n, k))) for _ in range(4)]    # C = 2, 4 shared; 2, 4 not
     fi, fv, fcount, ffailed = take(np.int32, (n, k)), take(np.float32, (n, k)), take(np.int32, (n,)), take(np.uint8, (n,))
     one_read = take(np.int32, (2,))
     if stats is not None:
@@ -126,8 +128,8 @@ def check_case(driver, s, lo, hi, k, capacity, T=None, offset=0, bf16=False, sta
     assert at == len(b)
 
     assert _same(fi, fv, *exact), "fused_v2: not the exact top-k"
-    for (cli, clv), C in zip(clusters, (2, 4)):
-        assert _same(cli, clv, *exact), f"cluster (C = {C}): not the exact top-k"
+    for (cli, clv), (C, share) in zip(clusters, ((2, True), (4, True), (2, False), (4, False))):
+        assert _same(cli, clv, *exact), f"cluster (C = {C}, share {share}): not the exact top-k"
     assert np.array_equal(fcount, R.hytopk(wide, lo, hi, k).count), "fused_v2: counts differ from the contract's"
     assert np.array_equal(R.order_keys(T2), R.order_keys(Tref)), "threshold v2: keys differ from the contract's"
     ri, rv, rc = R.stage_filter(R.TableSource(wide), lo, hi, T, capacity)

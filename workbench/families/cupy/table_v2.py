@@ -62,8 +62,13 @@ FUSED_ONE_READ_Z = 3.0
 # counts as the fused kernel (its own cap). Longer rows keep the fused kernel. 0 until measured.
 FUSED_CLUSTER = 0
 CLUSTER_SIZE = {"hytopk::TableSource": 8, "hytopk::TableBf16Source": 4}   # blocks per cluster (instantiations.CLUSTER_CONFIGS)
-CLUSTER_THREADS = 1024      # threads per block (1024: 64 registers, 512: ~100; instantiations.CLUSTER_CONFIGS)
+CLUSTER_THREADS = 512       # threads per block (~100-115 registers; 1024 spill at 64: instantiations.CLUSTER_CONFIGS)
+# 1: each row's select is shared: its leader stages the candidates (the fast select's histogram and bins)
+# while the others select the next row's threshold, then every block of the cluster ranks 1/C of them;
+# 0: the leader selects the whole row
+CLUSTER_SHARE = 1
 CLUSTER_GRID = 0            # clusters in the persistent grid (0: SMs // CLUSTER_SIZE, one block per SM)
+CLUSTER_HEADER_WORDS = 16   # table_v2.cu CLUSTER_HEADER_WORDS: mbarriers and slots between the slice buffers and the rest
 CLUSTER_SKIP_SELECT = 0     # 1: the bench's diagnostic (rows left unwritten: never exact): the cluster kernel without its selects
 
 
@@ -191,7 +196,7 @@ def cluster_geometry(L: int, cxx: str, k: int, C: int | None = None, threads: in
     S = -(-(-(-int(L) // C)) // P) * P
     buf_words = -(-(S + P) * (16 // P) // 16) * 4
     fixed = 256 + 6 + 3 * sort_slots(k, threads)
-    cap = min(16384, (_limit() // 4 - 2 * buf_words - 8 - fixed) // 2 // 256 * 256)
+    cap = min(16384, (_limit() // 4 - 2 * buf_words - CLUSTER_HEADER_WORDS - fixed) // 2 // 256 * 256)
     if cap < MAX_SAMPLES // 2:
         return None
     return C, threads, buf_words, cap
@@ -199,7 +204,7 @@ def cluster_geometry(L: int, cxx: str, k: int, C: int | None = None, threads: in
 
 def cluster_smem_bytes(k: int, cap: int, buf_words: int, threads: int) -> int:
     """table_v2.cu table_cluster_smem_words, in bytes."""
-    return 4 * (2 * buf_words + 8 + fused_smem_words(k, cap, threads))
+    return 4 * (2 * buf_words + CLUSTER_HEADER_WORDS + fused_smem_words(k, cap, threads))
 
 
 def launch_cluster(s, cxx, lo, hi, k, oversample, count, flagged, nflagged, idx, val) -> bool:
@@ -211,12 +216,13 @@ def launch_cluster(s, cxx, lo, hi, k, oversample, count, flagged, nflagged, idx,
     if geo is None:
         return False
     C, threads, buf_words, cap = geo
-    if (C, threads) not in CLUSTER_CONFIGS:
-        raise ValueError(f"table_v2.CLUSTER_SIZE / CLUSTER_THREADS = {(C, threads)}: the cluster kernel is "
-                         f"instantiated at {list(CLUSTER_CONFIGS)} only")
+    share = bool(CLUSTER_SHARE)
+    if (C, threads, share) not in CLUSTER_CONFIGS:
+        raise ValueError(f"table_v2.CLUSTER_SIZE / CLUSTER_THREADS / CLUSTER_SHARE = {(C, threads, share)}: the "
+                         f"cluster kernel is instantiated at {list(CLUSTER_CONFIGS)} only")
     clusters = int(CLUSTER_GRID) if CLUSTER_GRID > 0 else max(1, device_limits()[0] // C)
     clusters = max(1, min(n, clusters))
-    launch(kernel(_file(), f"hytopk_table_cluster<{cxx}, {C}, {threads}>"), (clusters * C,),
+    launch(kernel(_file(), f"hytopk_table_cluster<{cxx}, {C}, {threads}, {str(share).lower()}>"), (clusters * C,),
            (s, np.int64(L), np.int32(n), lo, hi, np.int32(k), np.int32(cap), np.int32(buf_words),
             np.int32(int(s.data.ptr % 16 == 0)), np.float64(oversample), np.int32(SELECT_FAST),
             np.int32(int(CLUSTER_SKIP_SELECT)), count, flagged, nflagged, idx, val),
