@@ -672,6 +672,27 @@ struct ClusterHeader {
 constexpr int CLUSTER_HEADER_WORDS = 16;
 static_assert(sizeof(ClusterHeader) <= 4 * CLUSTER_HEADER_WORDS, "the cluster kernel's header");
 
+// words u32 words from another block's shared memory (distributed) to this block's, both 16-byte
+// aligned: 16-byte loads, four of a thread in flight (one round trip, not one per word).
+__device__ __forceinline__ void cluster_copy_words(u32* dst, const u32* src, int words) {
+    constexpr int D = 4;
+    const int n4 = words >> 2, B = (int)blockDim.x;
+    for (int i0 = 0; i0 < n4; i0 += D * B) {
+        uint4 v[D];
+#pragma unroll
+        for (int d = 0; d < D; ++d) {
+            const int i = i0 + d * B + (int)threadIdx.x;
+            if (i < n4) v[d] = reinterpret_cast<const uint4*>(src)[i];
+        }
+#pragma unroll
+        for (int d = 0; d < D; ++d) {
+            const int i = i0 + d * B + (int)threadIdx.x;
+            if (i < n4) reinterpret_cast<uint4*>(dst)[i] = v[d];
+        }
+    }
+    for (int i = 4 * n4 + (int)threadIdx.x; i < words; i += B) dst[i] = src[i];
+}
+
 // Words of dynamic shared memory of hytopk_table_cluster: two slice buffers of buf_words words
 // (a multiple of 4), the header, then hytopk_table_fused's layout.
 __host__ __device__ constexpr long long table_cluster_smem_words(int k, int cap, int buf_words, int threads) {
@@ -709,7 +730,7 @@ __device__ __forceinline__ void table_cluster_body(u32* smem, const void* __rest
                                                    float* __restrict__ val) {
     static_assert(C >= 2, "the last row's leader must differ from this row's");
     constexpr int P = TableVec<Src>::PER_VEC;
-    constexpr int PER = 4;
+    constexpr int PER = THREADS >= 1024 ? 4 : 8;                      // every sample load of a thread in flight (M = 4096)
     const int q = (int)cluster_rank();
     const int cid = (int)(blockIdx.x / C), ncl = (int)(gridDim.x / C);
     ClusterHeader* hd = reinterpret_cast<ClusterHeader*>(smem + 2LL * buf_words);
@@ -818,9 +839,7 @@ __device__ __forceinline__ void table_cluster_body(u32* smem, const void* __rest
             if (mode == 1u) {
                 const FastStage st = ph->st;
                 if (!last) {                                           // its scratch here: the bins, the stage
-                    const u32* src = cluster_map(f.hist, (u32)prev);
-                    const int w = (int)fast_stage_words(st.NB, st.staged);
-                    for (int i = threadIdx.x; i < w; i += THREADS) f.hist[i] = src[i];
+                    cluster_copy_words(f.hist, cluster_map(f.hist, (u32)prev), (int)fast_stage_words(st.NB, st.staged));
                     __syncthreads();
                 }
                 const int part = (q - prev + C) % C;

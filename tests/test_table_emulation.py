@@ -151,10 +151,10 @@ def _edge_lengths_case(family, k, rng, n=8, L=6007):
     return G.score_table(family, n, L, k, rng, lo, hi), lo, hi
 
 
-CLUSTER_CASES = [
+CLUSTER_CASES = [                  # every check_case runs the cluster kernel too: these add the edge lengths
     ("gaussian", 128, False, 0),
-    ("ties_at_kth", 256, True, 3),
-    ("specials", 128, False, 1),
+    pytest.param("ties_at_kth", 256, True, 3, marks=sweep),
+    pytest.param("specials", 128, False, 1, marks=sweep),
     pytest.param("equal", 64, False, 2, marks=sweep),
     pytest.param("relu_plateau", 128, True, 0, marks=sweep),
     pytest.param("alias_on_samples", 64, False, 3, marks=sweep),
