@@ -135,14 +135,15 @@ def launched_cluster(rec) -> bool:
     return any("hytopk_table_cluster" in name for name in rec.names())
 
 
-@pytest.mark.parametrize("C,share,grid", [(None, None, 0), (4, 1, 3), (8, 0, 1), (4, 0, 2)])
+@pytest.mark.parametrize("C,share,grid", [(None, None, 0), (4, 1, 3), (8, 0, 1), (4, 0, 2), (8, 1, 40)])
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_fused_hytopk_cluster_is_exact_with_the_contracts_counts(tab, family, dtype, C, share, grid):
     """table_v2.FUSED_CLUSTER = 1 (hytopk_table_cluster): the exact top-k and the contract's counts
     whichever path each row took (collected, listed for the radix kernel), on 128K-key rows and
     short ones, full / causal / varlen / edge contexts, both cluster sizes, the select shared by the
-    cluster or in the leader alone, a grid of one to three clusters (each cluster many rows: the double buffer and every leader in turn)."""
+    cluster or in the leader alone, a grid of one to three clusters (each cluster many rows: the
+    double buffer and every leader in turn) or one cluster per row (each row its cluster's last)."""
     rng = np.random.default_rng(hash((family, dtype, "cluster")) % 2**32)
     for n, L, k, lay in ((6, 131072, 2048, "full"), (9, 131072, 512, "causal_tail"), (7, 131071, 2048, "varlen"),
                          (11, 40000, 300, "edge"), (5, 5003, 64, "random")):
