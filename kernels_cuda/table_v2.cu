@@ -707,14 +707,18 @@ __host__ __device__ constexpr long long table_cluster_smem_words(int k, int cap,
 // one is worked on. Per row (iteration it, leader L = it % C, P = (it - 1) % C the last row's leader):
 //   wait for the own slice; cluster barrier S1 (every slice present; the last row's candidates
 //   complete in P); copy the next row's slice into the other buffer;
-//   P: the exact select of the last row from its candidates (fused_finish, as hytopk_table_fused:
-//      count, check against cap, listed in flagged or written) or the whole last row (c <= k);
+//   P: the last row's count and check (fused_check, as hytopk_table_fused: listed in flagged when it
+//      fails), then SHARE: steps 1-4 of the sort-free select (block_select_fast_stage; its state in
+//      P's header), else the whole select (fused_finish); or the whole last row (c <= k);
 //   the others: the contract's M samples from the cluster's slices (distributed shared memory), K*
 //      = their r-th best (every block the same; L also stores it in P's T slot);
 //   zero the counters; cluster barrier S2; every block streams its slice (key >= K*): L into its
 //   own candidate area, the others into their own area then one remote atomic in L's counter and
-//   a copy into L's area (distributed shared memory).
-// So the select of a row runs in one block while the others select the next row's threshold.
+//   a copy into L's area (distributed shared memory; with SHARE, P straight into L's area);
+//   SHARE: every block copies P's bins and stage and ranks 1/C of the staged entries
+//   (block_select_fast_rank; P pads the row); a row the fast select declined: P's select_row_v2.
+// So the one-block part of a row's select runs while the others select the next row's threshold.
+// The cluster's last row is selected whole by P (no iteration follows to share it).
 // Outputs, counts and listed rows: hytopk_table_fused's (its cap = this cap), bit for bit.
 // skip_select = 1 (the bench's diagnostic, never exact): the leaders skip the last row's select and
 // write nothing for it, so its time is the copies, thresholds, filters and barriers alone.
