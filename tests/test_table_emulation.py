@@ -173,7 +173,7 @@ def test_cluster_kernel_every_edge_length_on_the_cpu(driver, family, k, bf16, of
     kernel) against the reference."""
     rng = np.random.default_rng(hash((family, k, "cluster")) % 2**32)
     s, lo, hi = _edge_lengths_case(family, k, rng)
-    E.check_case(driver, s, lo, hi, k, 2000, offset=offset, bf16=bf16)
+    E.check_case(driver, s, lo, hi, k, 2000, offset=offset, bf16=bf16, every_cluster=True)
 
 
 def test_cluster_kernel_listed_rows_on_the_cpu(driver):
@@ -190,7 +190,7 @@ def test_cluster_kernel_listed_rows_on_the_cpu(driver):
     c, M = L - 2, 4096                                  # row 4: M = 4096 samples at 2 + (j c) // M
     s[4] = -1.0 - rng.random(L).astype(np.float32)
     s[4, 2 + (np.arange(M) * c) // M] = 10.0 + rng.random(M).astype(np.float32)
-    count, failed = E.check_case(driver, s, lo, hi, k, 2000)
+    count, failed = E.check_case(driver, s, lo, hi, k, 2000, every_cluster=True)
     assert failed.tolist() == [1, 0, 1, 0, 1], (count, failed)
 
 

@@ -97,18 +97,21 @@ static void run(std::ifstream& in, std::ofstream& out, int n, int L, int k, int 
     });
     std::vector<unsigned char> failed(n, 0);
     for (int i = 0; i < nflagged[0]; ++i) failed[flagged[i]] = 1;
-    if (mode == 1) {            // the fused kernel and the cluster kernel at C = 8 only (long rows)
+    if (mode & 1) {             // the fused kernel and the cluster kernel at C = 8 only (long rows)
         wr(out, idx.data(), idx.size()); wr(out, val.data(), val.size()); wr(out, count.data(), n); wr(out, failed.data(), n);
         run_cluster<Src, 8, 128, true>(out, table, n, LL, k, cap, aligned, lo, hi, tcap, 1, idx, val, count, failed);
         run_cluster<Src, 8, 128, false>(out, table, n, LL, k, cap, aligned, lo, hi, tcap, 1, idx, val, count, failed);
         return;
     }
-    // the cluster kernel: C = 2 on two clusters (rows alternate), C = 4 on one (every leader in turn), the
-    // ranking shared and not
+    // the cluster kernel: C = 2 on two clusters (rows alternate) with the ranking shared, C = 4 on one
+    // (every leader in turn) without; mode & 2: also the other two
     run_cluster<Src, 2, 128, true>(out, table, n, LL, k, cap, aligned, lo, hi, tcap, std::min(n, 2), idx, val, count, failed);
-    run_cluster<Src, 4, 128, true>(out, table, n, LL, k, cap, aligned, lo, hi, tcap, 1, idx, val, count, failed);
-    run_cluster<Src, 2, 128, false>(out, table, n, LL, k, cap, aligned, lo, hi, tcap, std::min(n, 2), idx, val, count, failed);
     run_cluster<Src, 4, 128, false>(out, table, n, LL, k, cap, aligned, lo, hi, tcap, 1, idx, val, count, failed);
+    if (mode & 2) {
+        run_cluster<Src, 4, 128, true>(out, table, n, LL, k, cap, aligned, lo, hi, tcap, 1, idx, val, count, failed);
+        run_cluster<Src, 2, 128, false>(out, table, n, LL, k, cap, aligned, lo, hi, tcap, std::min(n, 2), idx, val, count,
+                                        failed);
+    }
     {   // the default launch (table_v2.py FUSED_THREADS / FUSED_MIN_BLOCKS = 1024, 1): its finished rows
         // must equal the 512-thread kernel's bit for bit, and it must flag the same rows (same cap)
         std::vector<int> idx2((size_t)n * k, 9), count2(n, -5), flagged2(n, -3), nflagged2(1, 0);
