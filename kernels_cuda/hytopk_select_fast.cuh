@@ -59,15 +59,22 @@ __host__ __device__ constexpr int fast_select_bins(int k, long long words) {
     return p >= 32 ? p : 0;
 }
 
-// The k best of the m entries e (pos, bits in shared memory; positions distinct) to out_idx /
-// out_val in rank order, -1 / -inf past min(m, k). scratch: `words` u32 words of shared memory
-// (8-byte aligned, not aliasing e), free on entry and on return. Block-wide, every thread calls
-// it; returns the same value in every thread: false when it wrote nothing (a bin above
-// FAST_BIN_MAX among the kept, or too little scratch): then the caller selects another way.
-// PBMAX: most bins per thread (FAST_NB_MAX / blockDim.x).
+// What steps 1-4 of block_select_fast leave for step 5 beside the scratch (bins: each bin's end
+// rank; stage: (key, entry index) of the kept bins' candidates, by bin): the bins' key map
+// (bin = NB - 1 - ((key - kmin) >> s)), the staged count and the ranks written (kk = min(k, m)).
+// The scratch's words in use: fast_stage_words.
+struct FastStage {
+    u32 kmin;
+    int s, NB, staged, kk;
+    __device__ __forceinline__ int bin_of(u32 key) const { return NB - 1 - (int)((key - kmin) >> s); }
+};
+__host__ __device__ constexpr long long fast_stage_words(int NB, int staged) { return (long long)NB + FAST_RED + 2LL * staged; }
+
+// Steps 1-4 of block_select_fast: false (nothing written, scratch free again) when it cannot rank
+// (a kept bin above FAST_BIN_MAX, too little scratch); else the staged scratch and *st (every thread).
 template <int PBMAX, class Entries>
-__device__ __forceinline__ bool block_select_fast(const Entries& e, int m, int k, u32* scratch, long long words, int* out_idx,
-                                  float* out_val) {
+__device__ __forceinline__ bool block_select_fast_stage(const Entries& e, int m, int k, u32* scratch, long long words,
+                                                        FastStage* st) {
     const int tid = (int)threadIdx.x, B = (int)blockDim.x, nw = B >> 5, w = tid >> 5;
     const int NB = min(fast_select_bins(k, words), PBMAX * B);
     if (NB == 0 || k <= 0) return false;                    // uniform
@@ -141,7 +148,7 @@ __device__ __forceinline__ bool block_select_fast(const Entries& e, int m, int k
     const bool give_up = red[32] != 0u;
     const int rstar = (int)red[33];
     const int staged = kk > 0 ? (int)red[34] : 0;
-    if (give_up || (long long)NB + FAST_RED + 2LL * staged > words) {   // uniform: nothing written yet
+    if (give_up || fast_stage_words(NB, staged) > words) {   // uniform: nothing written yet
         __syncthreads();                                    // every read of the scratch is done
         return false;
     }
@@ -158,11 +165,28 @@ __device__ __forceinline__ bool block_select_fast(const Entries& e, int m, int k
         }
     }
     __syncthreads();
+    st->kmin = kmin;
+    st->s = s;
+    st->NB = NB;
+    st->staged = staged;
+    st->kk = kk;
+    return true;
+}
 
-    // 5. rank inside the bin: [first, end) = [cursor of bin r - 1 (its end) or 0, cursor of bin r)
-    for (int j = tid; j < staged; j += B) {
+// Step 5 of block_select_fast for the staged entries [j0, j1) (any part of them, so blocks can
+// share the ranking): rank inside the bin = the bin's first rank + its members that beat the entry
+// (key, then position); ranks < kk to out_idx / out_val. scratch: as block_select_fast_stage left it
+// (or a copy of its fast_stage_words); e: the entries it staged. No barrier.
+template <class Entries>
+__device__ __forceinline__ void block_select_fast_rank(const Entries& e, const u32* scratch, const FastStage& st, int j0,
+                                                       int j1, int* out_idx, float* out_val) {
+    const u32* bins = scratch;
+    const uint2* stage = reinterpret_cast<const uint2*>(scratch + st.NB + FAST_RED);
+    const int kk = st.kk;
+    // [first, end) = [cursor of bin r - 1 (its end) or 0, cursor of bin r)
+    for (int j = j0 + (int)threadIdx.x; j < j1; j += (int)blockDim.x) {
         const uint2 me = stage[j];
-        const int r = bin_of(me.x);
+        const int r = st.bin_of(me.x);
         const int first = r > 0 ? (int)bins[r - 1] : 0, end = (int)bins[r];
         const u32 mypos = e.pos(me.y);
         int rank = first;
@@ -179,10 +203,29 @@ __device__ __forceinline__ bool block_select_fast(const Entries& e, int m, int k
             out_val[rank] = __uint_as_float(e.bits(me.y));
         }
     }
-    for (int i = kk + tid; i < k; i += B) {
+}
+
+// -1 / -inf in ranks [kk, k) of an output row (block-wide, no barrier).
+__device__ __forceinline__ void pad_row(int kk, int k, int* out_idx, float* out_val) {
+    for (int i = kk + (int)threadIdx.x; i < k; i += (int)blockDim.x) {
         out_idx[i] = -1;
         out_val[i] = __uint_as_float(0xff800000u);
     }
+}
+
+// The k best of the m entries e (pos, bits in shared memory; positions distinct) to out_idx /
+// out_val in rank order, -1 / -inf past min(m, k). scratch: `words` u32 words of shared memory
+// (8-byte aligned, not aliasing e), free on entry and on return. Block-wide, every thread calls
+// it; returns the same value in every thread: false when it wrote nothing (a bin above
+// FAST_BIN_MAX among the kept, or too little scratch): then the caller selects another way.
+// PBMAX: most bins per thread (FAST_NB_MAX / blockDim.x).
+template <int PBMAX, class Entries>
+__device__ __forceinline__ bool block_select_fast(const Entries& e, int m, int k, u32* scratch, long long words, int* out_idx,
+                                  float* out_val) {
+    FastStage st;
+    if (!block_select_fast_stage<PBMAX>(e, m, k, scratch, words, &st)) return false;
+    block_select_fast_rank(e, scratch, st, 0, st.staged, out_idx, out_val);
+    pad_row(st.kk, k, out_idx, out_val);
     __syncthreads();                                        // the scratch is free again
     return true;
 }

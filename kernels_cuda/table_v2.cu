@@ -19,6 +19,7 @@
 //                                (table_topk.cu), launched right after on the device
 //   hytopk_select_smem           stage 8 with each row's candidates read once into shared memory
 #include "hytopk_select_fast.cuh"
+#include "hytopk_cluster.cuh"
 using namespace hytopk;
 
 namespace hytopk {
@@ -214,23 +215,32 @@ __device__ __forceinline__ void fused_whole_row(const FusedSmem& f, const void* 
     write_row(f.word, f.wbits, (int)c, k, out_idx, out_val);
 }
 
-// The cnt candidates (every key >= the contract's K*) in cpos/cbits: count_out[t] = cnt, then the
-// check of CONTRACT.md §3.6 against the shared-memory cap (a failing row is listed in flagged for
-// hytopk_table_topk_listed), else the exact select writes the row.
-template <int THREADS>
-__device__ __forceinline__ void fused_finish(const FusedSmem& f, int t, int cnt, int k, int cap, int fast,
-                                             int* __restrict__ count_out, int* __restrict__ flagged,
-                                             int* __restrict__ nflagged, int* out_idx, float* out_val) {
+// count_out[t] = cnt and the check of CONTRACT.md §3.6 against the shared-memory cap: a failing row
+// is listed in flagged for hytopk_table_topk_listed (false, uniform).
+__device__ __forceinline__ bool fused_check(int t, int cnt, int k, int cap, int* __restrict__ count_out,
+                                            int* __restrict__ flagged, int* __restrict__ nflagged) {
     const bool ok = cnt >= k && cnt <= cap;
     if (threadIdx.x == 0) {
         count_out[t] = cnt;
         if (!ok) flagged[atomicAdd(nflagged, 1)] = t;     // < n slots: one per row at most
     }
-    if (!ok) return;                            // uniform: hytopk_table_topk_listed writes this row
+    return ok;
+}
+
+// Most bins per thread of the fast select at THREADS threads.
+template <int THREADS> struct FastBins { static constexpr int PB = FAST_NB_MAX / THREADS > 0 ? FAST_NB_MAX / THREADS : 1; };
+
+// The cnt candidates (every key >= the contract's K*) in cpos/cbits: fused_check, then the exact
+// select writes the row.
+template <int THREADS>
+__device__ __forceinline__ void fused_finish(const FusedSmem& f, int t, int cnt, int k, int cap, int fast,
+                                             int* __restrict__ count_out, int* __restrict__ flagged,
+                                             int* __restrict__ nflagged, int* out_idx, float* out_val) {
+    if (!fused_check(t, cnt, k, cap, count_out, flagged, nflagged)) return;   // uniform: the radix kernel writes it
     const SmemEntries ce = {f.cpos, f.cbits};
     __syncthreads();                            // every *ncand read: the fast select's scratch covers it
-    select_row_best<(FAST_NB_MAX / THREADS > 0 ? FAST_NB_MAX / THREADS : 1)>(
-        ce, cnt, k, fast, f.hist, f.sc, f.word, f.wbits, RADIX + 6 + 3LL * f.KW, out_idx, out_val);
+    select_row_best<FastBins<THREADS>::PB>(ce, cnt, k, fast, f.hist, f.sc, f.word, f.wbits, RADIX + 6 + 3LL * f.KW,
+                                           out_idx, out_val);
 }
 
 // Register budget of the fused streams: 64 / 32 bytes in flight per thread (64 registers, no
@@ -519,6 +529,348 @@ hytopk_table_fused1(const void* __restrict__ table, long long L, int n, const in
     extern __shared__ __align__(16) u32 smem[];
     table_fused1_body<Src, THREADS>(smem, table, L, n, lo, hi, k, cap, aligned, ahead, oversample, fast, z, count_out,
                                     flagged, nflagged, idx, val);
+}
+
+namespace hytopk {
+// ---- The cluster kernel: rows that fit the shared memory of a cluster, read once (issue 21) ----
+// A row's context [a, a + c) is cut into C slices of S elements (S a multiple of P, so every slice
+// starts at the same offset h0 inside a 16-byte vector); block q of the cluster holds slice q in a
+// buffer whose element j is the table's element (row0 + a + q S) - h0 + j, copied by the bulk copy
+// engine (whole vectors inside the table; the vector that reaches past the table's end and every
+// element of a table whose base is not 16-byte aligned by ordinary loads).
+struct ClusterRow {
+    long long row0;
+    int a, c, S, h0;
+    // lo / hi read through volatile: the kernel re-reads a row's bounds where it needs them
+    // instead of keeping them live across the select (registers: 1024 threads leave 64)
+    __device__ __forceinline__ static ClusterRow of(int t, long long L, const int* lo, const int* hi, int C, int P) {
+        ClusterRow g;
+        g.row0 = (long long)t * L;
+        const long long a = min(max((long long)*(volatile const int*)(lo + t), 0LL), L);   // clamped: never a read outside the row
+        g.a = (int)a;
+        g.c = (int)(min(max((long long)*(volatile const int*)(hi + t), a), L) - a);
+        g.S = ((g.c + C - 1) / C + P - 1) / P * P;
+        g.h0 = (int)((g.row0 + a) % P);
+        return g;
+    }
+    __device__ __forceinline__ int len(int q) const { return min(max(c - q * S, 0), S); }
+};
+
+// Element g of the table to element j of a slice buffer (raw bits, the table's width).
+template <class Src>
+__device__ __forceinline__ void copy_elem(u32* buf, int j, const void* table, long long g) {
+    if (TableVec<Src>::PER_VEC == 4) buf[j] = static_cast<const u32*>(table)[g];
+    else reinterpret_cast<unsigned short*>(buf)[j] = static_cast<const unsigned short*>(table)[g];
+}
+
+// Slice q of row g to buf; exactly one arrival on bar by thread 0 (with the bytes of the bulk copy
+// when there is one), whatever the path: a row's wait is always one phase of its buffer's mbarrier.
+// use = false (c <= k: the row is not read here) or an empty slice: the arrival only. The ordinary
+// loads (an unaligned table, or the vector past the table's end) are stored before this returns;
+// the cluster barrier that follows publishes them.
+template <class Src>
+__device__ __forceinline__ void cluster_load_slice(const ClusterRow& g, int q, bool use, u32* buf, u64* bar,
+                                                   const void* table, long long total, int aligned) {
+    constexpr long long P = TableVec<Src>::PER_VEC;
+    const int len = use ? g.len(q) : 0;
+    const long long g_start = g.row0 + g.a + (long long)q * g.S, g_end = g_start + len;
+    const long long v0 = (g_start - g.h0) / P, vend = (g_end + P - 1) / P;
+    if (len > 0 && !aligned) {
+        for (long long j = threadIdx.x; j < (vend - v0) * P; j += blockDim.x) {
+            const long long e = v0 * P + j;
+            if (e >= g_start && e < g_end) copy_elem<Src>(buf, (int)j, table, e);
+        }
+    }
+    if (threadIdx.x != 0) return;
+    if (len <= 0 || !aligned) {
+        mbar_arrive_tx(bar, 0u);
+        return;
+    }
+    const long long vb = min(vend, total / P);                         // whole vectors inside the table
+    const u32 bytes = (u32)((vb - v0) * 16);
+    mbar_arrive_tx(bar, bytes);
+    if (bytes > 0u) bulk_load(buf, static_cast<const uint4*>(table) + v0, bytes, bar);
+    for (long long e = vb * P; e < g_end; ++e) copy_elem<Src>(buf, (int)(e - v0 * P), table, e);   // past the table's end
+}
+
+// The contract's M samples of the row (p_j = a + (j c) // M) as order keys keys[0 .. M), read from
+// the slices of every block of the cluster (distributed shared memory), PER loads in flight per thread.
+template <class Src, int PER>
+__device__ __forceinline__ void cluster_sample_keys(const ClusterRow& g, u32* buf, long long M, u32* keys) {
+    const long long B = blockDim.x, c = g.c;
+    const long long dq = (B * c) / M, dr = (B * c) % M;
+    for (long long q0 = 0; q0 < M; q0 += PER * B) {
+        const long long j0 = q0 + threadIdx.x;
+        long long Q = (j0 * c) / M, R = (j0 * c) % M;
+        u32 sb[PER];
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            sb[i] = 0u;
+            if (j0 + i * B < M) {
+                const u32 rel = (u32)Q, owner = rel / (u32)g.S;
+                sb[i] = TableVec<Src>::bits_at(cluster_map(buf, owner), (long long)(rel - owner * (u32)g.S + g.h0));
+            }
+            Q += dq;
+            R += dr;
+            if (R >= M) { R -= M; ++Q; }
+        }
+#pragma unroll
+        for (int i = 0; i < PER; ++i)
+            if (j0 + i * B < M) keys[j0 + i * B] = order_key_bits(sb[i]);
+    }
+}
+
+// Every key >= key(T) (tb: T's bits) of this block's slice to the sink, positions as row columns.
+template <class Src>
+__device__ __forceinline__ void cluster_filter_slice(const ClusterRow& g, int q, const u32* buf, u32 tb, SmemSink& sink) {
+    constexpr int P = TableVec<Src>::PER_VEC;
+    constexpr int U = 16 / P;                                         // 16 elements per thread per step
+    const int len = g.len(q);
+    if (len <= 0) return;                                             // uniform over the block
+    const int nv = (g.h0 + len + P - 1) / P;
+    const u32 col0 = (u32)(g.a + (long long)q * g.S - g.h0);          // column of buffer element 0
+    const KeyAtLeast pass = KeyAtLeast::of(tb);
+    const int B = (int)blockDim.x;
+    for (int vs = 0; vs < nv; vs += U * B) {                          // uniform over the block
+        u32 bits[U][P];
+        u32 mask = 0u;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int v = vs + u * B + (int)threadIdx.x;
+            if (v < nv) {
+                TableVec<Src>::unpack(reinterpret_cast<const uint4*>(buf)[v], bits[u]);
+#pragma unroll
+                for (int e = 0; e < P; ++e) {
+                    const int j = v * P + e;
+                    mask |= (u32)((u32)(j - g.h0) < (u32)len && pass(bits[u][e])) << (u * P + e);
+                }
+            }
+        }
+        sink.reserve(__popc(mask));
+        if (mask) {
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+                for (int e = 0; e < P; ++e)
+                    if (mask & (1u << (u * P + e)))
+                        sink.put(col0 + (u32)((vs + u * B + (int)threadIdx.x) * P + e), bits[u][e]);
+        }
+    }
+}
+
+// The cluster kernel's words between the slice buffers and hytopk_table_fused's layout.
+struct ClusterHeader {
+    u64 full[2];             // the slice buffers' mbarriers
+    u32 tslot;               // K* of this row, from the leader (this block selects the last row)
+    u32 bslot;               // this block's first slot in the leader's candidate area
+    int recv;                // candidates of the row this block leads (remote atomics)
+    int stg;                 // candidates staged here before the copy to the leader
+    u32 mode;                // the last row's select, set by its leader: 0 done / nothing, 1 ranks to share, 2 the leader's
+    u32 cnt;                 // its candidates
+    FastStage st;            // mode 1: what block_select_fast_stage left beside the scratch
+};
+constexpr int CLUSTER_HEADER_WORDS = 16;
+static_assert(sizeof(ClusterHeader) <= 4 * CLUSTER_HEADER_WORDS, "the cluster kernel's header");
+
+// words u32 words from another block's shared memory (distributed) to this block's, both 16-byte
+// aligned: 16-byte loads, four of a thread in flight (one round trip, not one per word).
+__device__ __forceinline__ void cluster_copy_words(u32* dst, const u32* src, int words) {
+    constexpr int D = 4;
+    const int n4 = words >> 2, B = (int)blockDim.x;
+    for (int i0 = 0; i0 < n4; i0 += D * B) {
+        uint4 v[D];
+#pragma unroll
+        for (int d = 0; d < D; ++d) {
+            const int i = i0 + d * B + (int)threadIdx.x;
+            if (i < n4) v[d] = reinterpret_cast<const uint4*>(src)[i];
+        }
+#pragma unroll
+        for (int d = 0; d < D; ++d) {
+            const int i = i0 + d * B + (int)threadIdx.x;
+            if (i < n4) reinterpret_cast<uint4*>(dst)[i] = v[d];
+        }
+    }
+    for (int i = 4 * n4 + (int)threadIdx.x; i < words; i += B) dst[i] = src[i];
+}
+
+// Words of dynamic shared memory of hytopk_table_cluster: two slice buffers of buf_words words
+// (a multiple of 4), the header, then hytopk_table_fused's layout.
+__host__ __device__ constexpr long long table_cluster_smem_words(int k, int cap, int buf_words, int threads) {
+    return 2LL * buf_words + CLUSTER_HEADER_WORDS + table_fused_smem_words(k, cap, threads);
+}
+}  // namespace hytopk
+
+// HyTopK over a table whose rows fit the shared memory of a cluster of C blocks, each row read
+// from global memory once (issue 21 at 128K keys; perf_notes "The cluster kernel"). A persistent
+// grid of clusters: cluster i takes rows i, i + nclusters, ...; block q of a cluster holds slice q
+// of the row (ClusterRow) in one of two buffers, the next row's slice being copied in while this
+// one is worked on. Per row (iteration it, leader L = it % C, P = (it - 1) % C the last row's leader):
+//   wait for the own slice; cluster barrier S1 (every slice present; the last row's candidates
+//   complete in P); copy the next row's slice into the other buffer;
+//   P: the last row's count and check (fused_check, as hytopk_table_fused: listed in flagged when it
+//      fails), then SHARE: steps 1-4 of the sort-free select (block_select_fast_stage; its state in
+//      P's header), else the whole select (fused_finish); or the whole last row (c <= k);
+//   the others: the contract's M samples from the cluster's slices (distributed shared memory), K*
+//      = their r-th best (every block the same; L also stores it in P's T slot);
+//   zero the counters; cluster barrier S2; every block streams its slice (key >= K*): L into its
+//   own candidate area, the others into their own area then one remote atomic in L's counter and
+//   a copy into L's area (distributed shared memory; with SHARE, P straight into L's area);
+//   SHARE: every block copies P's bins and stage and ranks 1/C of the staged entries
+//   (block_select_fast_rank; P pads the row); a row the fast select declined: P's select_row_v2.
+// So the one-block part of a row's select runs while the others select the next row's threshold.
+// The cluster's last row is selected whole by P (no iteration follows to share it).
+// Outputs, counts and listed rows: hytopk_table_fused's (its cap = this cap), bit for bit.
+// skip_select = 1 (the bench's diagnostic, never exact): the leaders skip the last row's select and
+// write nothing for it, so its time is the copies, thresholds, filters and barriers alone.
+// grid: a multiple of C blocks; smem: table_cluster_smem_words(k, cap, buf_words, THREADS) words;
+// buf_words >= (S + P) elements for every row's S (host: table_v2.py cluster_geometry); cap >=
+// MAX_SAMPLES / 2 (the samples live in the candidate area).
+template <class Src, int C, int THREADS, bool SHARE>
+__device__ __forceinline__ void table_cluster_body(u32* smem, const void* __restrict__ table, long long L, int n,
+                                                   const int* __restrict__ lo, const int* __restrict__ hi, int k,
+                                                   int cap, int buf_words, int aligned, double oversample, int fast,
+                                                   int skip_select, int* __restrict__ count_out, int* __restrict__ flagged,
+                                                   int* __restrict__ nflagged, int* __restrict__ idx,
+                                                   float* __restrict__ val) {
+    static_assert(C >= 2, "the last row's leader must differ from this row's");
+    constexpr int P = TableVec<Src>::PER_VEC;
+    constexpr int PER = THREADS >= 1024 ? 4 : 8;                      // every sample load of a thread in flight (M = 4096)
+    const int q = (int)cluster_rank();
+    const int cid = (int)(blockIdx.x / C), ncl = (int)(gridDim.x / C);
+    ClusterHeader* hd = reinterpret_cast<ClusterHeader*>(smem + 2LL * buf_words);
+    u32* fsm = smem + 2LL * buf_words + CLUSTER_HEADER_WORDS;
+    const long long total = (long long)n * L;
+    if (threadIdx.x == 0) {
+        mbar_init(&hd->full[0], 1u);
+        mbar_init(&hd->full[1], 1u);
+        hd->recv = 0;
+        hd->stg = 0;
+    }
+    __syncthreads();
+    if (cid < n) {
+        const ClusterRow g0 = ClusterRow::of(cid, L, lo, hi, C, P);
+        cluster_load_slice<Src>(g0, q, g0.c > k, smem, &hd->full[0], table, total, aligned);
+    }
+    for (int it = 0;; ++it) {
+        const int t = cid + it * ncl;                                  // uniform over the cluster
+        const bool valid = t < n;
+        if (valid) mbar_wait(&hd->full[it & 1], (u32)(it >> 1) & 1u);
+        cluster_sync();                                                // S1
+        if (valid && t + ncl < n) {
+            const ClusterRow gn = ClusterRow::of(t + ncl, L, lo, hi, C, P);
+            cluster_load_slice<Src>(gn, q, gn.c > k, smem + (long long)((it & 1) ^ 1) * buf_words,
+                                    &hd->full[(it & 1) ^ 1], table, total, aligned);
+        }
+        const int lead = it % C, prev = (it + C - 1) % C;
+        u32 kstar = 0u;
+        if (it > 0 && q == prev) {                                     // the last row, in its leader: up to its ranking
+            const FusedSmem f = FusedSmem::of(fsm, k, cap, THREADS);
+            const int tp = t - ncl;
+            const ClusterRow gp = ClusterRow::of(tp, L, lo, hi, C, P);
+            int* out_idx = idx + (long long)tp * k;
+            float* out_val = val + (long long)tp * k;
+            u32 mode = 0u;
+            FastStage st;
+            if (skip_select) {                                         // the bench's diagnostic: no output
+            } else if (gp.c <= k) {
+                fused_whole_row<Src>(f, table, tp, gp.row0, gp.a, gp.c, k, count_out, out_idx, out_val);
+            } else if (!SHARE || !valid) {                             // all of it here (the cluster's last row)
+                fused_finish<THREADS>(f, tp, hd->recv, k, cap, fast, count_out, flagged, nflagged, out_idx, out_val);
+            } else if (fused_check(tp, hd->recv, k, cap, count_out, flagged, nflagged)) {
+                const int cnt = hd->recv;
+                const SmemEntries ce = {f.cpos, f.cbits};
+                mode = fast && block_select_fast_stage<FastBins<THREADS>::PB>(ce, cnt, k, f.hist, RADIX + 6 + 3LL * f.KW,
+                                                                              &st) ? 1u : 2u;
+            }
+            if (SHARE && threadIdx.x == 0) {
+                hd->mode = mode;
+                hd->cnt = (u32)hd->recv;
+                hd->st = st;
+            }
+        } else if (valid) {
+            const ClusterRow g = ClusterRow::of(t, L, lo, hi, C, P);
+            if (g.c > k) {
+                const FusedSmem f = FusedSmem::of(fsm, k, cap, THREADS);
+                const SamplePlan sp = SamplePlan::of(g.c, k, oversample);
+                cluster_sample_keys<Src, PER>(g, smem + (long long)(it & 1) * buf_words, sp.M, f.cpos);
+                __syncthreads();
+                auto sample_key = [&](long long j, u32* out) { *out = f.cpos[j]; return true; };
+                kstar = block_radix_select_keys<true>(sample_key, sp.M, sp.r, f.hist, f.sc);
+                if (it > 0 && q == lead && threadIdx.x == 0) cluster_map(hd, (u32)prev)->tslot = kstar;
+            }
+        }
+        if (!valid) return;                                            // uniform over the cluster
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            hd->recv = 0;
+            hd->stg = 0;
+        }
+        cluster_sync();                                                // S2
+        const bool leader = q == lead, last = it > 0 && q == prev;
+        if (ClusterRow::of(t, L, lo, hi, C, P).c > k) {                // this row's filter
+            const FusedSmem f = FusedSmem::of(fsm, k, cap, THREADS);
+            const ClusterRow g = ClusterRow::of(t, L, lo, hi, C, P);
+            if (last) kstar = hd->tslot;
+            // the leader into its own area; with SHARE the last row's leader straight into the leader's
+            // (its own area holds the last row's candidates until they are ranked); the others stage here
+            SmemSink sink = {f.cpos, f.cbits, leader ? &hd->recv : &hd->stg, cap, 0};
+            if (SHARE && last) sink = {cluster_map(f.cpos, (u32)lead), cluster_map(f.cbits, (u32)lead),
+                              &cluster_map(hd, (u32)lead)->recv, cap, 0};
+            cluster_filter_slice<Src>(g, q, smem + (long long)(it & 1) * buf_words, bits_of_key(kstar), sink);
+            if (!leader && !(SHARE && last)) {
+                __syncthreads();
+                const int m = hd->stg;
+                if (m > 0) {                                           // uniform
+                    if (threadIdx.x == 0) hd->bslot = (u32)atomicAdd(&cluster_map(hd, (u32)lead)->recv, m);
+                    __syncthreads();
+                    const int base = (int)hd->bslot;
+                    u32* rpos = cluster_map(f.cpos, (u32)lead);
+                    u32* rbits = cluster_map(f.cbits, (u32)lead);
+                    for (int i = threadIdx.x; i < min(m, cap) && base + i < cap; i += THREADS) {
+                        rpos[base + i] = f.cpos[i];
+                        rbits[base + i] = f.cbits[i];
+                    }
+                }
+            }
+        }
+        if (SHARE && it > 0) {                                         // the last row's ranking, shared
+            const FusedSmem f = FusedSmem::of(fsm, k, cap, THREADS);
+            const ClusterHeader* ph = cluster_map(hd, (u32)prev);
+            const u32 mode = ph->mode;
+            const int tp = t - ncl;
+            int* out_idx = idx + (long long)tp * k;
+            float* out_val = val + (long long)tp * k;
+            if (mode == 1u) {
+                const FastStage st = ph->st;
+                if (!last) {                                           // its scratch here: the bins, the stage
+                    cluster_copy_words(f.hist, cluster_map(f.hist, (u32)prev), (int)fast_stage_words(st.NB, st.staged));
+                    __syncthreads();
+                }
+                const int part = (q - prev + C) % C;
+                const SmemEntries ce = {cluster_map(f.cpos, (u32)prev), cluster_map(f.cbits, (u32)prev)};
+                block_select_fast_rank(ce, f.hist, st, (int)((long long)st.staged * part / C),
+                                       (int)((long long)st.staged * (part + 1) / C), out_idx, out_val);
+                if (last) pad_row(st.kk, k, out_idx, out_val);
+            } else if (mode == 2u && last) {                           // the fast select declined: the leader's select
+                const SmemEntries ce = {f.cpos, f.cbits};
+                select_row_v2(ce, (long long)ph->cnt, k, f.hist, f.sc, f.word, f.wbits, out_idx, out_val);
+            }
+        }
+    }
+}
+
+// The cluster kernel at C blocks per cluster and THREADS threads, SHARE: the ranking of each row's
+// select shared by the cluster (table_v2.py FUSED_CLUSTER, CLUSTER_SIZE, CLUSTER_THREADS,
+// CLUSTER_SHARE; instantiations.CLUSTER_CONFIGS): one block per SM (its shared memory).
+template <class Src, int C, int THREADS, bool SHARE>
+__global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(THREADS, 1)
+hytopk_table_cluster(const void* __restrict__ table, long long L, int n, const int* __restrict__ lo,
+                     const int* __restrict__ hi, int k, int cap, int buf_words, int aligned, double oversample,
+                     int fast, int skip_select, int* __restrict__ count_out, int* __restrict__ flagged,
+                     int* __restrict__ nflagged, int* __restrict__ idx, float* __restrict__ val) {
+    extern __shared__ __align__(16) u32 smem[];
+    table_cluster_body<Src, C, THREADS, SHARE>(smem, table, L, n, lo, hi, k, cap, buf_words, aligned, oversample, fast,
+                                        skip_select, count_out, flagged, nflagged, idx, val);
 }
 
 // Stage 8 with the candidates in shared memory (select_smem_rows, hytopk_select_fast.cuh): each

@@ -22,7 +22,12 @@ threshold_only, filter_only (the streaming filter; GB/s here is the filter's rea
 select_only; fused_hytopk_v2[no prefetch] and filter_only_v2[no prefetch] time the v2 reads without
 their L2 prefetch (table_v2.FUSED_AHEAD / FILTER_AHEAD = 0); fused_hytopk_v2[one read] times the
 one-read fused kernel (table_v2.FUSED_ONE_READ = 1: hytopk_table_fused1 at (1024, 1)), its idx
-checked against the radix path, its flagged rows and counts against fused_hytopk_v2's. --quick leaves out the slow end-to-end rows (table_topk with match atomics,
+checked against the radix path, its flagged rows and counts against fused_hytopk_v2's;
+fused_hytopk_v2[cluster] times the cluster kernel (table_v2.FUSED_CLUSTER = 1: hytopk_table_cluster,
+rows that fit a cluster's shared memory: 128K keys, not 1M), checked the same way (with --fused-sweep
+also under each CLUSTER_SWEEP cluster size, select sharing and grid); fused_hytopk_v2[cluster, no select] is
+a diagnostic, not an answer: the same kernel with its selects skipped (table_v2.CLUSTER_SKIP_SELECT),
+i.e. what the copies, thresholds, filters and cluster barriers cost without the one-block select. --quick leaves out the slow end-to-end rows (table_topk with match atomics,
 backend.plan.table, backend.topk).
 Each row also records whether its values equal torch.topk's (bit for bit: the multiset of
 the k best values does not depend on tie order) and whether every HyTopK path's idx equals the
@@ -96,6 +101,42 @@ def fused_sweep(tab, tab_v2, scores, lo, hi, k, i_radix, repeats, torch, cp):
     finally:
         for key, v in saved.items():
             setattr(tab_v2, key, v)
+    return out
+
+
+# the cluster sweep (with --fused-sweep): (CLUSTER_SIZE, CLUSTER_SHARE, CLUSTER_GRID (0: SMs // C)) of the
+# cluster kernel (a grid past the clusters that fit at once leaves a tail: 15 / 14 in case 16 do not fit)
+CLUSTER_SWEEP = ((8, 1, 0), (8, 1, 15), (8, 1, 14), (8, 0, 0), (4, 1, 0), (4, 1, 32), (4, 0, 0))
+
+
+def cluster_sweep(tab, tab_v2, scores, lo, hi, k, cxx, repeats, torch, cp):
+    """fused_hytopk_v2[cluster] under each CLUSTER_SWEEP configuration: time, idx == the fused kernel's."""
+    out = []
+    saved = dict(tab_v2.CLUSTER_SIZE), tab_v2.CLUSTER_GRID, tab_v2.CLUSTER_SHARE
+    count = cp.empty(scores.shape[0], cp.int32)
+    tab_v2.FUSED_CLUSTER = 0                 # the reference: the fused kernel's indices
+    ref = tab.fused_hytopk(scores, lo, hi, k, count=count, host_check=False, design="v2")[0].copy()
+    tab_v2.FUSED_CLUSTER = 1
+    try:
+        for C, share, grid in CLUSTER_SWEEP:
+            tab_v2.CLUSTER_SIZE = dict(saved[0], **{cxx: C})
+            tab_v2.CLUSTER_GRID, tab_v2.CLUSTER_SHARE = grid, share
+            rec = {"C": C, "share": share, "grid": grid}
+            try:
+                if tab_v2.cluster_geometry(scores.shape[1], cxx, k) is None:
+                    raise ValueError("rows do not fit this cluster size")
+                fn = lambda: tab.fused_hytopk(scores, lo, hi, k, count=count, host_check=False, design="v2")  # noqa: E731
+                rec.update(timed(fn, repeats, torch))
+                rec["idx_equals_fused"] = bool((fn()[0] == ref).all())
+                rec["GBps"] = scores.numel() * scores.element_size() / (rec["median_ms"] * 1e-3) / 1e9
+            except Exception as e:          # a configuration that does not launch here: say so, go on
+                rec["error"] = f"{type(e).__name__}: {e}"[:200]
+            out.append(rec)
+            print(f"    cluster C={C} share={share} grid={grid}" + (f": {rec['median_ms']:8.3f} ms {rec['GBps']:6.0f} GB/s "
+                                                       f"idx==fused {rec['idx_equals_fused']}"
+                                                       if "error" not in rec else f": {rec['error']}"), flush=True)
+    finally:
+        tab_v2.CLUSTER_SIZE, tab_v2.CLUSTER_GRID, tab_v2.CLUSTER_SHARE = saved
     return out
 
 
@@ -177,6 +218,29 @@ def main(argv=None):
                     args.repeats, torch)
                 i_one = tab.fused_hytopk(scores, lo, hi, k, count=count3, host_check=False, design="v2")[0]
                 tab_v2.FUSED_ONE_READ, tab_v2.FUSED_THREADS, tab_v2.FUSED_MIN_BLOCKS = one_saved
+                cxx = {"float32": "hytopk::TableSource", "bfloat16": "hytopk::TableBf16Source"}[dtype]
+                geo = tab_v2.cluster_geometry(L, cxx, k)     # None: rows too long for a cluster (1M keys)
+                count4 = cp.empty(n, cp.int32)                # the cluster kernel (hytopk_table_cluster)
+                i_cl = None
+                if geo is not None:
+                    tab_v2.FUSED_CLUSTER = 1
+                    try:
+                        res["fused_hytopk_v2[cluster]"] = timed(
+                            lambda: tab.fused_hytopk(scores, lo, hi, k, count=count4, host_check=False, design="v2"),
+                            args.repeats, torch)
+                        i_cl = tab.fused_hytopk(scores, lo, hi, k, count=count4, host_check=False, design="v2")[0]
+                        tab_v2.CLUSTER_SKIP_SELECT = 1          # diagnostic: the same kernel without its selects
+                        try:
+                            res["fused_hytopk_v2[cluster, no select]"] = timed(
+                                lambda: tab.fused_hytopk(scores, lo, hi, k, count=cp.empty(n, cp.int32),
+                                                         host_check=False, design="v2"), args.repeats, torch)
+                        finally:
+                            tab_v2.CLUSTER_SKIP_SELECT = 0
+                        if args.fused_sweep:
+                            row["cluster_sweep"] = cluster_sweep(tab, tab_v2, scores, lo, hi, k, cxx, args.repeats,
+                                                                 torch, cp)
+                    finally:
+                        tab_v2.FUSED_CLUSTER = 0
                 plans = {d: tab.TableHyTopK(n, L, lo_h, hi_h, k, kernels=d) for d in ("v1", "v2")}
                 for d, sfx in (("v1", ""), ("v2", "_v2")):
                     plan = plans[d]
@@ -208,6 +272,8 @@ def main(argv=None):
                 same_idx["fused_v2"] = tab.fused_hytopk(scores, lo, hi, k, count=count2, host_check=False,
                                                         design="v2")[0]
                 same_idx["fused_v2[one read]"] = i_one
+                if i_cl is not None:
+                    same_idx["fused_v2[cluster]"] = i_cl
                 same_idx["staged"] = plans["v1"](scores)[0].copy()
                 same_idx["staged_v2"] = plans["v2"](scores)[0].copy()
                 if not args.quick:
@@ -224,6 +290,11 @@ def main(argv=None):
                 c3 = cp.asnumpy(count3)
                 row["fused_v2_one_read_rows_flagged"] = int(((c3 < k) | (c3 > tab_v2.fused_cap(k))).sum())
                 row["fused_v2_one_read_counts_equal"] = bool((c3 == c2).all())
+                if i_cl is not None:
+                    c4 = cp.asnumpy(count4)
+                    row["cluster_geometry"] = dict(zip(("C", "threads", "buf_words", "cap"), geo))
+                    row["fused_v2_cluster_rows_flagged"] = int(((c4 < k) | (c4 > geo[3])).sum())
+                    row["fused_v2_cluster_counts_equal"] = bool((c4 == c2).all())
                 for d, sfx in (("v1", ""), ("v2", "_v2")):
                     st = plans[d].stats()
                     row["hytopk_failed_rows" + sfx] = int(st["failed"].sum())

@@ -1,5 +1,6 @@
 """Issue 21 without a GPU: the real source of kernels_cuda/table_v2.cu (fused_v2 with the radix
-fallback of table_topk.cu, the v2 threshold, filter and select_smem) compiled for the CPU against
+fallback of table_topk.cu, the one-read and cluster kernels, the v2 threshold, filter and
+select_smem) compiled for the CPU against
 tests/table_emulation/cuda_emu.h and checked against the reference on adversarial families,
 varlen / causal / edge contexts, float32 and bf16, unaligned bases, capacity overflow and rows
 of several filter pieces. Skips without g++ (C++20); the long sweeps (every family and layout,
@@ -137,3 +138,69 @@ def test_v2_fused_one_read_fallbacks_on_the_cpu(driver):
     count, failed = E.check_case(driver, s, lo, hi, k, 2000, stats=stats)
     assert stats["one_read"] == [1, 1], stats        # only row 2 is read once (both launches)
     assert failed.tolist()[0] == 1
+
+
+def _edge_lengths_case(family, k, rng, n=8, L=6007):
+    """Rows of every context length the contract singles out (0, 1, k - 1, k, k + 1, M - 1, M, L), each
+    ending at L (the last row: at the table's end)."""
+    import reference as R
+    M = int(R.sample_plan(np.array([0]), np.array([L]), k, 3.0)[0][0])
+    lengths = np.array([0, 1, k - 1, k, k + 1, M - 1, M, L])[:n]
+    hi = np.full(n, L, np.int64)
+    lo = hi - lengths
+    return G.score_table(family, n, L, k, rng, lo, hi), lo, hi
+
+
+CLUSTER_CASES = [                  # every check_case runs the cluster kernel too: these add the edge lengths
+    ("gaussian", 128, False, 0),
+    pytest.param("ties_at_kth", 256, True, 3, marks=sweep),
+    pytest.param("specials", 128, False, 1, marks=sweep),
+    pytest.param("equal", 64, False, 2, marks=sweep),
+    pytest.param("relu_plateau", 128, True, 0, marks=sweep),
+    pytest.param("alias_on_samples", 64, False, 3, marks=sweep),
+    pytest.param("alias_between_samples", 256, True, 5, marks=sweep),
+    pytest.param("integers", 512, False, 0, marks=sweep),
+]
+
+
+@pytest.mark.parametrize("family,k,bf16,offset", CLUSTER_CASES)
+def test_cluster_kernel_every_edge_length_on_the_cpu(driver, family, k, bf16, offset):
+    """hytopk_table_cluster (C = 2 blocks on two clusters, C = 4 on one: eight rows, so the leaders
+    wrap around and the slice buffers, mbarriers and candidate areas are reused) on contexts of every
+    length the contract singles out, rows c <= k (the leader returns the whole row) between sampled
+    ones, unaligned bases (every slice by ordinary loads), bf16. The driver asserts counts, listed rows
+    and finished rows equal the fused kernel's; check_case the final output (listed rows by the radix
+    kernel) against the reference."""
+    rng = np.random.default_rng(hash((family, k, "cluster")) % 2**32)
+    s, lo, hi = _edge_lengths_case(family, k, rng)
+    E.check_case(driver, s, lo, hi, k, 2000, offset=offset, bf16=bf16, every_cluster=True)
+
+
+def test_cluster_kernel_listed_rows_on_the_cpu(driver):
+    """Rows the cluster kernel lists for the radix kernel, between rows it finishes: all equal and a
+    plateau at the threshold (count > its cap of 12800 at k = 64), the contract's sample positions
+    alone high (53 candidates < k: underflow); a gaussian row and a row of c = k."""
+    n, L, k = 5, 15000, 64
+    rng = np.random.default_rng(11)
+    s = rng.standard_normal((n, L)).astype(np.float32)
+    s[0] = 0.75
+    s[2, :14000] = 1.5
+    lo = np.array([0, 3, 1, 7, 2], np.int32)
+    hi = np.array([L, L, L - 1, 7 + k, L], np.int32)
+    c, M = L - 2, 4096                                  # row 4: M = 4096 samples at 2 + (j c) // M
+    s[4] = -1.0 - rng.random(L).astype(np.float32)
+    s[4, 2 + (np.arange(M) * c) // M] = 10.0 + rng.random(M).astype(np.float32)
+    count, failed = E.check_case(driver, s, lo, hi, k, 2000, every_cluster=True)
+    assert failed.tolist() == [1, 0, 1, 0, 1], (count, failed)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_cluster_kernel_full_128k_rows_on_the_cpu(driver, bf16):
+    """Two 131072-key rows (one full, one starting and ending inside a vector) through the cluster
+    kernel at C = 8 blocks of 128 threads (1024 threads in flight), k = 2048, against the fused kernel
+    and the reference."""
+    rng = np.random.default_rng(5)
+    n, L, k = 2, 131072, 2048
+    s = rng.standard_normal((n, L)).astype(np.float32)
+    lo, hi = np.array([0, 5]), np.array([L, L - 2])
+    E.check_case(driver, s, lo, hi, k, 2000, bf16=bf16, cluster_only=True)

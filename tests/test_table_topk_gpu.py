@@ -103,6 +103,102 @@ def test_fused_hytopk_one_read_is_the_fused_kernel(tab, family, dtype, z):
         v2.FUSED_ONE_READ, v2.FUSED_ONE_READ_Z, v2.FUSED_THREADS, v2.FUSED_MIN_BLOCKS = saved
 
 
+class cluster_kernel:
+    """``with cluster_kernel(C, share, grid):`` fused_v2 runs hytopk_table_cluster
+    (table_v2.FUSED_CLUSTER = 1) at C blocks per cluster for both dtypes, each row's select shared by
+    the cluster or not (None: the shipped configuration), on `grid` clusters (0: one per C SMs); the
+    launches of the block are recorded (rec.names())."""
+
+    def __init__(self, C=None, share=None, grid=0):
+        from workbench.families.cupy import table_v2 as v2
+        self.v2, self.C, self.share, self.grid = v2, C, share, grid
+
+    def __enter__(self):
+        from workbench.families.cupy import _launch
+        v2 = self.v2
+        self.saved = v2.FUSED_CLUSTER, dict(v2.CLUSTER_SIZE), v2.CLUSTER_GRID, v2.CLUSTER_SHARE
+        v2.FUSED_CLUSTER, v2.CLUSTER_GRID = 1, self.grid
+        if self.share is not None:
+            v2.CLUSTER_SHARE = self.share
+        if self.C is not None:
+            v2.CLUSTER_SIZE = {key: self.C for key in v2.CLUSTER_SIZE}
+        self.ctx = _launch.record_launches()
+        return self.ctx.__enter__()
+
+    def __exit__(self, *exc):
+        self.ctx.__exit__(*exc)
+        self.v2.FUSED_CLUSTER, self.v2.CLUSTER_SIZE, self.v2.CLUSTER_GRID, self.v2.CLUSTER_SHARE = self.saved
+        return False
+
+
+def launched_cluster(rec) -> bool:
+    return any("hytopk_table_cluster" in name for name in rec.names())
+
+
+@pytest.mark.parametrize("C,share,grid", [(None, None, 0), (4, 1, 3), (8, 0, 1), (4, 0, 2), (8, 1, 40)])
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_hytopk_cluster_is_exact_with_the_contracts_counts(tab, family, dtype, C, share, grid):
+    """table_v2.FUSED_CLUSTER = 1 (hytopk_table_cluster): the exact top-k and the contract's counts
+    whichever path each row took (collected, listed for the radix kernel), on 128K-key rows and
+    short ones, full / causal / varlen / edge contexts, both cluster sizes, the select shared by the
+    cluster or in the leader alone, a grid of one to three clusters (each cluster many rows: the
+    double buffer and every leader in turn) or one cluster per row (each row its cluster's last)."""
+    rng = np.random.default_rng(hash((family, dtype, "cluster")) % 2**32)
+    for n, L, k, lay in ((6, 131072, 2048, "full"), (9, 131072, 512, "causal_tail"), (7, 131071, 2048, "varlen"),
+                         (11, 40000, 300, "edge"), (5, 5003, 64, "random")):
+        lo, hi = G.layout(lay, n, L, k, rng)
+        s = G.score_table(family, n, L, k, rng, lo, hi)
+        wide = s
+        if dtype == "bfloat16":
+            s, wide = bf16_table(s)
+        count = cp.zeros(n, cp.int32)
+        with cluster_kernel(C, share, grid) as rec:
+            i, v = tab.fused_hytopk(s, lo, hi, k, count=count, design="v2")
+        assert launched_cluster(rec), (L, k, lay)
+        assert same(i, v, *R.topk(wide, lo, hi, k)), (L, k, lay)
+        assert np.array_equal(cp.asnumpy(count), R.hytopk(wide, lo, hi, k).count), (L, k, lay)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_hytopk_cluster_listed_rows_and_unaligned_tables(tab, dtype):
+    """The cluster kernel's listed rows (an all-equal row and a plateau overflow its cap; a row of
+    NaNs; c <= k and empty rows stay with it) and tables whose base is not 16-byte aligned (every
+    slice by ordinary loads), rows ending at the table's end."""
+    rng = np.random.default_rng(3)
+    n, L, k = 6, 65537, 2048
+    for off in (0, 1, 3):
+        s = rng.standard_normal((n, L)).astype(np.float32)
+        s[1] = 0.5
+        s[2, ::3] = 0.0
+        s[2, 1::3] = 0.0
+        s[3] = np.nan
+        lo, hi = np.array([0, 3, 1, 0, 100, 7]), np.array([L, L, L - 1, L, 100 + k - 1, 7])
+        wide = s
+        if dtype == "bfloat16":
+            s, wide = bf16_table(s)
+        # base pointer `off` elements past the allocation's (256-byte aligned) start
+        table = cp.asarray(np.concatenate([np.zeros(off, s.dtype), s.ravel()]))[off:].reshape(n, L)
+        count = cp.zeros(n, cp.int32)
+        with cluster_kernel() as rec:
+            i, v = tab.fused_hytopk(table, lo, hi, k, count=count, design="v2")
+        assert launched_cluster(rec), off
+        assert same(i, v, *R.topk(wide, lo, hi, k)), off
+        assert np.array_equal(cp.asnumpy(count), R.hytopk(wide, lo, hi, k).count), off
+
+
+def test_fused_hytopk_cluster_keeps_the_fused_kernel_for_long_rows(tab):
+    """Rows longer than a cluster's shared memory (1M keys) stay with hytopk_table_fused."""
+    rng = np.random.default_rng(4)
+    n, L, k = 2, 1 << 20, 2048
+    s = rng.standard_normal((n, L)).astype(np.float32)
+    lo, hi = np.zeros(n, np.int32), np.full(n, L, np.int32)
+    with cluster_kernel() as rec:
+        i, v = tab.fused_hytopk(s, lo, hi, k, design="v2")
+    assert not launched_cluster(rec)
+    assert same(i, v, *R.topk(s, lo, hi, k))
+
+
 @pytest.mark.parametrize("k", [512, 2048])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_table_topk_large_k_every_family(tab, family, k):

@@ -173,3 +173,45 @@ def test_register_bitonic_network_sorts_descending(B, E):
         got = reg_bitonic_mirror(words, B, E)
         assert np.array_equal(got[:cnt], np.sort(words)[::-1]), cnt
         assert (got[cnt:] == 0).all()
+
+
+def test_cluster_kernel_is_instantiated_and_its_geometry_fits():
+    """hytopk_table_cluster is instantiated at every CLUSTER_CONFIGS size for both dtypes, and
+    table_v2.cluster_geometry (run with NumPy standing in for CuPy, tests/fake_cupy, in a subprocess;
+    227 KiB of opt-in shared memory as on the H100 / H200) takes 128K-key rows at the shipped cluster
+    sizes within the shared memory, each slice buffer covering every vector a slice can touch, and
+    leaves 1M-key rows to the fused kernel."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    names = INST.name_expressions("table_v2.cu")
+    for C, t, share in INST.CLUSTER_CONFIGS:
+        for src in (INST.TABLE, INST.TABLE_BF16):
+            assert f"hytopk_table_cluster<{src}, {C}, {t}, {str(share).lower()}>" in names
+    here = Path(__file__).resolve().parent
+    code = (
+        "import json, workbench.families.cupy.table_v2 as v2\n"
+        "v2._limit = lambda: 232448\n"
+        "out = []\n"
+        "for L in (131072, 131071, 65537, 5003, 1 << 20):\n"
+        "    for cxx in ('hytopk::TableSource', 'hytopk::TableBf16Source'):\n"
+        "        for k in (2048, 512):\n"
+        "            g = v2.cluster_geometry(L, cxx, k)\n"
+        "            out.append([L, cxx, k, g, g and v2.cluster_smem_bytes(k, g[3], g[2], g[1])])\n"
+        "print(json.dumps(out))\n")
+    env = {"PYTHONPATH": f"{here / 'fake_cupy'}:{here.parent}", "PATH": "/usr/bin:/bin"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    import json
+    for L, cxx, k, g, smem in json.loads(res.stdout.strip().splitlines()[-1]):
+        if L == 1 << 20:
+            assert g is None
+            continue
+        C, threads, buf_words, cap = g
+        assert (C, threads, True) in INST.CLUSTER_CONFIGS and smem <= 232448 and cap >= 4096
+        P = 4 if cxx == "hytopk::TableSource" else 8
+        S = -(-(-(-L // C)) // P) * P                     # table_v2.cu ClusterRow::of at c = L (the longest)
+        for h0 in range(P):                               # vectors of slice q: ceil((h0 + len) / P), len <= S
+            assert -(-(h0 + S) // P) * 16 <= 4 * buf_words
+        if L == 131072 and k == 2048:
+            assert cap >= 9216                            # ~7 sigma above the expected 6144 candidates

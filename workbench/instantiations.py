@@ -22,6 +22,10 @@ FUSED_CONFIGS = ((256, 3), (256, 4), (1024, 1))
 # (threads, blocks per SM) of table_v2.cu's one-read hytopk_table_fused1 (table_v2.py FUSED_ONE_READ;
 # (512, 2) would spill 4 bytes for bf16)
 FUSED1_CONFIGS = ((1024, 1),)
+# (cluster size C, threads, shared ranking) of table_v2.cu's hytopk_table_cluster (table_v2.py
+# FUSED_CLUSTER, CLUSTER_SIZE, CLUSTER_THREADS, CLUSTER_SHARE): both table sources at each (1024 threads
+# spill 8-24 bytes at 64 registers)
+CLUSTER_CONFIGS = ((8, 512, True), (4, 512, True), (8, 512, False), (4, 512, False))
 
 # file -> (kernel, what it is instantiated over)
 #   "table+indexer": every source; "indexer": indexer sources only; "tables": the table sources only;
@@ -41,7 +45,8 @@ KERNELS = {
                       ("hytopk_table_topk_listed", "tables")),
     "table_v2.cu": (("hytopk_table_threshold", "tables"), ("hytopk_table_filter_pieces", "tables"),
                     ("hytopk_table_fused", "tables"), ("hytopk_select_smem", "plain"),
-                    ("hytopk_table_fused_cfg", "tables_cfg"), ("hytopk_table_fused1", "tables_cfg1")),
+                    ("hytopk_table_fused_cfg", "tables_cfg"), ("hytopk_table_fused1", "tables_cfg1"),
+                    ("hytopk_table_cluster", "tables_cluster")),
     "dense.cu": (("hytopk_dense", "indexer"),),
     "replay.cu": (("hytopk_replay", "indexer"),),
     "score_only.cu": (("hytopk_score_only", "indexer"),),
@@ -306,6 +311,9 @@ def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
             continue
         if over == "tables_cfg1":               # the one-read fused table kernel
             out += [f"{kernel}<{src}, {t}, {b}>" for src in TABLES for t, b in FUSED1_CONFIGS]
+            continue
+        if over == "tables_cluster":            # the cluster table kernel: (cluster size, threads)
+            out += [f"{kernel}<{src}, {c}, {t}, {str(sh).lower()}>" for src in TABLES for c, t, sh in CLUSTER_CONFIGS]
             continue
         if over == "table+indexer":
             out += [name(kernel, src) for src in TABLES]

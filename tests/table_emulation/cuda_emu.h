@@ -1,7 +1,10 @@
 // A host emulation of the CUDA features the table kernels use: one std::thread per CUDA thread,
-// blocks run one after another, __syncthreads and every warp collective as std::barrier
-// rendezvous. Slow, but it runs the real kernel source on a machine without a GPU.
+// blocks run one after another (the C blocks of a cluster together: launch_cluster), __syncthreads,
+// the cluster barrier and every warp collective as std::barrier rendezvous; the cluster kernel's
+// PTX wrappers (kernels_cuda/hytopk_cluster.cuh) as CPU functions. Slow, but it runs the real
+// kernel source on a machine without a GPU.
 #pragma once
+#define HYTOPK_CPU_EMULATION 1          // hytopk_cluster.cuh: the wrappers below replace its PTX
 #include <algorithm>
 #include <atomic>
 #include <barrier>
@@ -10,6 +13,7 @@
 #include <cstring>
 #include <memory>
 #include <thread>
+#include <cstddef>
 #include <type_traits>
 #include <vector>
 
@@ -22,6 +26,7 @@
 #define __align__(n) alignas(n)
 #define __shared__ static
 #define __noinline__
+#define __cluster_dims__(...)
 
 struct uint4 { unsigned x, y, z, w; };
 struct uint2 { unsigned x, y; };
@@ -36,12 +41,18 @@ struct Warp {
 struct Block {
     std::unique_ptr<std::barrier<>> bar;
     std::vector<std::unique_ptr<Warp>> warps;
+    std::vector<unsigned char> dyn;         // its dynamic shared memory
 };
-inline thread_local emu_dim3 tidx;
-inline emu_dim3 bidx, bdim, gdim;
-inline Block* block = nullptr;
-inline std::vector<unsigned char> dyn;      // dynamic shared memory of the running block
-inline unsigned* dyn_smem() { return reinterpret_cast<unsigned*>(dyn.data()); }
+struct Cluster {                            // the blocks of one cluster, running together
+    std::unique_ptr<std::barrier<>> bar;    // barrier.cluster: every thread of every block
+    std::vector<Block*> blocks;
+};
+inline thread_local emu_dim3 tidx, bidx;
+inline emu_dim3 bdim, gdim;
+inline thread_local Block* block = nullptr;
+inline thread_local Cluster* cluster = nullptr;
+inline thread_local unsigned crank = 0;    // %cluster_ctarank
+inline unsigned* dyn_smem() { return reinterpret_cast<unsigned*>(block->dyn.data()); }
 
 inline Warp& warp() { return *block->warps[tidx.x / 32]; }
 inline unsigned lane() { return tidx.x & 31u; }
@@ -63,30 +74,87 @@ inline unsigned long long collective(unsigned long long mine, Fn fn) {
     return fn(vals, lane());
 }
 
+// grid.x / csize clusters one after another; the csize blocks of a cluster run together (one
+// std::thread per CUDA thread of each); csize = 1: plain blocks.
 template <class K>
-inline void launch(emu_dim3 grid, unsigned threads, size_t dyn_bytes, K kernel) {
+inline void launch_cluster(emu_dim3 grid, unsigned csize, unsigned threads, size_t dyn_bytes, K kernel) {
     gdim = grid;
     bdim = {threads, 1, 1};
-    for (unsigned b = 0; b < grid.x; ++b) {
-        bidx = {b, 0, 0};
-        Block blk;
-        blk.bar = std::make_unique<std::barrier<>>((std::ptrdiff_t)threads);
-        for (unsigned w = 0; w < threads / 32; ++w) blk.warps.push_back(std::make_unique<Warp>());
-        block = &blk;
-        dyn.assign(dyn_bytes + 16, 0xAB);                 // garbage, as real shared memory
+    for (unsigned b0 = 0; b0 < grid.x; b0 += csize) {
+        Cluster cl;
+        cl.bar = std::make_unique<std::barrier<>>((std::ptrdiff_t)(threads * csize));
+        std::vector<std::unique_ptr<Block>> blks;
+        for (unsigned r = 0; r < csize; ++r) {
+            auto blk = std::make_unique<Block>();
+            blk->bar = std::make_unique<std::barrier<>>((std::ptrdiff_t)threads);
+            for (unsigned w = 0; w < threads / 32; ++w) blk->warps.push_back(std::make_unique<Warp>());
+            blk->dyn.assign(dyn_bytes + 16, 0xAB);        // garbage, as real shared memory
+            cl.blocks.push_back(blk.get());
+            blks.push_back(std::move(blk));
+        }
         std::vector<std::thread> ts;
-        ts.reserve(threads);
-        for (unsigned t = 0; t < threads; ++t)
-            ts.emplace_back([t, &kernel, &blk] {
-                tidx = {t, 0, 0};
-                kernel();
-                blk.warps[t / 32]->bar.arrive_and_drop();  // an exited thread never blocks the others
-                blk.bar->arrive_and_drop();
-            });
+        ts.reserve((size_t)threads * csize);
+        for (unsigned r = 0; r < csize; ++r)
+            for (unsigned t = 0; t < threads; ++t)
+                ts.emplace_back([t, r, b0, &kernel, &cl] {
+                    Block* blk = cl.blocks[r];
+                    tidx = {t, 0, 0};
+                    bidx = {b0 + r, 0, 0};
+                    block = blk;
+                    cluster = &cl;
+                    crank = r;
+                    kernel();
+                    blk->warps[t / 32]->bar.arrive_and_drop();  // an exited thread never blocks the others
+                    blk->bar->arrive_and_drop();
+                    cl.bar->arrive_and_drop();
+                });
         for (auto& th : ts) th.join();
     }
 }
+
+template <class K>
+inline void launch(emu_dim3 grid, unsigned threads, size_t dyn_bytes, K kernel) {
+    launch_cluster(grid, 1, threads, dyn_bytes, kernel);
+}
+
+// An mbarrier's 64 bits here: transaction bytes pending (0-31), arrivals pending (32-39), arrivals
+// per phase (40-47), phases completed (48-63).
+inline void mbar_update(unsigned long long* bar, long long dtx, int darrive) {
+    std::atomic_ref<unsigned long long> a(*bar);
+    unsigned long long o = a.load(), v;
+    do {
+        long long tx = (long long)(unsigned)(o & 0xffffffffu) + dtx;
+        unsigned rem = (unsigned)((o >> 32) & 0xffu) - (unsigned)darrive;
+        const unsigned expect = (unsigned)((o >> 40) & 0xffu);
+        unsigned long long ph = o >> 48;
+        if (rem == 0u && tx == 0) { rem = expect; ++ph; }
+        v = (ph << 48) | ((unsigned long long)expect << 40) | ((unsigned long long)(rem & 0xffu) << 32) |
+            (unsigned long long)(unsigned)tx;
+    } while (!a.compare_exchange_weak(o, v));
+}
 }  // namespace emu
+
+// The CPU versions of kernels_cuda/hytopk_cluster.cuh's wrappers.
+namespace hytopk {
+inline unsigned cluster_rank() { return emu::crank; }
+inline void cluster_sync() { emu::cluster->bar->arrive_and_wait(); }
+template <class T>
+inline T* cluster_map(T* p, unsigned rank) {
+    const std::ptrdiff_t off = reinterpret_cast<unsigned char*>(p) - emu::block->dyn.data();
+    return reinterpret_cast<T*>(emu::cluster->blocks[rank]->dyn.data() + off);
+}
+inline void mbar_init(unsigned long long* bar, unsigned count) {
+    std::atomic_ref<unsigned long long>(*bar).store(((unsigned long long)count << 40) | ((unsigned long long)count << 32));
+}
+inline void mbar_arrive_tx(unsigned long long* bar, unsigned bytes) { emu::mbar_update(bar, (long long)bytes, 1); }
+inline void mbar_wait(unsigned long long* bar, unsigned parity) {
+    while (((std::atomic_ref<unsigned long long>(*bar).load() >> 48) & 1u) == parity) std::this_thread::yield();
+}
+inline void bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+    std::memcpy(dst, src, bytes);                 // the copy engine: done before its bytes complete the phase
+    emu::mbar_update(bar, -(long long)bytes, 0);
+}
+}  // namespace hytopk
 
 #define threadIdx (emu::tidx)
 #define blockIdx (emu::bidx)

@@ -17,8 +17,53 @@ template <class T> static void wr(std::ofstream& f, const T* p, size_t n) { f.wr
 
 static int next_pow2_h(int x) { int p = 1; while (p < x) p <<= 1; return p; }
 
+// table_v2.py cluster_geometry: words of one slice buffer (S + P elements, S = ceil(L / C) rounded
+// up to a vector, in whole 16-byte vectors)
+static int cluster_buf_words(int L, int C, int P, int esize) {
+    const int S = ((L + C - 1) / C + P - 1) / P * P;
+    return ((S + P) * esize + 15) / 16 * 4;
+}
+
+// The cluster kernel (table_v2.py FUSED_CLUSTER) at C blocks of THREADS threads, `clusters` clusters,
+// the fused kernel's cap: its counts and listed rows must equal the fused kernel's and its finished
+// rows the fused kernel's bit for bit; then the radix kernel finishes its listed rows and its final
+// output is written out (checked against the reference by emulate.py).
+template <class Src, int C, int THREADS, bool SHARE>
+static void run_cluster(std::ofstream& out, const void* table, int n, long long L, int k, int cap, int aligned,
+                        const std::vector<int>& lo, const std::vector<int>& hi, int tcap, int clusters,
+                        const std::vector<int>& idx, const std::vector<float>& val, const std::vector<int>& count,
+                        const std::vector<unsigned char>& failed) {
+    const int P = TableVec<Src>::PER_VEC;
+    const int bw = cluster_buf_words((int)L, C, P, 16 / P);
+    std::vector<int> idx2((size_t)n * k, 9), count2(n, -5), flagged2(n, -3), nflagged2(1, 0);
+    std::vector<float> val2((size_t)n * k, 9.0f);
+    emu::launch_cluster({(unsigned)(clusters * C), 1, 1}, C, THREADS, 4 * table_cluster_smem_words(k, cap, bw, THREADS), [&] {
+        hytopk_table_cluster<Src, C, THREADS, SHARE>(table, L, n, lo.data(), hi.data(), k, cap, bw, aligned, 3.0, 1, 0,
+                                              count2.data(), flagged2.data(), nflagged2.data(), idx2.data(), val2.data());
+    });
+    std::vector<unsigned char> failed2(n, 0);
+    for (int i = 0; i < nflagged2[0]; ++i) failed2[flagged2[i]] = 1;
+    for (int t = 0; t < n; ++t) {
+        bool same = failed2[t] == failed[t] && count2[t] == count[t];
+        for (int j = 0; same && !failed[t] && j < k; ++j)
+            same = idx2[(size_t)t * k + j] == idx[(size_t)t * k + j] &&
+                   std::memcmp(&val2[(size_t)t * k + j], &val[(size_t)t * k + j], 4) == 0;
+        if (!same) {
+            std::fprintf(stderr, "cluster (C = %d, %d threads, share %d): row %d differs from the fused kernel (count %d "
+                         "vs %d, listed %d vs %d)\n", C, THREADS, (int)SHARE, t, count2[t], count[t], failed2[t], failed[t]);
+            std::exit(1);
+        }
+    }
+    emu::launch({(unsigned)std::min(n, 2), 1, 1}, 512, 4 * table_topk_smem_words(k, tcap), [&] {
+        hytopk_table_topk_listed<Src>(table, L, n, flagged2.data(), nflagged2.data(), lo.data(), hi.data(), k, tcap,
+                                      aligned, idx2.data(), val2.data());
+    });
+    wr(out, idx2.data(), idx2.size()); wr(out, val2.data(), val2.size());
+}
+
 template <class Src>
-static void run(std::ifstream& in, std::ofstream& out, int n, int L, int k, int capacity, int offset, int esize) {
+static void run(std::ifstream& in, std::ofstream& out, int n, int L, int k, int capacity, int offset, int esize,
+                int mode) {
     std::vector<int> lo(n), hi(n), M(n), r(n);
     std::vector<float> T(n);
     rd(in, lo.data(), n); rd(in, hi.data(), n); rd(in, M.data(), n); rd(in, r.data(), n); rd(in, T.data(), n);
@@ -52,6 +97,21 @@ static void run(std::ifstream& in, std::ofstream& out, int n, int L, int k, int 
     });
     std::vector<unsigned char> failed(n, 0);
     for (int i = 0; i < nflagged[0]; ++i) failed[flagged[i]] = 1;
+    if (mode & 1) {             // the fused kernel and the cluster kernel at C = 8 only (long rows)
+        wr(out, idx.data(), idx.size()); wr(out, val.data(), val.size()); wr(out, count.data(), n); wr(out, failed.data(), n);
+        run_cluster<Src, 8, 128, true>(out, table, n, LL, k, cap, aligned, lo, hi, tcap, 1, idx, val, count, failed);
+        run_cluster<Src, 8, 128, false>(out, table, n, LL, k, cap, aligned, lo, hi, tcap, 1, idx, val, count, failed);
+        return;
+    }
+    // the cluster kernel: C = 2 on two clusters (rows alternate) with the ranking shared, C = 4 on one
+    // (every leader in turn) without; mode & 2: also the other two
+    run_cluster<Src, 2, 128, true>(out, table, n, LL, k, cap, aligned, lo, hi, tcap, std::min(n, 2), idx, val, count, failed);
+    run_cluster<Src, 4, 128, false>(out, table, n, LL, k, cap, aligned, lo, hi, tcap, 1, idx, val, count, failed);
+    if (mode & 2) {
+        run_cluster<Src, 4, 128, true>(out, table, n, LL, k, cap, aligned, lo, hi, tcap, 1, idx, val, count, failed);
+        run_cluster<Src, 2, 128, false>(out, table, n, LL, k, cap, aligned, lo, hi, tcap, std::min(n, 2), idx, val, count,
+                                        failed);
+    }
     {   // the default launch (table_v2.py FUSED_THREADS / FUSED_MIN_BLOCKS = 1024, 1): its finished rows
         // must equal the 512-thread kernel's bit for bit, and it must flag the same rows (same cap)
         std::vector<int> idx2((size_t)n * k, 9), count2(n, -5), flagged2(n, -3), nflagged2(1, 0);
@@ -148,10 +208,10 @@ static void run(std::ifstream& in, std::ofstream& out, int n, int L, int k, int 
 int main(int argc, char** argv) {
     std::ifstream in(argv[1], std::ios::binary);
     std::ofstream out(argv[2], std::ios::binary);
-    int h[6];
-    rd(in, h, 6);
-    const int n = h[0], L = h[1], k = h[2], bf16 = h[3], capacity = h[4], offset = h[5];
-    if (bf16) run<TableBf16Source>(in, out, n, L, k, capacity, offset, 2);
-    else run<TableSource>(in, out, n, L, k, capacity, offset, 4);
+    int h[7];
+    rd(in, h, 7);
+    const int n = h[0], L = h[1], k = h[2], bf16 = h[3], capacity = h[4], offset = h[5], mode = h[6];
+    if (bf16) run<TableBf16Source>(in, out, n, L, k, capacity, offset, 2, mode);
+    else run<TableSource>(in, out, n, L, k, capacity, offset, 4, mode);
     return 0;
 }

@@ -7,7 +7,9 @@ case by case by driver.cpp, checked against the reference.
     check_case(driver, scores, lo, hi, k, capacity, T=None, offset=0, bf16=False)
 
 check_case runs fused_v2 (the fused kernel + the radix kernel on its flagged rows; the one-read
-fused kernel hytopk_table_fused1 checked against it by the driver), the v2
+fused kernel hytopk_table_fused1 and the cluster kernel hytopk_table_cluster (C = 2 and 4 blocks of
+128 threads, run together by emu::launch_cluster, the ranking shared and not) checked against it by
+the driver and its final output against the reference), the v2
 threshold, the v2 filter (on T, or the contract's threshold) and select_smem (on the filter's
 output; with the fast select and without) with the launch geometry of workbench/families/cupy/table_v2.py, and asserts each
 against the reference (bit for bit where the contract says so). offset: the table's base
@@ -70,11 +72,16 @@ def _same(i, v, ri, rv) -> bool:
     return np.array_equal(i, ri) and np.array_equal(v.view(np.uint32), np.asarray(rv, np.float32).view(np.uint32))
 
 
-def check_case(driver, s, lo, hi, k, capacity, T=None, offset=0, bf16=False, stats=None):
-    """The checks of the module docstring (the driver also checks the one-read fused kernel against the
-    fused kernel: same listed rows and counts, the finished rows bit for bit). stats (a dict), when
-    given, gets "one_read": the rows the one-read kernel finished reading once, [at 1024 threads with
-    z = -1 (the one-read plan forced on every row), at 512 threads with z = 3]. Returns (count, failed)."""
+def check_case(driver, s, lo, hi, k, capacity, T=None, offset=0, bf16=False, stats=None, cluster_only=False,
+               every_cluster=False):
+    """The checks of the module docstring (the driver also checks the one-read fused kernel and the
+    cluster kernel against the fused kernel: same listed rows and counts, the finished rows bit for
+    bit; here the cluster kernel's final outputs, its listed rows done by the radix kernel, against the
+    reference). stats (a dict), when given, gets "one_read": the rows the one-read kernel finished
+    reading once, [at 1024 threads with z = -1 (the one-read plan forced on every row), at 512 threads
+    with z = 3]. cluster_only: only the fused kernel and the cluster kernel at C = 8 (128 threads) run
+    (long rows). The cluster kernel runs at C = 2 (two clusters, ranking shared) and C = 4 (one
+    cluster, not shared); every_cluster: also C = 4 shared and C = 2 not. Returns (count, failed)."""
     n, L = s.shape
     lo, hi = np.asarray(lo, np.int32), np.asarray(hi, np.int32)
     table, wide = np.ascontiguousarray(s, np.float32), np.ascontiguousarray(s, np.float32)
@@ -87,7 +94,8 @@ def check_case(driver, s, lo, hi, k, capacity, T=None, offset=0, bf16=False, sta
     with tempfile.TemporaryDirectory() as d:
         fin, fout = Path(d) / "in", Path(d) / "out"
         with open(fin, "wb") as f:
-            f.write(np.array([n, L, k, int(bf16), capacity, offset], np.int32).tobytes())
+            mode = int(cluster_only) | 2 * int(every_cluster)
+            f.write(np.array([n, L, k, int(bf16), capacity, offset, mode], np.int32).tobytes())
             for a in (lo, hi, M, r):
                 f.write(np.asarray(a, np.int32).tobytes())
             f.write(T.tobytes())
@@ -101,6 +109,18 @@ def check_case(driver, s, lo, hi, k, capacity, T=None, offset=0, bf16=False, sta
         a = np.frombuffer(b, dt, int(np.prod(shape)), at).reshape(shape)
         at += a.nbytes
         return a
+    exact = R.topk(wide, lo, hi, k)
+    if cluster_only:
+        fi, fv, fcount, ffailed = take(np.int32, (n, k)), take(np.float32, (n, k)), take(np.int32, (n,)), take(np.uint8, (n,))
+        c8 = [(take(np.int32, (n, k)), take(np.float32, (n, k))) for _ in range(2)]   # shared ranking, not
+        assert at == len(b)
+        assert _same(fi, fv, *exact), "fused_v2: not the exact top-k"
+        for (ci8, cv8), share in zip(c8, (True, False)):
+            assert _same(ci8, cv8, *exact), f"cluster (C = 8, share {share}): not the exact top-k"
+        assert np.array_equal(fcount, R.hytopk(wide, lo, hi, k).count), "fused_v2: counts differ from the contract's"
+        return fcount, ffailed
+    variants = ((2, True), (4, False)) + (((4, True), (2, False)) if every_cluster else ())   # (C, shared)
+    clusters = [(take(np.int32, (n, k)), take(np.float32, (n, k))) for _ in variants]
     fi, fv, fcount, ffailed = take(np.int32, (n, k)), take(np.float32, (n, k)), take(np.int32, (n,)), take(np.uint8, (n,))
     one_read = take(np.int32, (2,))
     if stats is not None:
@@ -111,7 +131,9 @@ def check_case(driver, s, lo, hi, k, capacity, T=None, offset=0, bf16=False, sta
     si0, sv0 = take(np.int32, (n, k)), take(np.float32, (n, k))        # fast = 0
     assert at == len(b)
 
-    assert _same(fi, fv, *R.topk(wide, lo, hi, k)), "fused_v2: not the exact top-k"
+    assert _same(fi, fv, *exact), "fused_v2: not the exact top-k"
+    for (cli, clv), (C, share) in zip(clusters, variants):
+        assert _same(cli, clv, *exact), f"cluster (C = {C}, share {share}): not the exact top-k"
     assert np.array_equal(fcount, R.hytopk(wide, lo, hi, k).count), "fused_v2: counts differ from the contract's"
     assert np.array_equal(R.order_keys(T2), R.order_keys(Tref)), "threshold v2: keys differ from the contract's"
     ri, rv, rc = R.stage_filter(R.TableSource(wide), lo, hi, T, capacity)

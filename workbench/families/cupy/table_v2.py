@@ -8,6 +8,8 @@
 - ``fused_hytopk_v2(scores, lo, hi, k)``: one kernel per row (samples, threshold, one streaming
   read into shared memory, exact select); rows whose count under- or overflows are flagged and
   the radix top-k of table.py takes them in a second launch on the device (no host sync).
+  FUSED_CLUSTER = 1: rows that fit the shared memory of a thread-block cluster go through
+  hytopk_table_cluster instead (each row read from global memory once).
 - ``launch_staged_v2``: the threshold -> filter -> select chain of TableHyTopK(kernels="v2").
 Every result is the exact top-k, bit for bit (CONTRACT.md §3).
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from ...instantiations import FUSED1_CONFIGS, FUSED_CONFIGS
+from ...instantiations import CLUSTER_CONFIGS, FUSED1_CONFIGS, FUSED_CONFIGS
 from ...registry import register
 from ._launch import (MAX_SAMPLES, bind, smem_optin, bitonic_topk_smem_bytes, check_k_fits, i32, kernel, launch,
                       launch_stream, next_pow2)
@@ -54,6 +56,20 @@ FUSED_ONE_READ = 0
 # the one-read plan's margin in standard deviations of T0's fraction (table_v2.cu table_fused1_body):
 # rows whose plan has less read twice from the start (4096 x 131072, k = 2048: 4.5; 1M keys: 1.5)
 FUSED_ONE_READ_Z = 3.0
+# 1: rows that fit the shared memory of a cluster go through hytopk_table_cluster (each row read once:
+# every block of a cluster of CLUSTER_SIZE[dtype] bulk-copies its slice into shared memory, the next
+# row's copy in flight; samples, threshold, filter and select from shared memory): same outputs and
+# counts as the fused kernel (its own cap). Longer rows keep the fused kernel. 0 until measured.
+FUSED_CLUSTER = 0
+CLUSTER_SIZE = {"hytopk::TableSource": 8, "hytopk::TableBf16Source": 4}   # blocks per cluster (instantiations.CLUSTER_CONFIGS)
+CLUSTER_THREADS = 512       # threads per block (~100-115 registers; 1024 spill at 64: instantiations.CLUSTER_CONFIGS)
+# 1: each row's select is shared: its leader stages the candidates (the fast select's histogram and bins)
+# while the others select the next row's threshold, then every block of the cluster ranks 1/C of them;
+# 0: the leader selects the whole row
+CLUSTER_SHARE = 1
+CLUSTER_GRID = 0            # clusters in the persistent grid (0: SMs // CLUSTER_SIZE, one block per SM)
+CLUSTER_HEADER_WORDS = 16   # table_v2.cu CLUSTER_HEADER_WORDS: mbarriers and slots between the slice buffers and the rest
+CLUSTER_SKIP_SELECT = 0     # 1: the bench's diagnostic (rows left unwritten: never exact): the cluster kernel without its selects
 
 
 def _file():
@@ -170,6 +186,50 @@ def launch_fused(s, cxx, lo, hi, k, cap, oversample, count, flagged, nflagged, i
            4 * fused_smem_words(k, cap, threads), threads=threads)
 
 
+def cluster_geometry(L: int, cxx: str, k: int, C: int | None = None, threads: int | None = None):
+    """(C, threads, buffer words, cap) of hytopk_table_cluster for rows of up to L elements, or None
+    when two slice buffers (ceil(L / C) elements rounded up to a vector, + one vector) and a candidate
+    area of at least MAX_SAMPLES / 2 (the samples live there) do not fit the opt-in shared memory."""
+    C = int(CLUSTER_SIZE[cxx] if C is None else C)
+    threads = int(CLUSTER_THREADS if threads is None else threads)
+    P = PER_VEC[cxx]
+    S = -(-(-(-int(L) // C)) // P) * P
+    buf_words = -(-(S + P) * (16 // P) // 16) * 4
+    fixed = 256 + 6 + 3 * sort_slots(k, threads)
+    cap = min(16384, (_limit() // 4 - 2 * buf_words - CLUSTER_HEADER_WORDS - fixed) // 2 // 256 * 256)
+    if cap < MAX_SAMPLES // 2:
+        return None
+    return C, threads, buf_words, cap
+
+
+def cluster_smem_bytes(k: int, cap: int, buf_words: int, threads: int) -> int:
+    """table_v2.cu table_cluster_smem_words, in bytes."""
+    return 4 * (2 * buf_words + CLUSTER_HEADER_WORDS + fused_smem_words(k, cap, threads))
+
+
+def launch_cluster(s, cxx, lo, hi, k, oversample, count, flagged, nflagged, idx, val) -> bool:
+    """hytopk_table_cluster over every row when the table's rows fit a cluster (cluster_geometry),
+    listing the rows it cannot finish like the fused kernel; False (nothing launched) otherwise."""
+    from ._launch import device_limits
+    n, L = s.shape
+    geo = cluster_geometry(L, cxx, k)
+    if geo is None:
+        return False
+    C, threads, buf_words, cap = geo
+    share = bool(CLUSTER_SHARE)
+    if (C, threads, share) not in CLUSTER_CONFIGS:
+        raise ValueError(f"table_v2.CLUSTER_SIZE / CLUSTER_THREADS / CLUSTER_SHARE = {(C, threads, share)}: the "
+                         f"cluster kernel is instantiated at {list(CLUSTER_CONFIGS)} only")
+    clusters = int(CLUSTER_GRID) if CLUSTER_GRID > 0 else max(1, device_limits()[0] // C)
+    clusters = max(1, min(n, clusters))
+    launch(kernel(_file(), f"hytopk_table_cluster<{cxx}, {C}, {threads}, {str(share).lower()}>"), (clusters * C,),
+           (s, np.int64(L), np.int32(n), lo, hi, np.int32(k), np.int32(cap), np.int32(buf_words),
+            np.int32(int(s.data.ptr % 16 == 0)), np.float64(oversample), np.int32(SELECT_FAST),
+            np.int32(int(CLUSTER_SKIP_SELECT)), count, flagged, nflagged, idx, val),
+           cluster_smem_bytes(k, cap, buf_words, threads), threads=threads)
+    return True
+
+
 def launch_listed_topk(s, cxx, lo, hi, k, topk_cap, rows, nrows, idx, val):
     """table_topk.cu's radix top-k of the rows in rows[0 .. *nrows) (device-side count), each to
     its own output row, on a grid of two blocks per SM striding over the list."""
@@ -228,11 +288,14 @@ def select_smem(cand_idx, cand_val, count, k):
 
 
 def fused_v2(s, cxx, lo, hi, k, topk_cap, oversample, count, idx, val):
-    """hytopk_table_fused, then the radix top-k over the rows it listed (device-side: no sync)."""
+    """hytopk_table_fused (or, FUSED_CLUSTER = 1 and rows that fit a cluster, hytopk_table_cluster), then
+    the radix top-k over the rows it listed (device-side: no sync)."""
     n = s.shape[0]
     flagged = cp.empty(max(1, n), cp.int32)
     nflagged = cp.zeros(1, cp.int32)
-    launch_fused(s, cxx, lo, hi, k, fused_cap(k), oversample, count, flagged, nflagged, idx, val)
+    if not (FUSED_CLUSTER and n > 0 and launch_cluster(s, cxx, lo, hi, k, oversample, count, flagged, nflagged, idx,
+                                                       val)):
+        launch_fused(s, cxx, lo, hi, k, fused_cap(k), oversample, count, flagged, nflagged, idx, val)
     launch_listed_topk(s, cxx, lo, hi, k, topk_cap, flagged, nflagged, idx, val)
 
 
