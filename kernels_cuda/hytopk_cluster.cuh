@@ -6,7 +6,10 @@
 #include "hytopk_order.cuh"
 
 #ifndef HYTOPK_CPU_EMULATION
+// their own namespace: hytopk::wgp has mbarrier wrappers of the same names (shared-memory addresses
+// as u32), which these (pointers) must not hide
 namespace hytopk {
+namespace cl {
 
 __device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 
@@ -68,5 +71,6 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, u32 bytes,
                  : "memory");
 }
 
+}  // namespace cl
 }  // namespace hytopk
 #endif

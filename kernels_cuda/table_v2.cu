@@ -21,6 +21,7 @@
 #include "hytopk_select_fast.cuh"
 #include "hytopk_cluster.cuh"
 using namespace hytopk;
+using namespace hytopk::cl;
 
 namespace hytopk {
 constexpr int STREAM_BLOCK = 256;        // threads of the filter

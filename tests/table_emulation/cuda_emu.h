@@ -134,8 +134,9 @@ inline void mbar_update(unsigned long long* bar, long long dtx, int darrive) {
 }
 }  // namespace emu
 
-// The CPU versions of kernels_cuda/hytopk_cluster.cuh's wrappers.
+// The CPU versions of kernels_cuda/hytopk_cluster.cuh's wrappers (namespace hytopk::cl, as there).
 namespace hytopk {
+namespace cl {
 inline unsigned cluster_rank() { return emu::crank; }
 inline void cluster_sync() { emu::cluster->bar->arrive_and_wait(); }
 template <class T>
@@ -154,6 +155,7 @@ inline void bulk_load(void* dst, const void* src, unsigned bytes, unsigned long 
     std::memcpy(dst, src, bytes);                 // the copy engine: done before its bytes complete the phase
     emu::mbar_update(bar, -(long long)bytes, 0);
 }
+}  // namespace cl
 }  // namespace hytopk
 
 #define threadIdx (emu::tidx)

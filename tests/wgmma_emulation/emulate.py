@@ -25,7 +25,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -99,7 +98,9 @@ def _inline_text(text: str, seen: set) -> str:
 
 
 def compiler() -> str | None:
-    return shutil.which("g++")
+    """g++ if it has what the emulation needs (C++20), else None (the table emulation's probe)."""
+    from table_emulation.emulate import compiler as probed
+    return probed()
 
 
 def build(out_dir, sources: dict | None = None) -> Path:

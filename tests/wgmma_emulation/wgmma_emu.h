@@ -406,6 +406,7 @@ inline void launch(unsigned grid, unsigned threads, size_t dyn_bytes, K kernel) 
         std::memset(win, 0xAB, win_bytes);              // garbage, as real shared memory
         std::atomic<bool> done{false};
         std::thread watchdog([&] {
+            bidx = {bl, 0, 0};                          // (thread-local in cuda_emu.h: its reports name the block)
             u64 last = progress.load();
             auto since = std::chrono::steady_clock::now();
             while (!done.load()) {
@@ -425,8 +426,10 @@ inline void launch(unsigned grid, unsigned threads, size_t dyn_bytes, K kernel) 
         std::vector<std::thread> ts;
         ts.reserve(threads);
         for (unsigned t = 0; t < threads; ++t)
-            ts.emplace_back([t, &kernel, &blk] {
+            ts.emplace_back([t, bl, &kernel, &blk] {
                 tidx = {t, 0, 0};
+                bidx = {bl, 0, 0};                      // block and bidx are thread-local (cuda_emu.h's clusters)
+                block = &blk;
                 kernel();
                 land_all();                             // copies still in flight land before the block ends
                 if (!wg_open.empty() || !wg_groups.empty())
