@@ -32,8 +32,13 @@ KERNELS = HERE.parent.parent / "kernels_cuda"
 
 
 def _inline(path: Path, seen: set) -> str:
+    return inline_text(path.read_text(), seen)
+
+
+def inline_text(text: str, seen: set) -> str:
+    """text with its includes from kernels_cuda/ inlined (each header once), #pragma once dropped."""
     out = []
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         m = re.match(r'#include "(.+)"', line)
         if m:
             p = KERNELS / m.group(1)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -32,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 import reference.attention as RA
-from table_emulation.emulate import _inline
+from table_emulation.emulate import _inline, inline_text
 
 HERE = Path(__file__).resolve().parent
 CORE = HERE.parent / "table_emulation"
@@ -75,26 +74,11 @@ def kernel_source(name: str, source: str | None = None) -> str:
     """One .cu file (or `source`, its text: a scratch variant) with its headers inlined for the CPU:
     the dynamic shared memory from the emulator, and the entry point the driver calls."""
     seen: set = set()
-    body = _inline(KERNELS / name, seen) if source is None else _inline_text(source, seen)
+    body = _inline(KERNELS / name, seen) if source is None else inline_text(source, seen)
     decl = "extern __shared__ __align__(128) unsigned char smem_raw[];"
     assert decl in body, f"{name}: the dynamic shared memory declaration changed"
     body = body.replace(decl, "unsigned char* smem_raw = emu::wg::win + emu::wg::win_lo;")
     return '#include "wgmma_emu.h"\n' + body + _ENTRY[name]
-
-
-def _inline_text(text: str, seen: set) -> str:
-    """table_emulation's _inline on a file's text (its includes from kernels_cuda/)."""
-    out = []
-    for line in text.splitlines():
-        m = re.match(r'#include "(.+)"', line)
-        if m:
-            p = KERNELS / m.group(1)
-            if p not in seen:
-                seen.add(p)
-                out.append(_inline(p, seen))
-            continue
-        out.append(line)
-    return "\n".join(out)
 
 
 def compiler() -> str | None:
