@@ -74,7 +74,7 @@ __host__ __device__ constexpr long long fast_stage_words(int NB, int staged) { r
 // (a kept bin above FAST_BIN_MAX, too little scratch); else the staged scratch and *st (every thread).
 template <int PBMAX, class Entries>
 __device__ __forceinline__ bool block_select_fast_stage(const Entries& e, int m, int k, u32* scratch, long long words,
-                                                        FastStage* st) {
+                                                        FastStage& st) {
     const int tid = (int)threadIdx.x, B = (int)blockDim.x, nw = B >> 5, w = tid >> 5;
     const int NB = min(fast_select_bins(k, words), PBMAX * B);
     if (NB == 0 || k <= 0) return false;                    // uniform
@@ -165,11 +165,11 @@ __device__ __forceinline__ bool block_select_fast_stage(const Entries& e, int m,
         }
     }
     __syncthreads();
-    st->kmin = kmin;
-    st->s = s;
-    st->NB = NB;
-    st->staged = staged;
-    st->kk = kk;
+    st.kmin = kmin;
+    st.s = s;
+    st.NB = NB;
+    st.staged = staged;
+    st.kk = kk;
     return true;
 }
 
@@ -223,7 +223,7 @@ template <int PBMAX, class Entries>
 __device__ __forceinline__ bool block_select_fast(const Entries& e, int m, int k, u32* scratch, long long words, int* out_idx,
                                   float* out_val) {
     FastStage st;
-    if (!block_select_fast_stage<PBMAX>(e, m, k, scratch, words, &st)) return false;
+    if (!block_select_fast_stage<PBMAX>(e, m, k, scratch, words, st)) return false;
     block_select_fast_rank(e, scratch, st, 0, st.staged, out_idx, out_val);
     pad_row(st.kk, k, out_idx, out_val);
     __syncthreads();                                        // the scratch is free again

@@ -241,7 +241,9 @@ HYTOPK_SELECT_SMEM(16)
 // rows with more than cap candidates take the key select + register sort. Bitwise hytopk_select.
 // grid: n blocks of FAST_SELECT_THREADS; smem: select_smem_words(k, cap) words.
 constexpr int FAST_SELECT_THREADS = 512;
-extern "C" __global__ void __launch_bounds__(FAST_SELECT_THREADS)
+// (512, 2): its shared memory at k 2048 / cap 8192 (~91 KB) fits two blocks per SM anyway; without the
+// bound ptxas aimed at three and spilled once the select became two steps (stage, rank)
+extern "C" __global__ void __launch_bounds__(FAST_SELECT_THREADS, 2)
 hytopk_select_fast(int n, const int* __restrict__ cand_idx, const u32* __restrict__ cand_val,
                    const int* __restrict__ count, int capacity, int k, int cap, int* __restrict__ idx,
                    float* __restrict__ val) {

@@ -781,7 +781,7 @@ __device__ __forceinline__ void table_cluster_body(u32* smem, const void* __rest
                 const int cnt = hd->recv;
                 const SmemEntries ce = {f.cpos, f.cbits};
                 mode = fast && block_select_fast_stage<FastBins<THREADS>::PB>(ce, cnt, k, f.hist, RADIX + 6 + 3LL * f.KW,
-                                                                              &st) ? 1u : 2u;
+                                                                              st) ? 1u : 2u;
             }
             if (SHARE && threadIdx.x == 0) {
                 hd->mode = mode;
