@@ -19,7 +19,9 @@ The second design (kernels_cuda/table_v2.cu) sits beside each first-design row, 
 fused_hytopk_v2 (one streaming kernel per row, flagged rows through the radix kernel),
 table_hytopk_v2 (TableHyTopK(kernels="v2")), and the staged path's stages alone for both designs:
 threshold_only, filter_only (the streaming filter; GB/s here is the filter's read rate) and
-select_only; fused_hytopk_v2[no prefetch] and filter_only_v2[no prefetch] time the v2 reads without
+select_only; table_hytopk_v2[overlap N] is table_hytopk_v2 with its stages in N row chunks on
+three streams (table_v2.STAGED_CHUNKS = N: each chunk's threshold and select beside another chunk's
+filter); fused_hytopk_v2[no prefetch] and filter_only_v2[no prefetch] time the v2 reads without
 their L2 prefetch (table_v2.FUSED_AHEAD / FILTER_AHEAD = 0); fused_hytopk_v2[one read] times the
 one-read fused kernel (table_v2.FUSED_ONE_READ = 1: hytopk_table_fused1 at (1024, 1)), its idx
 checked against the radix path, its flagged rows and counts against fused_hytopk_v2's;
@@ -104,9 +106,15 @@ def fused_sweep(tab, tab_v2, scores, lo, hi, k, i_radix, repeats, torch, cp):
     return out
 
 
+# row chunks of table_hytopk_v2[overlap N] (table_v2.STAGED_CHUNKS: threshold / filter / select on three streams)
+OVERLAP_CHUNKS = (4, 8, 16, 32)
+
+
 # the cluster sweep (with --fused-sweep): (CLUSTER_SIZE, CLUSTER_SHARE, CLUSTER_GRID (0: SMs // C)) of the
 # cluster kernel (a grid past the clusters that fit at once leaves a tail: 15 / 14 in case 16 do not fit)
-CLUSTER_SWEEP = ((8, 1, 0), (8, 1, 15), (8, 1, 14), (8, 0, 0), (4, 1, 0), (4, 1, 32), (4, 0, 0))
+# (1 .. 8 clusters: how the time scales with the clusters resident at once)
+CLUSTER_SWEEP = ((8, 1, 0), (8, 1, 15), (8, 1, 14), (8, 1, 8), (8, 1, 4), (8, 1, 2), (8, 1, 1), (8, 0, 0), (4, 1, 0),
+                 (4, 1, 32), (4, 0, 0))
 
 
 def cluster_sweep(tab, tab_v2, scores, lo, hi, k, cxx, repeats, torch, cp):
@@ -245,6 +253,18 @@ def main(argv=None):
                 for d, sfx in (("v1", ""), ("v2", "_v2")):
                     plan = plans[d]
                     res["table_hytopk" + sfx] = timed(lambda: plan(scores), args.repeats, torch)
+                i_overlap = {}                                   # the staged v2 path overlapped (STAGED_CHUNKS)
+                for chunks in OVERLAP_CHUNKS:
+                    tab_v2.STAGED_CHUNKS = chunks
+                    name = f"table_hytopk_v2[overlap {chunks}]"
+                    try:
+                        res[name] = timed(lambda: plans["v2"](scores), args.repeats, torch)
+                        i_overlap[name] = plans["v2"](scores)[0].copy()
+                    except Exception as e:                       # an experiment that fails here: say so, go on
+                        row.setdefault("errors", {})[name] = f"{type(e).__name__}: {e}"[:300]
+                        print(f"    {name}: {row['errors'][name]}", flush=True)
+                    finally:
+                        tab_v2.STAGED_CHUNKS = 0
                 for d, sfx in (("v1", ""), ("v2", "_v2")):      # the staged path's stages alone
                     plan = plans[d]
                     res["threshold_only" + sfx] = timed(lambda: plan.threshold_only(scores), args.repeats, torch)
@@ -276,6 +296,7 @@ def main(argv=None):
                     same_idx["fused_v2[cluster]"] = i_cl
                 same_idx["staged"] = plans["v1"](scores)[0].copy()
                 same_idx["staged_v2"] = plans["v2"](scores)[0].copy()
+                same_idx.update(i_overlap)
                 if not args.quick:
                     same_idx["match"] = tab.table_topk(scores, lo, hi, k, host_check=False, method="radix",
                                                        hist_atomics="match")[0]

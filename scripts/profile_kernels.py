@@ -1,7 +1,8 @@
 """One launch of each kernel that an open issue's target depends on, for `ncu` (counters, stall
 reasons). Cases: table (issue 21: the v2 threshold, streaming filter, shared-memory select and
 fused kernel at 4096 x 131072 float32, k = 2048), attend_wgmma2 / 2c / 2s / 2sc (the sm_90a forward, 128 heads: c the 2-CTA
-cluster, s the swizzled key tile), pipeline (issue 14: the threshold and select of
+cluster, s the swizzled key tile), attend_wgmma3 (version 3: producer warpgroup, per-warpgroup tiles),
+table_cluster (issue 21: hytopk_table_cluster, table_v2.FUSED_CLUSTER = 1, same table), pipeline (issue 14: the threshold and select of
 the dsv32-128k preset), attend (issue 18: the forward at 128 heads MLA, one and pair at 8 heads).
 
     ncu --clock-control none -k regex:"select|fused|threshold|attend" --section SpeedOfLight \\
@@ -26,6 +27,21 @@ def table():
     plan(scores)
     lo = torch.zeros(n, dtype=torch.int32, device="cuda")
     hi = torch.full((n,), L, dtype=torch.int32, device="cuda")
+    tab.fused_hytopk(scores, lo, hi, k, count=cp.empty(n, cp.int32), host_check=False, design="v2")
+    cp.cuda.Device().synchronize()
+
+
+def table_cluster():
+    import cupy as cp
+    import torch
+    from workbench.families.cupy import table as tab
+    from workbench.families.cupy import table_v2 as v2
+    n, L, k = 4096, 131072, 2048
+    g = torch.Generator(device="cuda").manual_seed(0)
+    scores = torch.randn((n, L), device="cuda", dtype=torch.float32, generator=g)
+    lo = torch.zeros(n, dtype=torch.int32, device="cuda")
+    hi = torch.full((n,), L, dtype=torch.int32, device="cuda")
+    v2.FUSED_CLUSTER = 1
     tab.fused_hytopk(scores, lo, hi, k, count=cp.empty(n, cp.int32), host_check=False, design="v2")
     cp.cuda.Device().synchronize()
 
@@ -77,6 +93,16 @@ def attend_wgmma2(cluster=False, swz=False):
     from workbench.families.cupy import attend_wgmma2 as AW2
     q, kv, idx = mla_inputs(1024, 128, 65536, 2048)
     AW2.attend_forward_wgmma2(q, kv[:, None, :], kv[:, None, :512], idx, None, cluster=cluster, swz=swz)
+    torch.cuda.synchronize()
+
+
+def attend_wgmma3():
+    import torch
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_attention import mla_inputs
+    from workbench.families.cupy import attend_wgmma3 as AW3
+    q, kv, idx = mla_inputs(1024, 128, 65536, 2048)
+    AW3.attend_forward_wgmma3(q, kv[:, None, :], kv[:, None, :512], idx, None)
     torch.cuda.synchronize()
 
 

@@ -48,6 +48,9 @@ TABLEJOB=("$TT::test_more_ties_at_the_kth_key_than_fit_in_shared_memory" "$TT::t
           "$TT::test_fused_hytopk_counts_are_the_contracts[float32-relu_plateau-v2]"
           "$TT::test_fused_hytopk_counts_are_the_contracts[bfloat16-specials-v2]"
           "$TT::test_select_smem_matches_reference_in_and_past_shared_memory")
+# the cluster table kernel (distributed shared memory, bulk copies, mbarriers): listed rows, unaligned
+# bases, and the exact rows at both cluster sizes with a grid of a few clusters (every leader in turn)
+CL=(tests/test_table_topk_gpu.py -k "test_fused_hytopk_cluster_listed_rows or (test_fused_hytopk_cluster_is_exact and ties_at_kth and (8-1-40 or 4-0-2))")
 
 # the wgmma attention forwards (attend_wgmma2.cu: producer warpgroup, mbarriers, setmaxnreg), a few random cases
 AW=(tests/test_attention_wgmma_gpu.py -k "test_random_inputs_match_reference and 100 and (empty or dups) and 64")
@@ -78,7 +81,8 @@ for j in ${JOBS:-memcheck:big memcheck:variants racecheck:variants racecheck:mma
     *:table) job "${j%%:*}" table "${TABLEJOB[@]}" ;;
     *:attendw) job "${j%%:*}" attendw "${AW[@]}" ;;
     *:select) job "${j%%:*}" select "${SEL[@]}" ;;
-    *) echo "unknown job $j (TOOL:big|variants|mma64|wgmma|ws|attend|attendw|select|table)"; status=1 ;;
+    *:cluster) job "${j%%:*}" cluster "${CL[@]}" ;;
+    *) echo "unknown job $j (TOOL:big|variants|mma64|wgmma|ws|attend|attendw|select|cluster|table)"; status=1 ;;
   esac
 done
 echo "logs: $OUT/"

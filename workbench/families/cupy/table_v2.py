@@ -301,10 +301,68 @@ def fused_v2(s, cxx, lo, hi, k, topk_cap, oversample, count, idx, val):
 
 def staged_v2(s, cxx, plan):
     """TableHyTopK(kernels="v2"): threshold (which also zeroes the filter's counts and the check's
-    counter) -> filter -> select into plan's buffers."""
+    counter) -> filter -> select into plan's buffers; STAGED_CHUNKS > 1: overlapped (staged_v2_overlap)."""
     if plan.n == 0:
+        return
+    if STAGED_CHUNKS > 1 and plan.n >= 2 * STAGED_CHUNKS:
+        staged_v2_overlap(s, cxx, plan, int(STAGED_CHUNKS))
         return
     launch_threshold(s, cxx, plan.lo, plan.hi, plan.M, plan.r, plan.T, plan.count, plan.nfailed)
     launch_filter(s, cxx, plan.lo, plan.hi, plan.T, plan.capacity, plan.cand_idx, plan.cand_val, plan.count)
     launch_select(plan.cand_idx, plan.cand_val, plan.count, plan.k, plan.idx, plan.val)
+
+
+# The staged path in row chunks on three streams forked from the launch stream (issue 21: threshold and
+# select overlapped with the filter): the threshold and the select are latency-bound, the filter reads
+# at memory speed, so chunk c's threshold and chunk c - 2's select run beside chunk c - 1's filter. The
+# threshold and select streams have the highest priority: their blocks take the SM slots the filter's
+# blocks free, the filter fills the rest. Results are the sequential path's bit for bit (same kernels
+# per row); the streams join the launch stream before the check. CUDA-graph capture sees a fork and a
+# join (events recorded on the capturing stream).
+STAGED_CHUNKS = 0           # > 1: staged_v2_overlap with this many row chunks (the bench's table_hytopk_v2[overlap N])
+_SIDE_STREAMS: dict = {}
+
+
+def side_streams():
+    """(threshold, filter, select) streams of the current device, created once."""
+    dev = cp.cuda.Device().id
+    if dev not in _SIDE_STREAMS:
+        # CUDA clamps a priority to the device's range: -1000 is the highest there is, 0 the default (lowest);
+        # non-blocking (flag 1): no implicit sync with the legacy default stream. Kept for the process's life.
+        _SIDE_STREAMS[dev] = tuple(cp.cuda.ExternalStream(cp.cuda.runtime.streamCreateWithPriority(1, p), dev)
+                                   for p in (-1000, 0, -1000))
+    return _SIDE_STREAMS[dev]
+
+
+def staged_v2_overlap(s, cxx, plan, chunks):
+    """staged_v2 over `chunks` row chunks: threshold on one stream, filter on a second (after that chunk's
+    threshold), select on a third (after that chunk's filter), the launch stream waiting for the last."""
+    main = cp.cuda.get_current_stream()
+    streams = side_streams()
+    fork = cp.cuda.Event(disable_timing=True)
+    fork.record(main)
+    for st in streams:
+        st.wait_event(fork)
+    bounds = [plan.n * c // chunks for c in range(chunks + 1)]
+    for c in range(chunks):
+        a, b = bounds[c], bounds[c + 1]
+        rows = slice(a, b)
+        with streams[0]:
+            launch_threshold(s[rows], cxx, plan.lo[rows], plan.hi[rows], plan.M[rows], plan.r[rows], plan.T[rows],
+                             plan.count[rows], plan.nfailed if c == 0 else NULL)
+            thr = cp.cuda.Event(disable_timing=True)
+            thr.record(streams[0])
+        streams[1].wait_event(thr)
+        with streams[1]:
+            launch_filter(s[rows], cxx, plan.lo[rows], plan.hi[rows], plan.T[rows], plan.capacity, plan.cand_idx[rows],
+                          plan.cand_val[rows], plan.count[rows])
+            filt = cp.cuda.Event(disable_timing=True)
+            filt.record(streams[1])
+        streams[2].wait_event(filt)
+        with streams[2]:
+            launch_select(plan.cand_idx[rows], plan.cand_val[rows], plan.count[rows], plan.k, plan.idx[rows],
+                          plan.val[rows])
+    done = cp.cuda.Event(disable_timing=True)
+    done.record(streams[2])                      # the select stream's last follows every launch before it
+    main.wait_event(done)
 
