@@ -15,17 +15,22 @@
 //      a stage (a shared atomic on the bin's cursor);
 //   4. each staged candidate's rank = its bin's first rank + the members of its bin that beat
 //      it (key, then position): written straight to the output when < k.
-// Cost ~ m (histogram, scatter) + sum over the kept bins of size^2 (randn rows: ~14-30 per bin
-// near the threshold). A bin larger than FAST_BIN_MAX (plateaus, ties, outliers that stretch the
-// range) or too little scratch: it returns false having written nothing, and the caller runs
-// select_row_v2 (key select, position select among the ties, register sort). Same output bit
-// for bit: both write the k best by (key desc, position asc), then -1 / -inf.
+// Cost ~ m (histogram, scatter) + sum over the kept bins of size^2 (randn float32 rows: ~14-30
+// per bin near the threshold; bf16 rows at 128K keys: one bf16 value per bin, ~80 ties each).
+// Ranking work above FAST_RANK_WORK per kept rank (plateaus, ties of 1M-key bf16 rows, outliers
+// that stretch the range) or too little scratch: it returns false having written nothing, and the
+// caller runs select_row_v2 (key select, position select among the ties, register sort). Same
+// output bit for bit: both write the k best by (key desc, position asc), then -1 / -inf.
 #pragma once
 #include "hytopk_table.cuh"
 
 namespace hytopk {
 
-constexpr int FAST_BIN_MAX = 64;      // largest bin ranked by comparisons (cost ~ bin size per entry)
+constexpr int FAST_BIN_MAX = 64;      // stage room past k the bins are sized for (a larger bin r* needs the room left)
+// most comparisons of the ranking per kept rank (sum of the kept bins' size^2 / kk): past it the
+// fallback is cheaper. 128: 4.5x the ranking of randn float32 rows; the bf16 rows of 128K keys
+// (bins of ~80 equal keys; the fallback took 1.27 ms per 4096 rows, the fast select 0.28 on float32)
+constexpr int FAST_RANK_WORK = 128;
 constexpr int FAST_NB_MAX = 2048;     // most bins of the histogram
 constexpr int FAST_RED = 64;          // scratch words for the block reductions and scalars
 
@@ -70,8 +75,9 @@ struct FastStage {
 };
 __host__ __device__ constexpr long long fast_stage_words(int NB, int staged) { return (long long)NB + FAST_RED + 2LL * staged; }
 
-// Steps 1-4 of block_select_fast: false (nothing written, scratch free again) when it cannot rank
-// (a kept bin above FAST_BIN_MAX, too little scratch); else the staged scratch and *st (every thread).
+// Steps 1-4 of block_select_fast: false (nothing written, scratch free again) when ranking would
+// cost more than FAST_RANK_WORK per rank, or too little scratch; else the staged scratch and *st
+// (every thread).
 template <int PBMAX, class Entries>
 __device__ __forceinline__ bool block_select_fast_stage(const Entries& e, int m, int k, u32* scratch, long long words,
                                                         FastStage& st) {
@@ -81,6 +87,7 @@ __device__ __forceinline__ bool block_select_fast_stage(const Entries& e, int m,
     u32* bins = scratch;                                    // by rank-order bin r = NB - 1 - digit
     u32* red = scratch + NB;                                // [0, 32): warp minima / sums, [32, 64): maxima, scalars
     uint2* stage = reinterpret_cast<uint2*>(scratch + NB + FAST_RED);   // (key, entry index)
+    unsigned long long* work = reinterpret_cast<unsigned long long*>(scratch + NB + 36);   // 8-byte aligned: NB even
     const int kk = min(k, m);                               // ranks written: 0 .. kk - 1
     int log_nb = 0;
     while ((1 << log_nb) < NB) ++log_nb;
@@ -128,24 +135,26 @@ __device__ __forceinline__ bool block_select_fast_stage(const Entries& e, int m,
         if ((tid & 31) >= off) incl += y;
     }
     if ((tid & 31) == 31) red[w] = incl;
-    if (tid == 0) { red[32] = 0u; red[33] = 0u; red[34] = 0u; }   // bad flag, r*, staged
+    if (tid == 0) { red[33] = 0u; red[34] = 0u; *work = 0ull; }   // r*, staged, the ranking's comparisons
     __syncthreads();
     u32 before = incl - own;
     for (int q = 0; q < w; ++q) before += red[q];
-    bool bad = false;
+    unsigned long long my_work = 0ull;
 #pragma unroll
     for (int q = 0; q < PBMAX; ++q) {
         if (q < PB && tid < owners) {
             const int r = tid * PB + q;
-            if (before < (u32)kk && h[q] > (u32)FAST_BIN_MAX) bad = true;   // a kept bin too large to rank
+            if (before < (u32)kk) my_work += (unsigned long long)h[q] * h[q];   // a kept bin: size^2 comparisons
             if (before < (u32)kk && before + h[q] >= (u32)kk) { red[33] = (u32)r; red[34] = before + h[q]; }
             bins[r] = before;                               // the bin's cursor: its first rank
             before += h[q];
         }
     }
-    if (bad) red[32] = 1u;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) my_work += __shfl_xor_sync(0xffffffffu, my_work, off);
+    if ((tid & 31) == 0 && my_work) atomicAdd(work, my_work);   // one shared atomic per warp, not per thread
     __syncthreads();
-    const bool give_up = red[32] != 0u;
+    const bool give_up = *work > (unsigned long long)FAST_RANK_WORK * (unsigned long long)kk;
     const int rstar = (int)red[33];
     const int staged = kk > 0 ? (int)red[34] : 0;
     if (give_up || fast_stage_words(NB, staged) > words) {   // uniform: nothing written yet
@@ -217,7 +226,7 @@ __device__ __forceinline__ void pad_row(int kk, int k, int* out_idx, float* out_
 // out_val in rank order, -1 / -inf past min(m, k). scratch: `words` u32 words of shared memory
 // (8-byte aligned, not aliasing e), free on entry and on return. Block-wide, every thread calls
 // it; returns the same value in every thread: false when it wrote nothing (a bin above
-// FAST_BIN_MAX among the kept, or too little scratch): then the caller selects another way.
+// FAST_RANK_WORK comparisons per rank, or too little scratch): then the caller selects another way.
 // PBMAX: most bins per thread (FAST_NB_MAX / blockDim.x).
 template <int PBMAX, class Entries>
 __device__ __forceinline__ bool block_select_fast(const Entries& e, int m, int k, u32* scratch, long long words, int* out_idx,

@@ -237,7 +237,7 @@ HYTOPK_SELECT_SMEM(16)
 // select_smem_rows (hytopk_select_fast.cuh), the body of table_v2.cu's hytopk_select_smem: the
 // candidates read once into shared memory (4 loads of each kind in flight per thread), then
 // block_select_fast (the key range's histogram, a scatter into bins, ranks inside the bins: no
-// radix passes, no bitonic sort); rows it declines (a kept bin of > FAST_BIN_MAX entries) and
+// radix passes, no bitonic sort); rows it declines (ranking past FAST_RANK_WORK per rank) and
 // rows with more than cap candidates take the key select + register sort. Bitwise hytopk_select.
 // grid: n blocks of FAST_SELECT_THREADS; smem: select_smem_words(k, cap) words.
 constexpr int FAST_SELECT_THREADS = 512;

@@ -30,7 +30,7 @@ def driver(tmp_path_factory):
 
 
 @pytest.mark.parametrize("family,lay,k,capacity,bf16,offset", [
-    ("gaussian", "full", 256, 2000, False, 0),      # the fast select's own path (no kept bin > 64)
+    ("gaussian", "full", 256, 2000, False, 0),      # the fast select's own path (small bins)
     ("ties_at_kth", "varlen", 300, 300, True, 3),
     ("specials", "edge", 512, 2000, False, 2),
     ("equal", "full", 64, 1000, False, 1),
@@ -41,6 +41,19 @@ def test_v2_kernels_on_the_cpu(driver, family, lay, k, capacity, bf16, offset):
     lo, hi = G.layout(lay, n, L, k, rng)
     s = G.score_table(family, n, L, k, rng, lo, hi)
     E.check_case(driver, s, lo, hi, k, capacity, offset=offset, bf16=bf16)
+
+
+@pytest.mark.parametrize("values,k", [(22, 512), (16, 512), (40, 300)])
+def test_v2_select_ranks_tie_bins_on_the_cpu(driver, values, k):
+    """Rows of `values` distinct values (bins of ~2001 / values equal keys, as a bf16 table's near its
+    k-th at 128K keys): 22 values at k 512 are bins of ~90 the fast select ranks (about 6 bins x 90^2
+    comparisons, under FAST_RANK_WORK x k), 16 values bins of ~125 it leaves to the key select (over
+    the budget); both exact, ties by lower position."""
+    rng = np.random.default_rng(values)
+    n, L = 3, 2001
+    s = rng.integers(0, values, (n, L)).astype(np.float32) * np.float32(0.25)
+    lo, hi = np.zeros(n, np.int32), np.full(n, L, np.int32)
+    E.check_case(driver, s, lo, hi, k, 2000, bf16=bool(values % 2))
 
 
 @pytest.mark.parametrize("k,capacity,offset,bf16", [(512, 5000, 1, False),
