@@ -65,8 +65,9 @@ def fast_select_bytes(k: int, cap: int) -> int:
 @register("select", "cupy.select.fast", gpu_only=True,
           notes="candidates read once into shared memory, then no sort: one histogram over the key range "
                 "(up to 2048 bins), a scatter into the bins up to rank k, each kept entry's rank by comparisons "
-                "inside its bin; a kept bin of > 64 entries: key select + register bitonic sort; more than "
-                "8192 candidates or k too large for shared memory: cupy.select.radix_bitonic")
+                "inside its bin; ranking past 128 comparisons per rank (plateaus, wide ties): key select + "
+                "register bitonic sort; more than 8192 candidates or k too large for shared memory: "
+                "cupy.select.radix_bitonic")
 def select_fast(cand_idx, cand_val, count, k):
     k = check_k_fits(k, bitonic_topk_smem_bytes)
     capacity = cand_idx.shape[1] if getattr(cand_idx, "ndim", 0) == 2 else 0
