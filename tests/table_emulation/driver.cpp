@@ -17,6 +17,29 @@ template <class T> static void wr(std::ofstream& f, const T* p, size_t n) { f.wr
 
 static int next_pow2_h(int x) { int p = 1; while (p < x) p <<= 1; return p; }
 
+// The rows a kernel listed (flagged[0 .. *nflagged)) as a 0 / 1 mask.
+static std::vector<unsigned char> listed_mask(const std::vector<int>& flagged, const std::vector<int>& nflagged, int n) {
+    std::vector<unsigned char> m(n, 0);
+    for (int i = 0; i < nflagged[0]; ++i) m[flagged[i]] = 1;
+    return m;
+}
+
+// The first row where a variant differs from the fused kernel (listed rows, counts, and the finished
+// rows bit for bit: idx and the value bits), or -1.
+static int first_row_differing(int n, int k, const std::vector<unsigned char>& failed2, const std::vector<int>& count2,
+                               const std::vector<int>& idx2, const std::vector<float>& val2,
+                               const std::vector<unsigned char>& failed, const std::vector<int>& count,
+                               const std::vector<int>& idx, const std::vector<float>& val) {
+    for (int t = 0; t < n; ++t) {
+        bool same = failed2[t] == failed[t] && count2[t] == count[t];
+        for (int j = 0; same && !failed[t] && j < k; ++j)
+            same = idx2[(size_t)t * k + j] == idx[(size_t)t * k + j] &&
+                   std::memcmp(&val2[(size_t)t * k + j], &val[(size_t)t * k + j], 4) == 0;
+        if (!same) return t;
+    }
+    return -1;
+}
+
 // table_v2.py cluster_geometry: words of one slice buffer (S + P elements, S = ceil(L / C) rounded
 // up to a vector, in whole 16-byte vectors)
 static int cluster_buf_words(int L, int C, int P, int esize) {
@@ -41,18 +64,12 @@ static void run_cluster(std::ofstream& out, const void* table, int n, long long 
         hytopk_table_cluster<Src, C, THREADS, SHARE>(table, L, n, lo.data(), hi.data(), k, cap, bw, aligned, 3.0, 1, 0,
                                               count2.data(), flagged2.data(), nflagged2.data(), idx2.data(), val2.data());
     });
-    std::vector<unsigned char> failed2(n, 0);
-    for (int i = 0; i < nflagged2[0]; ++i) failed2[flagged2[i]] = 1;
-    for (int t = 0; t < n; ++t) {
-        bool same = failed2[t] == failed[t] && count2[t] == count[t];
-        for (int j = 0; same && !failed[t] && j < k; ++j)
-            same = idx2[(size_t)t * k + j] == idx[(size_t)t * k + j] &&
-                   std::memcmp(&val2[(size_t)t * k + j], &val[(size_t)t * k + j], 4) == 0;
-        if (!same) {
-            std::fprintf(stderr, "cluster (C = %d, %d threads, share %d): row %d differs from the fused kernel (count %d "
-                         "vs %d, listed %d vs %d)\n", C, THREADS, (int)SHARE, t, count2[t], count[t], failed2[t], failed[t]);
-            std::exit(1);
-        }
+    const std::vector<unsigned char> failed2 = listed_mask(flagged2, nflagged2, n);
+    const int t = first_row_differing(n, k, failed2, count2, idx2, val2, failed, count, idx, val);
+    if (t >= 0) {
+        std::fprintf(stderr, "cluster (C = %d, %d threads, share %d): row %d differs from the fused kernel (count %d "
+                     "vs %d, listed %d vs %d)\n", C, THREADS, (int)SHARE, t, count2[t], count[t], failed2[t], failed[t]);
+        std::exit(1);
     }
     emu::launch({(unsigned)std::min(n, 2), 1, 1}, 512, 4 * table_topk_smem_words(k, tcap), [&] {
         hytopk_table_topk_listed<Src>(table, L, n, flagged2.data(), nflagged2.data(), lo.data(), hi.data(), k, tcap,
@@ -95,8 +112,7 @@ static void run(std::ifstream& in, std::ofstream& out, int n, int L, int k, int 
         hytopk_table_topk_listed<Src>(table, LL, n, flagged.data(), nflagged.data(), lo.data(), hi.data(), k, tcap,
                                       aligned, idx.data(), val.data());
     });
-    std::vector<unsigned char> failed(n, 0);
-    for (int i = 0; i < nflagged[0]; ++i) failed[flagged[i]] = 1;
+    const std::vector<unsigned char> failed = listed_mask(flagged, nflagged, n);
     if (mode & 1) {             // the fused kernel and the cluster kernel at C = 8 only (long rows)
         wr(out, idx.data(), idx.size()); wr(out, val.data(), val.size()); wr(out, count.data(), n); wr(out, failed.data(), n);
         run_cluster<Src, 8, 128, true>(out, table, n, LL, k, cap, aligned, lo, hi, tcap, 1, idx, val, count, failed);
@@ -120,15 +136,9 @@ static void run(std::ifstream& in, std::ofstream& out, int n, int L, int k, int 
             hytopk_table_fused_cfg<Src, 1024, 1>(table, LL, n, lo.data(), hi.data(), k, cap, aligned, 2, 3.0, 1,
                                                  count2.data(), flagged2.data(), nflagged2.data(), idx2.data(), val2.data());
         });
-        std::vector<unsigned char> failed2(n, 0);
-        for (int i = 0; i < nflagged2[0]; ++i) failed2[flagged2[i]] = 1;
-        for (int t = 0; t < n; ++t) {
-            bool same = failed2[t] == failed[t] && count2[t] == count[t];
-            for (int j = 0; same && !failed[t] && j < k; ++j)
-                same = idx2[(size_t)t * k + j] == idx[(size_t)t * k + j] &&
-                       std::memcmp(&val2[(size_t)t * k + j], &val[(size_t)t * k + j], 4) == 0;
-            if (!same) { std::fprintf(stderr, "fused (1024, 1): row %d differs from the 512-thread kernel\n", t); std::exit(1); }
-        }
+        const int t = first_row_differing(n, k, listed_mask(flagged2, nflagged2, n), count2, idx2, val2, failed, count,
+                                          idx, val);
+        if (t >= 0) { std::fprintf(stderr, "fused (1024, 1): row %d differs from the 512-thread kernel\n", t); std::exit(1); }
     }
     // the one-read kernel (table_v2.py FUSED_ONE_READ): its finished rows must equal the 512-thread
     // kernel's bit for bit, with the same counts and the same listed rows (same cap); z = -1 forces
@@ -148,17 +158,11 @@ static void run(std::ifstream& in, std::ofstream& out, int n, int L, int k, int 
                                                  count2.data(), flagged2.data(), nflagged2.data(), idx2.data(), val2.data());
         });
         one_read[variant] = g_one_read_rows;
-        std::vector<unsigned char> failed2(n, 0);
-        for (int i = 0; i < nflagged2[0]; ++i) failed2[flagged2[i]] = 1;
-        for (int t = 0; t < n; ++t) {
-            bool same = failed2[t] == failed[t] && count2[t] == count[t];
-            for (int j = 0; same && !failed[t] && j < k; ++j)
-                same = idx2[(size_t)t * k + j] == idx[(size_t)t * k + j] &&
-                       std::memcmp(&val2[(size_t)t * k + j], &val[(size_t)t * k + j], 4) == 0;
-            if (!same) {
-                std::fprintf(stderr, "fused1 (%d threads): row %d differs from the 512-thread fused kernel\n", threads, t);
-                std::exit(1);
-            }
+        const int t = first_row_differing(n, k, listed_mask(flagged2, nflagged2, n), count2, idx2, val2, failed, count,
+                                          idx, val);
+        if (t >= 0) {
+            std::fprintf(stderr, "fused1 (%d threads): row %d differs from the 512-thread fused kernel\n", threads, t);
+            std::exit(1);
         }
     }
     wr(out, idx.data(), idx.size()); wr(out, val.data(), val.size()); wr(out, count.data(), n); wr(out, failed.data(), n);
