@@ -131,9 +131,6 @@ class cluster_kernel:
         return False
 
 
-CXX = {"float32": "hytopk::TableSource", "bfloat16": "hytopk::TableBf16Source"}   # table_v2.CLUSTER_SIZE's keys
-
-
 def launched_cluster(rec) -> bool:
     return any("hytopk_table_cluster" in name for name in rec.names())
 
@@ -147,7 +144,9 @@ def test_fused_hytopk_cluster_is_exact_with_the_contracts_counts(tab, family, dt
     short ones, full / causal / varlen / edge contexts, both cluster sizes, the select shared by the
     cluster or in the leader alone, a grid of one to three clusters (each cluster many rows: the
     double buffer and every leader in turn) or one cluster per row (each row its cluster's last)."""
+    from workbench import instantiations as INST
     from workbench.families.cupy import table_v2 as v2
+    cxx = INST.TABLE_BF16 if dtype == "bfloat16" else INST.TABLE
     rng = np.random.default_rng(hash((family, dtype, "cluster")) % 2**32)
     for n, L, k, lay in ((6, 131072, 2048, "full"), (9, 131072, 512, "causal_tail"), (7, 131071, 2048, "varlen"),
                          (11, 40000, 300, "edge"), (5, 5003, 64, "random")):
@@ -160,7 +159,7 @@ def test_fused_hytopk_cluster_is_exact_with_the_contracts_counts(tab, family, dt
         with cluster_kernel(C, share, grid) as rec:
             i, v = tab.fused_hytopk(s, lo, hi, k, count=count, design="v2")
         # rows that do not fit C blocks' shared memory (float32 128K keys at C = 4) take the fused kernel
-        fits = v2.cluster_geometry(L, CXX[dtype], k, C) is not None
+        fits = v2.cluster_geometry(L, cxx, k, C) is not None
         assert launched_cluster(rec) == fits, (L, k, lay, fits)
         assert same(i, v, *R.topk(wide, lo, hi, k)), (L, k, lay)
         assert np.array_equal(cp.asnumpy(count), R.hytopk(wide, lo, hi, k).count), (L, k, lay)
@@ -395,7 +394,14 @@ def test_table_hytopk_v2_overlapped_equals_the_sequential_path(tab, dtype, chunk
     idx, values, counts and failed rows as the sequential v2 path and the reference, chunks that do not
     divide the rows, rows recovered on the device (capacity k), and inside a torch.cuda.graph."""
     torch = pytest.importorskip("torch")
+    from workbench.families.cupy import _launch
     from workbench.families.cupy import table_v2 as v2
+
+    def as_torch(x):                          # float32, or bf16 bits -> a torch bfloat16 table
+        x = np.ascontiguousarray(x)
+        t = torch.from_numpy(x.view(np.int16) if x.dtype == np.uint16 else x).cuda()
+        return t.view(torch.bfloat16) if x.dtype == np.uint16 else t
+
     rng = np.random.default_rng(chunks)
     n, L, k = 37, 30000, 512
     lo, hi = G.layout("varlen", n, L, k, rng)
@@ -411,17 +417,13 @@ def test_table_hytopk_v2_overlapped_equals_the_sequential_path(tab, dtype, chunk
         saved = v2.STAGED_CHUNKS
         v2.STAGED_CHUNKS = chunks
         try:
-            with _launch_recorder() as rec:
+            with _launch.record_launches() as rec:
                 i, v = plan(cp.asarray(s))
             assert sum("hytopk_table_threshold" in name for name in rec.names()) == chunks
             assert same(i, v, *R.topk(wide, lo, hi, k))
             assert bool((i == i0).all()) and bool((v.view(cp.uint32) == v0.view(cp.uint32)).all())
             st = plan.stats()
             assert np.array_equal(st["count"], st0["count"]) and np.array_equal(st["failed"], st0["failed"])
-            def as_torch(x):                  # bf16 bits -> a torch bfloat16 table
-                x = np.ascontiguousarray(x)
-                return torch.from_numpy(x.view(np.int16)).cuda().view(torch.bfloat16) if x.dtype == np.uint16 \
-                    else torch.from_numpy(x).cuda()
             table = as_torch(s)
             plan(table)
             torch.cuda.synchronize()
@@ -435,11 +437,6 @@ def test_table_hytopk_v2_overlapped_equals_the_sequential_path(tab, dtype, chunk
             assert same(gi, gv, ri, rv)
         finally:
             v2.STAGED_CHUNKS = saved
-
-
-def _launch_recorder():
-    from workbench.families.cupy import _launch
-    return _launch.record_launches()
 
 
 def test_backend_defaults_use_the_table_variants():

@@ -345,8 +345,7 @@ def staged_v2_overlap(s, cxx, plan, chunks):
         st.wait_event(fork)
     bounds = [plan.n * c // chunks for c in range(chunks + 1)]
     for c in range(chunks):
-        a, b = bounds[c], bounds[c + 1]
-        rows = slice(a, b)
+        rows = slice(bounds[c], bounds[c + 1])
         with streams[0]:
             launch_threshold(s[rows], cxx, plan.lo[rows], plan.hi[rows], plan.M[rows], plan.r[rows], plan.T[rows],
                              plan.count[rows], plan.nfailed if c == 0 else NULL)
