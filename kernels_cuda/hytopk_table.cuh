@@ -242,6 +242,44 @@ __device__ __forceinline__ void gather_sample_keys(const void* table, long long 
     }
 }
 
+// Samples in runs (the table top-k's threshold, table_v2.py SAMPLING = "runs"; reference:
+// sampling.run_sample_positions): the contract's M and r, but the M samples taken as U = ceil(M / R)
+// runs of R consecutive keys, R * element size = 64 bytes (one DRAM burst), run u starting at
+// max(a, x - x % R), x = a + u * ((c - R) / (U - 1)) (row-relative). The contract's positions
+// (one sample every c / M keys) touch every 64-byte burst of a 128K-key row: its samples cost half a
+// table read; runs cost 1/32 of it. Only where c >= 4 M (else the contract's positions, which
+// read about the same bursts).
+template <class Src> struct SampleRun { static constexpr long long R = 4 * TableVec<Src>::PER_VEC; };
+__host__ __device__ __forceinline__ bool runs_apply(long long c, long long M) { return M > 0 && c >= 4 * M; }
+
+// The M samples in runs of a context [a, a + c) of row row0 as order keys keys[0 .. m), PER loads in
+// flight per thread (runs_apply(c, M) must hold).
+template <class Src, int PER>
+__device__ __forceinline__ void gather_run_keys(const void* table, long long row0, long long a, long long c,
+                                                long long M, int m, u32* keys) {
+    // row-relative positions in 32 bits (contexts are int32 ranges): fewer registers than 64-bit steps
+    constexpr int R = (int)SampleRun<Src>::R;
+    const int U = (int)((M + R - 1) / R);
+    const int S = (int)((c - R) / (U - 1));
+    const int a32 = (int)a;
+    const int B = blockDim.x;
+    for (int q0 = 0; q0 < m; q0 += PER * B) {
+        u32 sb[PER];
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            const int j = q0 + (int)threadIdx.x + i * B;
+            const int x = a32 + (j / R) * S;
+            const int p = max(a32, x & ~(R - 1)) + (j & (R - 1));
+            sb[i] = j < m ? TableVec<Src>::bits_at(table, row0 + p) : 0u;
+        }
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            const int j = q0 + (int)threadIdx.x + i * B;
+            if (j < m) keys[j] = order_key_bits(sb[i]);
+        }
+    }
+}
+
 // ---- A bitonic sort with E words per thread in registers (the v2 selects) ----
 // block_bitonic_sort_desc moves every (word, bits) pair through shared memory at each of the
 // log2(P) (log2(P) + 1) / 2 stages (66 at P = 2048): ~19K cycles of shared-memory traffic per

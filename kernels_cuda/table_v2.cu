@@ -81,11 +81,12 @@ struct StagedSink {
 // empty context or M <= 0. lo/hi are clamped into [0, L] (never a read outside the row).
 // zero_count / zero_one (may be null): count[t] = 0 and *zero_one = 0 for the launches that
 // follow (a planned call's filter counts and check counter: two memsets fewer).
+// runs != 0: the samples in runs of 64 bytes where runs_apply (gather_run_keys), else the contract's.
 template <class Src>
 __global__ void __launch_bounds__(SAMPLE_BLOCK)
 hytopk_table_threshold(const void* __restrict__ table, long long L, int n, const int* __restrict__ lo,
                        const int* __restrict__ hi, const int* __restrict__ M, const int* __restrict__ r,
-                       u32* __restrict__ T, int* __restrict__ zero_count, int* __restrict__ zero_one) {
+                       u32* __restrict__ T, int* __restrict__ zero_count, int* __restrict__ zero_one, int runs) {
     __shared__ u32 keys[MAX_SAMPLES];
     __shared__ u32 hist[RADIX];
     __shared__ SelectScalars sc;
@@ -101,7 +102,10 @@ hytopk_table_threshold(const void* __restrict__ table, long long L, int n, const
         return;
     }
     const int m = min(Mt, (int)MAX_SAMPLES);
-    gather_sample_keys<Src, SAMPLE_PER>(table, (long long)t * L + a, c, Mt, m, keys);
+    if (runs && runs_apply(c, Mt))
+        gather_run_keys<Src, SAMPLE_PER>(table, (long long)t * L, a, c, Mt, m, keys);
+    else
+        gather_sample_keys<Src, SAMPLE_PER>(table, (long long)t * L + a, c, Mt, m, keys);
     __syncthreads();
     const u32 rank = (u32)min(max(r[t], 1), m);
     auto sample_key = [&](long long j, u32* out) { *out = keys[j]; return true; };
@@ -263,13 +267,24 @@ __device__ __forceinline__ void fused_head_prefetch(const void* table, long long
                          (long long)n * L / P);
 }
 
-// K* of a row: the r-th best key of the contract's M samples (read into f.cpos: the candidates
-// overwrite them next).
+// The M samples of a row as keys (runs != 0: in runs where runs_apply). Not inlined: both gathers
+// inlined into the 64-register fused kernels spill.
 template <class Src, int PER>
-__device__ __forceinline__ u32 fused_sample_key(const FusedSmem& f, const void* __restrict__ table, long long g_a,
-                                                long long c, const SamplePlan& sp) {
+__device__ __noinline__ void fused_gather_samples(const void* __restrict__ table, long long row0, long long a,
+                                                  long long c, long long M, int runs, u32* skeys) {
+    if (runs && runs_apply(c, M))
+        gather_run_keys<Src, PER>(table, row0, a, c, M, (int)M, skeys);
+    else
+        gather_sample_keys<Src, PER>(table, row0 + a, c, M, (int)M, skeys);
+}
+
+// K* of a row: the r-th best key of the contract's M samples (runs != 0: in runs where runs_apply)
+// (read into f.cpos: the candidates overwrite them next).
+template <class Src, int PER>
+__device__ __forceinline__ u32 fused_sample_key(const FusedSmem& f, const void* __restrict__ table, long long row0,
+                                                long long a, long long c, const SamplePlan& sp, int runs = 0) {
     u32* skeys = f.cpos;                        // M <= 2 * cap words: cpos, then cbits
-    gather_sample_keys<Src, PER>(table, g_a, c, sp.M, (int)sp.M, skeys);
+    fused_gather_samples<Src, PER>(table, row0, a, c, sp.M, runs, skeys);
     __syncthreads();
     auto sample_key = [&](long long q, u32* out) { *out = skeys[q]; return true; };
     return block_radix_select_keys<true>(sample_key, sp.M, sp.r, f.hist, f.sc);
@@ -293,20 +308,21 @@ __device__ __forceinline__ int fused_collect(const FusedSmem& f, const void* __r
     return *f.ncand;
 }
 
-// The two-read row of hytopk_table_fused: the contract's M samples, K* = their r-th best key, one
+// The two-read row of hytopk_table_fused: the contract's M samples (runs != 0: in runs where
+// runs_apply), K* = their r-th best key, one
 // streaming read collecting every key >= K* into shared memory, fused_finish.
 template <class Src, int THREADS>
 __device__ __forceinline__ void fused_sampled_row(const FusedSmem& f, const void* __restrict__ table, long long L,
                                                   int n, int t, long long row0, long long a, long long c, int k,
                                                   int cap, int aligned, int ahead, double oversample, int fast,
-                                                  bool head_prefetch, int* __restrict__ count_out,
+                                                  int runs, bool head_prefetch, int* __restrict__ count_out,
                                                   int* __restrict__ flagged, int* __restrict__ nflagged,
                                                   int* out_idx, float* out_val) {
     // sample loads in flight per thread: all of them at >= 512 threads, at most 16 (registers)
     constexpr int PER = MAX_SAMPLES / THREADS < 16 ? MAX_SAMPLES / THREADS : 16;
     if (head_prefetch) fused_head_prefetch<Src>(table, L, n, row0, a, c, aligned, ahead);
     const SamplePlan sp = SamplePlan::of(c, k, oversample);
-    const u32 kstar = fused_sample_key<Src, PER>(f, table, row0 + a, c, sp);
+    const u32 kstar = fused_sample_key<Src, PER>(f, table, row0, a, c, sp, runs);
     const int cnt = fused_collect<Src>(f, table, L, n, row0, a, c, cap, aligned, ahead, kstar);
     fused_finish<THREADS>(f, t, cnt, k, cap, fast, count_out, flagged, nflagged, out_idx, out_val);
 }
@@ -323,11 +339,13 @@ __device__ __forceinline__ void fused_sampled_row(const FusedSmem& f, const void
 // before) and its output left for hytopk_table_topk_listed.
 // ahead > 0: the L2 prefetches the row's first `ahead` steps before the samples are read (they
 // arrive while T is selected) and stays `ahead` steps ahead of the read.
+// runs != 0: the samples in runs of 64 bytes where runs_apply (same M and r; count_out[t] is then
+// the count above that threshold, not the contract's).
 template <class Src, int THREADS>
 __device__ __forceinline__ void table_fused_body(u32* smem, const void* __restrict__ table, long long L, int n,
                                                  const int* __restrict__ lo, const int* __restrict__ hi, int k,
                                                  int cap, int aligned, int ahead, double oversample, int fast,
-                                                 int* __restrict__ count_out, int* __restrict__ flagged,
+                                                 int runs, int* __restrict__ count_out, int* __restrict__ flagged,
                                                  int* __restrict__ nflagged, int* __restrict__ idx,
                                                  float* __restrict__ val) {
     const int t = blockIdx.x;
@@ -341,7 +359,7 @@ __device__ __forceinline__ void table_fused_body(u32* smem, const void* __restri
     if (c <= k)
         fused_whole_row<Src>(f, table, t, row0, a, c, k, count_out, out_idx, out_val);
     else
-        fused_sampled_row<Src, THREADS>(f, table, L, n, t, row0, a, c, k, cap, aligned, ahead, oversample, fast, true,
+        fused_sampled_row<Src, THREADS>(f, table, L, n, t, row0, a, c, k, cap, aligned, ahead, oversample, fast, runs, true,
                                         count_out, flagged, nflagged, out_idx, out_val);
 }
 
@@ -476,7 +494,7 @@ __device__ __forceinline__ void table_fused1_body(u32* smem, const void* __restr
                                                     (u32)fmin((double)pre, fmax(1.0, ceil(f0 * (double)pre))));
             if (threadIdx.x == 0) *f.nspare = 0;
         } else {
-            key = fused_sample_key<Src, PER>(f, table, row0 + a, c, sp);
+            key = fused_sample_key<Src, PER>(f, table, row0, a, c, sp);
         }
         const int cnt = fused_collect<Src>(f, table, L, n, row0, a, c, cap, aligned, ahead, key);
         if (!once) {
@@ -498,10 +516,10 @@ template <class Src>
 __global__ void __launch_bounds__(SAMPLE_BLOCK, 2)
 hytopk_table_fused(const void* __restrict__ table, long long L, int n, const int* __restrict__ lo,
                    const int* __restrict__ hi, int k, int cap, int aligned, int ahead, double oversample, int fast,
-                   int* __restrict__ count_out, int* __restrict__ flagged, int* __restrict__ nflagged,
+                   int runs, int* __restrict__ count_out, int* __restrict__ flagged, int* __restrict__ nflagged,
                    int* __restrict__ idx, float* __restrict__ val) {
     extern __shared__ __align__(16) u32 smem[];
-    table_fused_body<Src, SAMPLE_BLOCK>(smem, table, L, n, lo, hi, k, cap, aligned, ahead, oversample, fast,
+    table_fused_body<Src, SAMPLE_BLOCK>(smem, table, L, n, lo, hi, k, cap, aligned, ahead, oversample, fast, runs,
                                         count_out, flagged, nflagged, idx, val);
 }
 
@@ -511,11 +529,11 @@ template <class Src, int THREADS, int MINB>
 __global__ void __launch_bounds__(THREADS, MINB)
 hytopk_table_fused_cfg(const void* __restrict__ table, long long L, int n, const int* __restrict__ lo,
                        const int* __restrict__ hi, int k, int cap, int aligned, int ahead, double oversample,
-                       int fast, int* __restrict__ count_out, int* __restrict__ flagged,
+                       int fast, int runs, int* __restrict__ count_out, int* __restrict__ flagged,
                        int* __restrict__ nflagged, int* __restrict__ idx, float* __restrict__ val) {
     extern __shared__ __align__(16) u32 smem[];
-    table_fused_body<Src, THREADS>(smem, table, L, n, lo, hi, k, cap, aligned, ahead, oversample, fast, count_out,
-                                   flagged, nflagged, idx, val);
+    table_fused_body<Src, THREADS>(smem, table, L, n, lo, hi, k, cap, aligned, ahead, oversample, fast, runs,
+                                   count_out, flagged, nflagged, idx, val);
 }
 
 // The one-read fused kernel (table_fused1_body) at THREADS threads and MINB blocks per SM

@@ -50,8 +50,30 @@ def sample_positions(lo: int, c: int, M: int) -> np.ndarray:
     return np.int64(lo) + (j * np.int64(c)) // np.int64(M)
 
 
-def stage_threshold(source: Source, lo, hi, M, r) -> np.ndarray:
-    """T[t] = the r-th best sample score of query t (float32[n]).
+def runs_apply(c: int, M: int) -> bool:
+    """Whether run sampling takes a context of c keys (else the contract's positions)."""
+    return M > 0 and c >= 4 * M
+
+
+def run_sample_positions(lo: int, c: int, M: int, run: int) -> np.ndarray:
+    """The table top-k's cheaper sample positions (not the contract's; same M): U = ceil(M / run)
+    runs of ``run`` consecutive keys (a power of two; 64 bytes of the table: 16 float32 or 32
+    bf16 keys, one DRAM burst), run u starting at max(lo, x - x % run), x = lo + u * ((c - run) //
+    (U - 1)); sample j is key j % run of run j // run. Where runs_apply(c, M) does not hold, the
+    contract's positions. The contract's positions at 128K keys are one per 128 bytes, so they
+    touch every burst of the row; runs touch 1/32 of them."""
+    if not runs_apply(c, M):
+        return sample_positions(lo, c, M)
+    lo, c, M, run = np.int64(lo), np.int64(c), np.int64(M), np.int64(run)
+    U = -(-M // run)
+    j = np.arange(M, dtype=np.int64)
+    x = lo + (j // run) * ((c - run) // (U - 1))
+    return np.maximum(lo, x - x % run) + j % run
+
+
+def stage_threshold(source: Source, lo, hi, M, r, run: int = 0) -> np.ndarray:
+    """T[t] = the r-th best sample score of query t (float32[n]); ``run`` > 0: the samples in runs
+    of that many keys (run_sample_positions), 0: the contract's positions.
 
     Queries with M = 0 (c <= k) get NaN, whose key 0 lets every key through.
     """
@@ -60,7 +82,8 @@ def stage_threshold(source: Source, lo, hi, M, r) -> np.ndarray:
     for t in range(n):
         if M[t] == 0:
             continue
-        pos = sample_positions(lo[t], hi[t] - lo[t], M[t])
+        c = int(hi[t]) - int(lo[t])
+        pos = (run_sample_positions(lo[t], c, M[t], run) if run else sample_positions(lo[t], c, M[t]))
         vals = source.at(t, pos)
         best = rank_order(order_keys(vals), pos)
         T[t] = vals[best[r[t] - 1]]

@@ -3,7 +3,8 @@
     python scripts/bench_table_topk.py --json results/table_topk_h200.json
     python scripts/bench_table_topk.py --json /tmp/t.json --sizes 4096x131072 --repeats 5   (quick)
 
-Rows per (table, dtype, k): torch.topk(scores, k, dim=1, sorted=True) (values sorted, but its
+Rows per (table, dtype, k): torch.ops.hytopk.topk (what a PyTorch user calls: table_topk's defaults), also
+replayed from a CUDA graph ([graph]); torch.topk(scores, k, dim=1, sorted=True) (values sorted, but its
 ties are not the contract's lower-position-first order: it is the baseline a user has, not an
 equal answer); table_topk (the exact radix top-k of every row, what backend("cupy").topk
 launches), also with plain shared atomics in its histograms; fused_hytopk (one kernel: sampled
@@ -37,7 +38,11 @@ radix table_topk's (idx_equals_radix), and how many rows each fused kernel sent 
 --fused-sweep: also times fused_hytopk_v2 under each launch configuration of FUSED_SWEEP (threads
 per block, blocks per SM, candidate cap, L2 prefetch distance, fast select on/off: table_v2.py's
 module constants), each checked for idx equal to the radix path (row["fused_sweep"]), and
-select_only_v2 with the old select (table_v2.SELECT_FAST = 0, "select_only_v2[sort]").
+select_only_v2 with the old select (table_v2.SELECT_FAST = 0, "select_only_v2[sort]"), and the sweep
+again with the samples in runs (row["fused_sweep_runs"]).
+Rows with [runs] take the same M samples in 64-byte runs (table_v2.py sampling "runs": the exact
+top-k, not the contract's statistics): fused_hytopk_v2[runs], table_hytopk_v2[runs] (also in 4 / 8
+overlapped chunks) and its stages alone; [runs, os 2] with oversample 2 (fewer candidates per row).
 """
 from __future__ import annotations
 
@@ -52,17 +57,35 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+TIMING = "stream"          # --timing
+
+
 def timed(fn, repeats, torch):
+    """Event pairs around each call, median. TIMING "stream" (triton's do_bench way): the calls go back
+    to back with no host sync between them (one untimed call first), so the host's launch work overlaps
+    the last call's device work and each pair times the device; "sync": a host sync after each call
+    (the GPU is idle when a pair starts, so the pair also holds the call's host work before its first
+    launch: ~0.1-0.2 ms for the Python table paths; the method of the runs before 2026-12-01-s4 run 3)."""
     fn()                                     # warm-up (compiles on first use)
     torch.cuda.synchronize()
     times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
+    if TIMING == "stream":
+        pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
+        fn()                                 # untimed: the device is busy while the first pair is queued
+        for a, b in pairs:
+            a.record()
+            fn()
+            b.record()
+        torch.cuda.synchronize()
+        times = [a.elapsed_time(b) for a, b in pairs]
+    else:
+        for _ in range(repeats):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
     return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times), "repeats": repeats}
 
 
@@ -73,31 +96,41 @@ FUSED_SWEEP = (
     (1024, 1, 12288, 2, 1), (1024, 1, 16384, 2, 1), (1024, 1, 0, 2, 0),
 )
 SWEEP_KEYS = ("FUSED_THREADS", "FUSED_MIN_BLOCKS", "FUSED_CAP", "FUSED_AHEAD", "SELECT_FAST")
+# the same with the samples in runs, and the oversample (2: ~4100 candidates a row, so (256, 3)'s cap holds them)
+FUSED_SWEEP_RUNS = (
+    (512, 2, 0, 2, 1, 3.0), (512, 2, 0, 2, 1, 2.0), (512, 2, 0, 3, 1, 3.0), (512, 2, 0, 1, 1, 3.0),
+    (256, 3, 0, 2, 1, 2.0), (256, 3, 0, 3, 1, 2.0), (1024, 1, 0, 2, 1, 3.0), (1024, 1, 0, 2, 1, 2.0),
+)
 
 
-def fused_sweep(tab, tab_v2, scores, lo, hi, k, i_radix, repeats, torch, cp):
-    """fused_hytopk_v2 under each FUSED_SWEEP configuration: time, rows flagged, idx == radix."""
+def fused_sweep(tab, tab_v2, scores, lo, hi, k, i_radix, repeats, torch, cp, sampling="contract"):
+    """fused_hytopk_v2 under each FUSED_SWEEP (sampling "runs": FUSED_SWEEP_RUNS) configuration: time,
+    rows flagged, idx == radix."""
     out = []
     saved = {key: getattr(tab_v2, key) for key in SWEEP_KEYS}
     count = cp.empty(scores.shape[0], cp.int32)
+    runs = tab_v2.check_sampling(sampling)
     try:
-        for cfg in FUSED_SWEEP:
+        for cfg in (FUSED_SWEEP_RUNS if runs else FUSED_SWEEP):
             for key, v in zip(SWEEP_KEYS, cfg):
                 setattr(tab_v2, key, v)
             rec = dict(zip(SWEEP_KEYS, cfg))
+            os_ = cfg[5] if len(cfg) > 5 else 3.0
+            rec["oversample"] = os_
             try:
-                fn = lambda: tab.fused_hytopk(scores, lo, hi, k, count=count, host_check=False, design="v2")  # noqa: E731
+                fn = lambda: tab.fused_hytopk(scores, lo, hi, k, count=count, host_check=False, design="v2",  # noqa: E731
+                                              sampling=sampling, oversample=os_)
                 rec.update(timed(fn, repeats, torch))
                 i = fn()[0]
                 rec["idx_equals_radix"] = bool(torch.equal(torch.from_dlpack(i_radix), torch.from_dlpack(i)))
-                rec["cap"] = tab_v2.fused_cap(k)
+                rec["cap"] = tab_v2.fused_cap(k, runs)
                 c = cp.asnumpy(count)
                 rec["rows_flagged"] = int(((c < k) | (c > rec["cap"])).sum())
                 rec["GBps"] = scores.numel() * scores.element_size() / (rec["median_ms"] * 1e-3) / 1e9
             except Exception as e:          # a configuration that does not launch here: say so, go on
                 rec["error"] = f"{type(e).__name__}: {e}"[:200]
             out.append(rec)
-            print("    fused_v2 " + " ".join(f"{key}={v}" for key, v in zip(SWEEP_KEYS, cfg))
+            print(f"    fused_v2 ({sampling}, os {os_:g}) " + " ".join(f"{key}={v}" for key, v in zip(SWEEP_KEYS, cfg))
                   + (f": {rec['median_ms']:8.3f} ms {rec['GBps']:6.0f} GB/s idx==radix {rec['idx_equals_radix']} "
                      f"flagged {rec['rows_flagged']}" if "error" not in rec else f": {rec['error']}"), flush=True)
     finally:
@@ -157,13 +190,19 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--quick", action="store_true",
                     help="leave out table_topk (match atomics), backend.plan.table and backend.topk")
+    ap.add_argument("--timing", choices=("stream", "sync"), default="stream",
+                    help="stream: calls back to back, no host sync between them (default); sync: a host sync "
+                         "after each call (the host's launch work inside each timed pair)")
     ap.add_argument("--fused-sweep", action="store_true",
                     help="also time fused_hytopk_v2 under each FUSED_SWEEP launch configuration")
     args = ap.parse_args(argv)
+    global TIMING
+    TIMING = args.timing
 
     import cupy as cp
     import torch
     import workbench
+    import workbench.torch as wt
     from workbench.families.cupy import table as tab
     from workbench.families.cupy import table_v2 as tab_v2
 
@@ -176,7 +215,8 @@ def main(argv=None):
     out = {"gpu": dev, "torch": torch.__version__, "cupy": cp.__version__,
            "flashinfer": getattr(flashinfer, "__version__", None),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "note": "full contexts; torch.topk sorted=True; GB/s = table bytes / median time", "rows": []}
+           "note": "full contexts; torch.topk sorted=True; GB/s = table bytes / median time",
+           "timing": args.timing, "rows": []}
     backend = workbench.backend("cupy")
     t_start = time.time()
     for size in args.sizes.split(","):
@@ -200,6 +240,13 @@ def main(argv=None):
                                                         args.repeats, torch)
                     except Exception as e:      # an unsupported shape or build: say so, keep going
                         row["flashinfer_error"] = f"{type(e).__name__}: {e}"[:200]
+                # what a PyTorch user calls (table_topk's defaults: fused_v2, DEFAULT_SAMPLING), eager and
+                # replayed from a CUDA graph (no host work at all)
+                res["torch.ops.hytopk.topk"] = timed(lambda: wt.topk(scores, lo, hi, k), args.repeats, torch)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    gi, _ = wt.topk(scores, lo, hi, k)
+                res["torch.ops.hytopk.topk[graph]"] = timed(graph.replay, args.repeats, torch)
                 if not args.quick:
                     res["table_topk"] = timed(lambda: tab.table_topk(scores, lo, hi, k, host_check=False,
                                                                      method="radix", hist_atomics="match"),
@@ -249,7 +296,37 @@ def main(argv=None):
                                                                  torch, cp)
                     finally:
                         tab_v2.FUSED_CLUSTER = 0
+                # the samples in 64-byte runs (table_v2.py sampling "runs"): fused and staged, oversample 3
+                # (the contract's r) and 2 (fewer candidates)
+                i_runs, runs_counts = {}, {}
+                for os_ in (3.0, 2.0):
+                    tag = "runs" if os_ == 3.0 else f"runs, os {os_:g}"
+                    cnt = runs_counts[tag] = cp.empty(n, cp.int32)
+                    name = f"fused_hytopk_v2[{tag}]"
+                    res[name] = timed(lambda: tab.fused_hytopk(scores, lo, hi, k, count=cnt, host_check=False,
+                                                               design="v2", sampling="runs", oversample=os_),
+                                      args.repeats, torch)
+                    i_runs[name] = tab.fused_hytopk(scores, lo, hi, k, count=cnt, host_check=False, design="v2",
+                                                    sampling="runs", oversample=os_)[0].copy()
                 plans = {d: tab.TableHyTopK(n, L, lo_h, hi_h, k, kernels=d) for d in ("v1", "v2")}
+                plans["v2[runs]"] = tab.TableHyTopK(n, L, lo_h, hi_h, k, sampling="runs")
+                plans["v2[runs, os 2]"] = tab.TableHyTopK(n, L, lo_h, hi_h, k, sampling="runs", oversample=2.0)
+                for tag in ("runs", "runs, os 2"):
+                    plan = plans[f"v2[{tag}]"]
+                    res[f"table_hytopk_v2[{tag}]"] = timed(lambda: plan(scores), args.repeats, torch)
+                    i_runs[f"staged_v2[{tag}]"] = plan(scores)[0].copy()
+                    for chunks in (4, 8):               # overlapped: a cheap threshold, the select beside the filter
+                        tab_v2.STAGED_CHUNKS = chunks
+                        name = f"table_hytopk_v2[{tag}, overlap {chunks}]"
+                        try:
+                            res[name] = timed(lambda: plan(scores), args.repeats, torch)
+                            i_runs[name] = plan(scores)[0].copy()
+                        finally:
+                            tab_v2.STAGED_CHUNKS = 0
+                    res[f"threshold_only_v2[{tag}]"] = timed(lambda: plan.threshold_only(scores), args.repeats, torch)
+                    plan(scores)
+                    res[f"filter_only_v2[{tag}]"] = timed(lambda: plan.filter_only(scores), args.repeats, torch)
+                    res[f"select_only_v2[{tag}]"] = timed(lambda: plan.select_only(), args.repeats, torch)
                 for d, sfx in (("v1", ""), ("v2", "_v2")):
                     plan = plans[d]
                     res["table_hytopk" + sfx] = timed(lambda: plan(scores), args.repeats, torch)
@@ -297,6 +374,9 @@ def main(argv=None):
                 same_idx["staged"] = plans["v1"](scores)[0].copy()
                 same_idx["staged_v2"] = plans["v2"](scores)[0].copy()
                 same_idx.update(i_overlap)
+                same_idx.update(i_runs)
+                graph.replay()
+                same_idx["torch.ops.hytopk.topk[graph]"] = gi
                 if not args.quick:
                     same_idx["match"] = tab.table_topk(scores, lo, hi, k, host_check=False, method="radix",
                                                        hist_atomics="match")[0]
@@ -304,6 +384,8 @@ def main(argv=None):
                                            for name, i in same_idx.items()}
                 if args.fused_sweep:
                     row["fused_sweep"] = fused_sweep(tab, tab_v2, scores, lo, hi, k, i1, args.repeats, torch, cp)
+                    row["fused_sweep_runs"] = fused_sweep(tab, tab_v2, scores, lo, hi, k, i1, args.repeats, torch, cp,
+                                                          sampling="runs")
                 c1, c2 = cp.asnumpy(count), cp.asnumpy(count2)
                 row["fused_rows_past_cap_or_below_k"] = int(((c1 < k) | (c1 > tab.check_topk_k(k)[1])).sum())
                 row["fused_v2_rows_flagged"] = int(((c2 < k) | (c2 > tab_v2.fused_cap(k))).sum())
@@ -316,9 +398,14 @@ def main(argv=None):
                     row["cluster_geometry"] = dict(zip(("C", "threads", "buf_words", "cap"), geo))
                     row["fused_v2_cluster_rows_flagged"] = int(((c4 < k) | (c4 > geo[3])).sum())
                     row["fused_v2_cluster_counts_equal"] = bool((c4 == c2).all())
-                for d, sfx in (("v1", ""), ("v2", "_v2")):
+                for tag, cnt in runs_counts.items():
+                    c5 = cp.asnumpy(cnt)
+                    row[f"fused_v2_rows_flagged[{tag}]"] = int(((c5 < k) | (c5 > tab_v2.fused_cap(k, 1))).sum())
+                    row[f"fused_v2_mean_count[{tag}]"] = float(c5.mean())
+                row["fused_v2_mean_count"] = float(c2.mean())
+                for d in ("v1", "v2", "v2[runs]", "v2[runs, os 2]"):
                     st = plans[d].stats()
-                    row["hytopk_failed_rows" + sfx] = int(st["failed"].sum())
+                    row["hytopk_failed_rows" + ("" if d == "v1" else "_" + d)] = int(st["failed"].sum())
                 row["capacity"] = plans["v1"].capacity
                 base = res["torch.topk"]["median_ms"]
                 for name, r in res.items():
@@ -333,6 +420,8 @@ def main(argv=None):
                     print(f"    {name:28s} {r['median_ms']:8.3f} ms {r['GBps']:7.0f} GB/s "
                           f"{r['speedup_vs_torch_topk']:6.2f}x torch.topk", flush=True)
                 plans = plan = bplan = i1 = v1 = tv = count = count2 = same_idx = None   # free before the next k
+                i_runs = graph = gi = None
+
             scores = None
             torch.cuda.empty_cache()
             cp.get_default_memory_pool().free_all_blocks()

@@ -1,6 +1,6 @@
 """One launch of each kernel that an open issue's target depends on, for `ncu` (counters, stall
 reasons). Cases: table (issue 21: the v2 threshold, streaming filter, shared-memory select and
-fused kernel at 4096 x 131072 float32, k = 2048), attend_wgmma2 / 2c / 2s / 2sc (the sm_90a forward, 128 heads: c the 2-CTA
+fused kernel at 4096 x 131072 float32, k = 2048; table_runs: the same with the samples in runs), attend_wgmma2 / 2c / 2s / 2sc (the sm_90a forward, 128 heads: c the 2-CTA
 cluster, s the swizzled key tile), attend_wgmma3 (version 3: producer warpgroup, per-warpgroup tiles),
 table_cluster (issue 21: hytopk_table_cluster, table_v2.FUSED_CLUSTER = 1, same table), pipeline (issue 14: the threshold and select of
 the dsv32-128k preset), attend (issue 18: the forward at 128 heads MLA, one and pair at 8 heads).
@@ -28,6 +28,23 @@ def table():
     lo = torch.zeros(n, dtype=torch.int32, device="cuda")
     hi = torch.full((n,), L, dtype=torch.int32, device="cuda")
     tab.fused_hytopk(scores, lo, hi, k, count=cp.empty(n, cp.int32), host_check=False, design="v2")
+    cp.cuda.Device().synchronize()
+
+
+def table_runs():
+    """The table case with the samples in runs (table_v2.py sampling "runs"): staged and fused."""
+    import cupy as cp
+    import numpy as np
+    import torch
+    from workbench.families.cupy import table as tab
+    n, L, k = 4096, 131072, 2048
+    g = torch.Generator(device="cuda").manual_seed(0)
+    scores = torch.randn((n, L), device="cuda", dtype=torch.float32, generator=g)
+    plan = tab.TableHyTopK(n, L, np.zeros(n, np.int64), np.full(n, L), k, sampling="runs")
+    plan(scores)
+    lo = torch.zeros(n, dtype=torch.int32, device="cuda")
+    hi = torch.full((n,), L, dtype=torch.int32, device="cuda")
+    tab.fused_hytopk(scores, lo, hi, k, count=cp.empty(n, cp.int32), host_check=False, design="v2", sampling="runs")
     cp.cuda.Device().synchronize()
 
 

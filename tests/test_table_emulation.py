@@ -215,3 +215,32 @@ def test_cluster_kernel_full_128k_rows_on_the_cpu(driver, bf16):
     s = rng.standard_normal((n, L)).astype(np.float32)
     lo, hi = np.array([0, 5]), np.array([L, L - 2])
     E.check_case(driver, s, lo, hi, k, 2000, bf16=bf16, cluster_only=True)
+
+
+@pytest.mark.parametrize("family,lay,k,bf16,offset", [
+    ("gaussian", "full", 512, False, 0),
+    ("ties_at_kth", "varlen", 300, True, 3),
+    ("specials", "causal_tail", 256, False, 1),
+    ("relu_plateau", "full", 128, True, 2),
+])
+def test_v2_run_sampling_on_the_cpu(driver, family, lay, k, bf16, offset):
+    """The fused kernel and the threshold with the samples in 64-byte runs (table_v2.py sampling
+    "runs"; contexts of >= 4 M keys, the shorter ones the contract's positions): thresholds equal
+    reference.stage_threshold(..., run), counts the reference's above them, the top-k exact
+    (check_case's check_runs). Row 0 of the gaussian case puts high scores exactly on the run
+    positions (the runs' aliasing: underflow, listed, the radix kernel writes it)."""
+    import reference as R
+    rng = np.random.default_rng(hash((family, lay, "runs")) % 2**32)
+    n, L = 3, 20011
+    lo, hi = G.layout(lay, n, L, k, rng)
+    s = G.score_table(family, n, L, k, rng, lo, hi)
+    if family == "gaussian":
+        c = int(hi[0] - lo[0])
+        M = int(R.sample_plan(lo[:1], hi[:1], k, 3.0)[0][0])
+        assert R.runs_apply(c, M)
+        s[0, R.run_sample_positions(int(lo[0]), c, M, 16)] = 100.0 + rng.random(M).astype(np.float32)   # only r >= T
+    stats = {}
+    E.check_case(driver, s, lo, hi, k, 2000, offset=offset, bf16=bf16, stats=stats)
+    if family == "gaussian":
+        assert stats["runs_failed"].tolist() == [1, 0, 0], stats     # the aliased row underflows, the others pass
+        assert stats["runs_count"][0] < k and stats["runs_count"][1] > k

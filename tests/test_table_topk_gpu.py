@@ -42,7 +42,8 @@ LAYOUTS = G.LAYOUTS
 
 
 METHODS = [dict(method="radix"), dict(method="radix", hist_atomics="plain"), dict(method="fused"),
-           dict(method="fused", hist_atomics="plain"), dict(method="fused_v2")]
+           dict(method="fused", hist_atomics="plain"), dict(method="fused_v2"),
+           dict(method="fused_v2", sampling="runs"), dict(method="fused_v2", sampling="contract")]
 
 
 @settings(max_examples=40)
@@ -75,6 +76,45 @@ def test_fused_hytopk_counts_are_the_contracts(tab, family, dtype, design):
         assert same(*tab.fused_hytopk(s, lo, hi, k, count=count, design=design), *R.topk(wide, lo, hi, k)), (k, lay)
         ref = R.hytopk(wide, lo, hi, k)
         assert np.array_equal(cp.asnumpy(count), ref.count), (k, lay)
+
+
+def _runs_reference(wide, lo, hi, k, run, capacity=None):
+    """(T, count, failed) of HyTopK with the samples in runs (reference.run_sample_positions)."""
+    M, r = R.sample_plan(lo, hi, k, 3.0)
+    T = R.stage_threshold(R.TableSource(wide), lo, hi, M, r, run)
+    _, _, above = R.stage_filter(R.TableSource(wide), lo, hi, T, 1)
+    count = np.where(M > 0, above, np.asarray(hi, np.int64) - np.asarray(lo, np.int64)).astype(np.int32)
+    cap = R.resolve_capacity(capacity, k, np.asarray(lo, np.int64), np.asarray(hi, np.int64), 3.0)
+    return T, count, R.stage_check(count, lo, hi, k, cap)[0]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_run_sampling_thresholds_counts_and_top_k(tab, family, dtype):
+    """sampling="runs" (the contract's M and r, the samples in 64-byte runs where c >= 4 M): the
+    fused kernel's counts and the staged plan's thresholds, counts and failed rows equal the
+    reference's (run_sample_positions), and both give the exact top-k (rows whose run samples
+    alias the scores fall back, exact)."""
+    rng = np.random.default_rng(hash((family, dtype, "runs")) % 2**32)
+    run = 32 if dtype == "bfloat16" else 16
+    for lay, (n, L, k) in (("full", (4, 140000, 2048)), ("varlen", (6, 40000, 512)), ("edge", (6, 40000, 300)),
+                           ("causal_tail", (5, 20011, 64))):
+        lo, hi = G.layout(lay, n, L, k, rng)
+        s = G.score_table(family, n, L, k, rng, lo, hi)
+        wide = s
+        if dtype == "bfloat16":
+            s, wide = bf16_table(s)
+        exact = R.topk(wide, lo, hi, k)
+        T, want, failed = _runs_reference(wide, lo, hi, k, run)
+        count = cp.zeros(n, cp.int32)
+        assert same(*tab.fused_hytopk(s, lo, hi, k, count=count, design="v2", sampling="runs"), *exact), (k, lay)
+        assert np.array_equal(cp.asnumpy(count), want), (k, lay)
+        plan = tab.TableHyTopK(n, L, lo, hi, k, sampling="runs")
+        assert same(*plan(cp.asarray(s)), *exact), (k, lay)
+        st = plan.stats()
+        sampled = R.sample_plan(lo, hi, k, 3.0)[0] > 0
+        assert np.array_equal(R.order_keys(st["threshold"])[sampled], R.order_keys(T)[sampled]), (k, lay)
+        assert np.array_equal(st["count"], want) and np.array_equal(st["failed"], failed), (k, lay)
 
 
 @pytest.mark.parametrize("z", [3.0, -1.0])
@@ -502,10 +542,10 @@ def test_full_size_rows_match_exact_torch_topk(tab, n, L):
             i, v = tab.table_topk(table, lo, hi, k, **kw)
             assert torch.equal(torch.from_dlpack(i), ti) and torch.equal(torch.from_dlpack(v).view(torch.int32),
                                                                          tv.view(torch.int32)), kw
-        for kernels in ("v1", "v2"):
-            plan = tab.TableHyTopK(n, L, lo.cpu().numpy(), hi.cpu().numpy(), k, kernels=kernels)
+        for kernels, sampling in (("v1", "contract"), ("v2", "contract"), ("v2", "runs")):
+            plan = tab.TableHyTopK(n, L, lo.cpu().numpy(), hi.cpu().numpy(), k, kernels=kernels, sampling=sampling)
             i, v = plan(table)
-            assert torch.equal(torch.from_dlpack(i), ti), kernels
+            assert torch.equal(torch.from_dlpack(i), ti), (kernels, sampling)
 
 
 def test_torch_op_on_side_stream_and_in_a_cuda_graph():
@@ -539,6 +579,29 @@ def test_torch_op_on_side_stream_and_in_a_cuda_graph():
     assert np.array_equal(bi.cpu().numpy(), wi)
 
 
+def test_torch_op_never_syncs_the_host():
+    """torch.ops.hytopk.topk on CUDA tensors checks lo/hi on the device (no copy to the host, no wait for
+    the GPU): it runs under torch.cuda.set_sync_debug_mode("error"), exact; bad ranges still never
+    reach memory out of the row (the kernels clamp them)."""
+    torch = pytest.importorskip("torch")
+    import workbench.torch as wt
+    rng = np.random.default_rng(12)
+    n, L, k = 6, 40000, 512
+    lo, hi = G.layout("varlen", n, L, k, rng)
+    s_h = G.score_table("gaussian", n, L, k, rng, lo, hi)
+    s = torch.from_numpy(s_h).cuda()
+    lo_t, hi_t = torch.from_numpy(lo).cuda(), torch.from_numpy(hi).cuda()
+    wt.topk(s, lo_t, hi_t, k)                 # warm-up: compiles
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        i, v = wt.topk(s, lo_t, hi_t, k)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    ri, rv = R.topk(s_h, lo, hi, k)
+    assert np.array_equal(i.cpu().numpy(), ri) and np.array_equal(v.cpu().numpy().view(np.uint32), rv.view(np.uint32))
+
+
 def test_bad_arguments_name_the_argument(tab):
     s = cp.zeros((3, 100), cp.float32)
     lo, hi = np.zeros(3, np.int32), np.full(3, 100, np.int32)
@@ -566,6 +629,12 @@ def test_bad_arguments_name_the_argument(tab):
         tab.fused_hytopk(s, lo, hi, 4, design="v3")
     with pytest.raises(ValueError, match="'kernels'"):
         tab.TableHyTopK(3, 100, lo, hi, 4, kernels="v3")
+    with pytest.raises(ValueError, match="'sampling'"):
+        tab.table_topk(s, lo, hi, 4, sampling="every")
+    with pytest.raises(ValueError, match="'sampling'"):
+        tab.TableHyTopK(3, 100, lo, hi, 4, kernels="v1", sampling="runs")
+    with pytest.raises(ValueError, match="'sampling'"):
+        tab.fused_hytopk(s, lo, hi, 4, design="v1", sampling="runs")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -215,3 +215,26 @@ def test_cluster_kernel_is_instantiated_and_its_geometry_fits():
             assert -(-(h0 + S) // P) * 16 <= 4 * buf_words
         if L == 131072 and k == 2048:
             assert cap >= 9216                            # ~7 sigma above the expected 6144 candidates
+
+
+@pytest.mark.parametrize("lo,c,run", [(0, 131072, 16), (5, 131067, 16), (3, 1048570, 16), (17, 140000, 32),
+                                      (0, 16384, 16), (1, 16383, 16), (7, 9000, 16)])
+def test_run_sample_positions(lo, c, run):
+    """reference.run_sample_positions (the table top-k's samples in runs, gather_run_keys): M distinct
+    positions inside the context, runs of `run` consecutive keys, each run but the first starting on
+    a multiple of `run` (64 bytes of the table), spread over the whole context; the contract's
+    positions where c < 4 M."""
+    M = int(R.num_samples(c))
+    p = R.run_sample_positions(lo, c, M, run)
+    assert len(p) == M and len(np.unique(p)) == M
+    assert p.min() >= lo and p.max() < lo + c
+    if not R.runs_apply(c, M):
+        assert np.array_equal(p, R.sample_positions(lo, c, M))
+        return
+    U = -(-M // run)
+    starts = p[::run]
+    assert len(starts) == U and starts[0] == lo and (starts[1:] % run == 0).all()
+    for u in range(U):
+        seg = p[u * run:(u + 1) * run]
+        assert np.array_equal(seg, np.arange(seg[0], seg[0] + len(seg)))
+    assert starts[-1] >= lo + c - 2 * ((c - run) // (U - 1)) - run    # the last run near the context's end

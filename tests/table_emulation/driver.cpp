@@ -78,6 +78,33 @@ static void run_cluster(std::ofstream& out, const void* table, int n, long long 
     wr(out, idx2.data(), idx2.size()); wr(out, val2.data(), val2.size());
 }
 
+// Run sampling (table_v2.py SAMPLING "runs"): the fused kernel at 512 threads with runs = 1, the radix
+// kernel on its listed rows, and the threshold kernel with runs = 1; writes idx, val, count, listed mask
+// and T (emulate.py checks them against the reference's run_sample_positions).
+template <class Src>
+static void run_runs(std::ofstream& out, const void* table, int n, long long L, int k, int cap, int tcap, int aligned,
+                     const std::vector<int>& lo, const std::vector<int>& hi, const std::vector<int>& M,
+                     const std::vector<int>& r) {
+    std::vector<int> idx((size_t)n * k, 9), count(n, -5), flagged(n, -3), nflagged(1, 0);
+    std::vector<float> val((size_t)n * k, 9.0f);
+    emu::launch({(unsigned)n, 1, 1}, 512, 4 * table_fused_smem_words(k, cap), [&] {
+        hytopk_table_fused<Src>(table, L, n, lo.data(), hi.data(), k, cap, aligned, 2, 3.0, 1, 1, count.data(),
+                                flagged.data(), nflagged.data(), idx.data(), val.data());
+    });
+    emu::launch({(unsigned)std::min(n, 2), 1, 1}, 512, 4 * table_topk_smem_words(k, tcap), [&] {
+        hytopk_table_topk_listed<Src>(table, L, n, flagged.data(), nflagged.data(), lo.data(), hi.data(), k, tcap,
+                                      aligned, idx.data(), val.data());
+    });
+    const std::vector<unsigned char> failed = listed_mask(flagged, nflagged, n);
+    std::vector<float> T(n, 5.0f);
+    emu::launch({(unsigned)n, 1, 1}, 512, 0, [&] {
+        hytopk_table_threshold<Src>(table, L, n, lo.data(), hi.data(), M.data(), r.data(), reinterpret_cast<u32*>(T.data()),
+                                    nullptr, nullptr, 1);
+    });
+    wr(out, idx.data(), idx.size()); wr(out, val.data(), val.size()); wr(out, count.data(), n); wr(out, failed.data(), n);
+    wr(out, T.data(), n);
+}
+
 template <class Src>
 static void run(std::ifstream& in, std::ofstream& out, int n, int L, int k, int capacity, int offset, int esize,
                 int mode) {
@@ -101,7 +128,7 @@ static void run(std::ifstream& in, std::ofstream& out, int n, int L, int k, int 
     std::vector<int> idx((size_t)n * k, 7), count(n, -5), flagged(n, -3), nflagged(1, 0);
     std::vector<float> val((size_t)n * k, 7.0f);
     emu::launch({(unsigned)n, 1, 1}, 512, 4 * table_fused_smem_words(k, cap), [&] {
-        hytopk_table_fused<Src>(table, LL, n, lo.data(), hi.data(), k, cap, aligned, 2, 3.0, 1, count.data(),
+        hytopk_table_fused<Src>(table, LL, n, lo.data(), hi.data(), k, cap, aligned, 2, 3.0, 1, 0, count.data(),
                                 flagged.data(), nflagged.data(), idx.data(), val.data());
     });
     int tfixed = 2048 + 12 + 3 * next_pow2_h(k);
@@ -117,6 +144,7 @@ static void run(std::ifstream& in, std::ofstream& out, int n, int L, int k, int 
         wr(out, idx.data(), idx.size()); wr(out, val.data(), val.size()); wr(out, count.data(), n); wr(out, failed.data(), n);
         run_cluster<Src, 8, 128, true>(out, table, n, LL, k, cap, aligned, lo, hi, tcap, 1, idx, val, count, failed);
         run_cluster<Src, 8, 128, false>(out, table, n, LL, k, cap, aligned, lo, hi, tcap, 1, idx, val, count, failed);
+        run_runs<Src>(out, table, n, LL, k, cap, tcap, aligned, lo, hi, M, r);
         return;
     }
     // the cluster kernel: C = 2 on two clusters (rows alternate) with the ranking shared, C = 4 on one
@@ -133,7 +161,7 @@ static void run(std::ifstream& in, std::ofstream& out, int n, int L, int k, int 
         std::vector<int> idx2((size_t)n * k, 9), count2(n, -5), flagged2(n, -3), nflagged2(1, 0);
         std::vector<float> val2((size_t)n * k, 9.0f);
         emu::launch({(unsigned)n, 1, 1}, 1024, 4 * table_fused_smem_words(k, cap, 1024), [&] {
-            hytopk_table_fused_cfg<Src, 1024, 1>(table, LL, n, lo.data(), hi.data(), k, cap, aligned, 2, 3.0, 1,
+            hytopk_table_fused_cfg<Src, 1024, 1>(table, LL, n, lo.data(), hi.data(), k, cap, aligned, 2, 3.0, 1, 0,
                                                  count2.data(), flagged2.data(), nflagged2.data(), idx2.data(), val2.data());
         });
         const int t = first_row_differing(n, k, listed_mask(flagged2, nflagged2, n), count2, idx2, val2, failed, count,
@@ -173,7 +201,7 @@ static void run(std::ifstream& in, std::ofstream& out, int n, int L, int k, int 
     std::vector<int> zeros(n + 1, 3);
     emu::launch({(unsigned)n, 1, 1}, 512, 0, [&] {
         hytopk_table_threshold<Src>(table, LL, n, lo.data(), hi.data(), M.data(), r.data(),
-                                    reinterpret_cast<u32*>(T2.data()), zeros.data(), zeros.data() + n);
+                                    reinterpret_cast<u32*>(T2.data()), zeros.data(), zeros.data() + n, 0);
     });
     for (int z : zeros)
         if (z != 0) { std::fprintf(stderr, "threshold: a count was not zeroed\n"); std::exit(1); }
@@ -207,6 +235,7 @@ static void run(std::ifstream& in, std::ofstream& out, int n, int L, int k, int 
         });
         wr(out, sidx.data(), sidx.size()); wr(out, sval.data(), sval.size());
     }
+    run_runs<Src>(out, table, n, LL, k, cap, tcap, aligned, lo, hi, M, r);
 }
 
 int main(int argc, char** argv) {

@@ -6,7 +6,8 @@ case by case by driver.cpp, checked against the reference.
     build(out_dir) -> the driver's path (needs g++ with C++20)
     check_case(driver, scores, lo, hi, k, capacity, T=None, offset=0, bf16=False)
 
-check_case runs fused_v2 (the fused kernel + the radix kernel on its flagged rows; the one-read
+check_case runs fused_v2 (the fused kernel + the radix kernel on its flagged rows, with the contract's
+samples and with the samples in runs (reference run_sample_positions); the one-read
 fused kernel hytopk_table_fused1 and the cluster kernel hytopk_table_cluster (C = 2 and 4 blocks of
 128 threads, run together by emu::launch_cluster, the ranking shared and not) checked against it by
 the driver and its final output against the reference), the v2
@@ -100,7 +101,8 @@ def check_case(driver, s, lo, hi, k, capacity, T=None, offset=0, bf16=False, sta
     bit; here the cluster kernel's final outputs, its listed rows done by the radix kernel, against the
     reference). stats (a dict), when given, gets "one_read": the rows the one-read kernel finished
     reading once, [at 1024 threads with z = -1 (the one-read plan forced on every row), at 512 threads
-    with z = 3]. cluster_only: only the fused kernel and the cluster kernel at C = 8 (128 threads) run
+    with z = 3], and "runs_count" / "runs_failed": the run-sampled fused kernel's counts and listed rows.
+    cluster_only: only the fused kernel and the cluster kernel at C = 8 (128 threads) run
     (long rows). The cluster kernel runs at C = 2 (two clusters, ranking shared) and C = 4 (one
     cluster, not shared); every_cluster: also C = 4 shared and C = 2 not. Returns (count, failed)."""
     n, L = s.shape
@@ -131,10 +133,25 @@ def check_case(driver, s, lo, hi, k, capacity, T=None, offset=0, bf16=False, sta
         at += a.nbytes
         return a
     exact = R.topk(wide, lo, hi, k)
+
+    def check_runs():
+        """run_runs of driver.cpp: the fused kernel and the threshold with the samples in runs."""
+        ui, uv, ucount, ufailed = take(np.int32, (n, k)), take(np.float32, (n, k)), take(np.int32, (n,)), take(np.uint8, (n,))
+        if stats is not None:
+            stats["runs_count"], stats["runs_failed"] = ucount.copy(), ufailed.copy()
+        uT = take(np.float32, (n,))
+        assert at == len(b)
+        assert _same(ui, uv, *exact), "fused_v2 (runs): not the exact top-k"
+        run = 32 if bf16 else 16
+        Truns = R.stage_threshold(R.TableSource(wide), lo, hi, M, r, run)
+        assert np.array_equal(R.order_keys(uT), R.order_keys(Truns)), "threshold v2 (runs): keys differ from the reference"
+        _, _, above = R.stage_filter(R.TableSource(wide), lo, hi, Truns, 1)
+        want = np.where(M > 0, above, R.hytopk(wide, lo, hi, k).count)
+        assert np.array_equal(ucount, want), "fused_v2 (runs): counts differ from the reference's"
     if cluster_only:
         fi, fv, fcount, ffailed = take(np.int32, (n, k)), take(np.float32, (n, k)), take(np.int32, (n,)), take(np.uint8, (n,))
         c8 = [(take(np.int32, (n, k)), take(np.float32, (n, k))) for _ in range(2)]   # shared ranking, not
-        assert at == len(b)
+        check_runs()
         assert _same(fi, fv, *exact), "fused_v2: not the exact top-k"
         for (ci8, cv8), share in zip(c8, (True, False)):
             assert _same(ci8, cv8, *exact), f"cluster (C = 8, share {share}): not the exact top-k"
@@ -150,7 +167,7 @@ def check_case(driver, s, lo, hi, k, capacity, T=None, offset=0, bf16=False, sta
     ci, cv, cnt = take(np.int32, (n, capacity)), take(np.float32, (n, capacity)), take(np.int32, (n,))
     si, sv = take(np.int32, (n, k)), take(np.float32, (n, k))          # fast = 1
     si0, sv0 = take(np.int32, (n, k)), take(np.float32, (n, k))        # fast = 0
-    assert at == len(b)
+    check_runs()
 
     assert _same(fi, fv, *exact), "fused_v2: not the exact top-k"
     for (cli, clv), (C, share) in zip(clusters, variants):

@@ -4,12 +4,13 @@ The contract's top-k (CONTRACT.md §2: order keys, ties -> lower position, NaN l
 -0 == +0, -1 / -inf padding) of each row's context [lo, hi) of a float32 or bfloat16 table
 (bf16 widened exactly to float32), idx int32 [n, k] and val float32 [n, k] in rank order.
 
-CPU: the NumPy reference. CUDA: the radix top-k of kernels_cuda/table_topk.cu
-(workbench.families.cupy.table.table_topk) zero-copy on PyTorch's current stream, writing
-into tensors allocated by PyTorch; no host sync (lo/hi values are checked on the host except
-while a CUDA graph is being captured or torch.compile traces, where they become device-side
-asserts; the kernel clamps them into [0, L] whatever they hold), so the op can be captured
-in a CUDA graph after one warm-up call (the first call compiles the kernel). Without CuPy, or
+CPU: the NumPy reference. CUDA: workbench.families.cupy.table.table_topk (its default: the fused
+HyTopK kernel of table_v2.cu, samples in runs, the radix top-k of table_topk.cu for the rows it
+lists) zero-copy on PyTorch's current stream, writing into tensors allocated by PyTorch; no host
+sync: the values of lo/hi are checked by a device-side assert (torch._assert_async, as the replay
+op checks idx; a host check would copy them and wait for the GPU on every call), and the kernels
+clamp them into [0, L] whatever they hold. The op can be captured in a CUDA graph after one warm-up
+call (the first call compiles the kernel). Without CuPy, or
 with HYTOPK_TORCH_BACKEND=torch, a pure-torch path computes the same answer (a sort key
 per entry, then torch.topk over it).
 """
@@ -24,7 +25,7 @@ from torch import Tensor
 import reference as R
 from reference import validate as V
 
-from .ops import CALLS, _no_host_sync
+from .ops import CALLS
 
 TABLE_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -74,7 +75,7 @@ def _cupy_table():
 @topk_op.register_kernel("cuda")
 def _topk_cuda(scores, lo, hi, k):
     CALLS["topk"] += 1
-    n, L, k = _check(scores, lo, hi, k, host=not _no_host_sync(scores))
+    n, L, k = _check(scores, lo, hi, k, host=False)
     s = scores.detach().contiguous()
     lo32, hi32 = lo.to(torch.int32).contiguous(), hi.to(torch.int32).contiguous()
     mod = _cupy_table()

@@ -187,9 +187,13 @@ METHODS = ("radix", "fused", "fused_v2")
 DESIGNS = ("v1", "v2")
 DEFAULT_METHOD = "fused_v2"  # table_topk's default (what torch.ops.hytopk.topk runs): fastest on every
 #                              row of the H200 bench (results/h200-2026-11-30-s3/run3-table_topk.json)
+# table_topk's fused_v2 samples (table_v2.SAMPLINGS; the answer is the same): runs, 1.053 / 9.235 ms against
+# 1.327 / 10.40 with the contract's (4096 x 131072 / 8192 x 1048576 float32, k 2048, results/h200-2026-12-01-s4 run 1)
+DEFAULT_SAMPLING = "runs"
 
 
-def table_topk(scores, lo, hi, k, *, out=None, host_check=True, hist_atomics=DEFAULT_HIST_ATOMICS, method=None):
+def table_topk(scores, lo, hi, k, *, out=None, host_check=True, hist_atomics=DEFAULT_HIST_ATOMICS, method=None,
+               sampling=None):
     """Exact top-k (CONTRACT.md §2: rank order, -1 / -inf padding) of every row's context
     [lo, hi) of a float32 or bf16 table, on the current stream (PyTorch's when torch is in
     use), zero-copy for device inputs. Returns CuPy (idx int32 [n, k], val float32 [n, k]);
@@ -198,20 +202,24 @@ def table_topk(scores, lo, hi, k, *, out=None, host_check=True, hist_atomics=DEF
     can be captured in a CUDA graph. ``hist_atomics``: "match" (one shared atomic per distinct
     digit per warp) or "plain" (one per entry); ``method``: "radix" (histograms of the whole
     row), "fused" (fused_hytopk: a sampled threshold first) or "fused_v2" (its second design,
-    table_v2.py); same answer, different speed."""
+    table_v2.py); ``sampling`` (fused_v2): where its threshold's samples sit, "contract" or "runs"
+    (table_v2.py; None: DEFAULT_SAMPLING); same answer, different speed."""
     method = DEFAULT_METHOD if method is None else method
+    sampling = DEFAULT_SAMPLING if sampling is None else sampling
+    _v2.check_sampling(sampling)
     if method not in METHODS:
         raise ValueError(f"argument 'method' must be one of {METHODS}, got {method!r}")
     if hist_atomics not in HIST_ATOMICS:            # checked whatever the method (fused_v2 does not use it)
         raise ValueError(f"argument 'hist_atomics' must be one of {HIST_ATOMICS}, got {hist_atomics!r}")
     if method in ("fused", "fused_v2"):
         return fused_hytopk(scores, lo, hi, k, out=out, host_check=host_check, hist_atomics=hist_atomics,
-                            design="v2" if method == "fused_v2" else "v1")
+                            design="v2" if method == "fused_v2" else "v1",
+                            sampling=sampling if method == "fused_v2" else "contract")
     return _table_select(scores, lo, hi, k, out, host_check, dict(hist_atomics=hist_atomics))
 
 
 def fused_hytopk(scores, lo, hi, k, *, oversample=3.0, out=None, count=None, host_check=True,
-                 hist_atomics=DEFAULT_HIST_ATOMICS, design="v1"):
+                 hist_atomics=DEFAULT_HIST_ATOMICS, design="v1", sampling="contract"):
     """HyTopK over a table in one kernel and about one read per row: each row's threshold from
     its own samples (CONTRACT.md §3.1-3.4, oversample as there), one read collecting the keys
     at or above it into shared memory, the exact select among them; a row whose candidates
@@ -220,12 +228,17 @@ def fused_hytopk(scores, lo, hi, k, *, oversample=3.0, out=None, count=None, hos
     ``count``: an int32 [n] device array that receives each row's candidate count (§3.5).
     ``design``: "v1" (hytopk_table_topk's sampled mode, the fallback inside the block) or "v2"
     (table_v2.py: the streaming kernel, the rows it lists through a second launch; its fallback
-    always uses plain atomics, ``hist_atomics`` is v1's)."""
+    always uses plain atomics, ``hist_atomics`` is v1's). ``sampling`` (v2 only): "contract" or "runs"
+    (the same M samples in 64-byte runs, table_v2.py; ``count`` is then the count above that
+    threshold)."""
     V.check_oversample(oversample)
     if design not in DESIGNS:
         raise ValueError(f"argument 'design' must be one of {DESIGNS}, got {design!r}")
+    runs = _v2.check_sampling(sampling)
+    if runs and design != "v2":
+        raise ValueError("argument 'sampling' = 'runs' needs design='v2'")
     return _table_select(scores, lo, hi, k, out, host_check,
-                         dict(count=count, oversample=oversample, hist_atomics=hist_atomics), fused=design)
+                         dict(count=count, oversample=oversample, hist_atomics=hist_atomics, runs=runs), fused=design)
 
 
 def _table_select(scores, lo, hi, k, out, host_check, kw, fused=None):
@@ -251,8 +264,9 @@ def _table_select(scores, lo, hi, k, out, host_check, kw, fused=None):
             if kw["count"].shape != (n,) or kw["count"].dtype != cp.int32 or not kw["count"].flags.c_contiguous:
                 raise ValueError(f"argument 'count': expected an int32 array of shape {(n,)}")
         if fused == "v2":
-            _v2.fused_v2(s, cxx, lo_d, hi_d, k, cap, kw["oversample"], kw["count"], idx, val)
+            _v2.fused_v2(s, cxx, lo_d, hi_d, k, cap, kw["oversample"], kw["count"], idx, val, kw["runs"])
         else:
+            kw.pop("runs", None)
             launch_topk(s, cxx, lo_d, hi_d, k, cap, idx, val, **kw)
         return idx, val
 
@@ -267,11 +281,16 @@ class TableHyTopK:
     next call overwrites. The result is the exact top-k, bit for bit (CONTRACT.md §3);
     ``plan.stats()`` gives threshold, count and failed (a host copy). ``kernels``: "v1"
     (block threshold, table_topk.cu's filter, select_bitonic) or "v2" (table_v2.py's threshold,
-    filter and shared-memory select); check and recovery are the same."""
+    filter and shared-memory select); check and recovery are the same. ``sampling`` (v2 only):
+    "contract" (the statistics are the reference's) or "runs" (the same M samples in 64-byte runs:
+    table_v2.py; threshold and count are then reference.stage_threshold(..., run)'s)."""
 
-    def __init__(self, n, L, lo, hi, k, *, capacity=None, oversample=3.0, kernels="v2"):
+    def __init__(self, n, L, lo, hi, k, *, capacity=None, oversample=3.0, kernels="v2", sampling="contract"):
         if kernels not in DESIGNS:
             raise ValueError(f"argument 'kernels' must be one of {DESIGNS}, got {kernels!r}")
+        self.runs = _v2.check_sampling(sampling)
+        if self.runs and kernels != "v2":
+            raise ValueError("argument 'sampling' = 'runs' needs kernels='v2'")
         self.kernels = kernels
         lo_h, hi_h = V.check_ranges(lo, hi, n, L)
         self.k, self.cap = check_topk_k(k)
@@ -332,7 +351,7 @@ class TableHyTopK:
         with launch_stream():
             s, cxx = table_array(scores)
             if self.kernels == "v2":
-                _v2.launch_threshold(s, cxx, self.lo, self.hi, self.M, self.r, self.T)
+                _v2.launch_threshold(s, cxx, self.lo, self.hi, self.M, self.r, self.T, runs=self.runs)
             else:
                 self.T = block_threshold(R.TableSource(s), self.lo, self.hi, self.M, self.r)
             return self.T
@@ -353,9 +372,9 @@ class TableHyTopK:
                 "failed": cp.asnumpy(self.failed).astype(bool), "capacity": self.capacity}
 
 
-def table_hytopk(scores, lo, hi, k, *, capacity=None, oversample=3.0, kernels="v2"):
+def table_hytopk(scores, lo, hi, k, *, capacity=None, oversample=3.0, kernels="v2", sampling="contract"):
     """One-shot TableHyTopK: plan (host lo/hi) and run. Returns CuPy (idx, val)."""
     s, _ = table_array(scores)
     plan = TableHyTopK(s.shape[0], s.shape[1], lo, hi, k, capacity=capacity, oversample=oversample,
-                       kernels=kernels)
+                       kernels=kernels, sampling=sampling)
     return plan(s)

@@ -12,6 +12,12 @@
   hytopk_table_cluster instead (each row read from global memory once).
 - ``launch_staged_v2``: the threshold -> filter -> select chain of TableHyTopK(kernels="v2").
 Every result is the exact top-k, bit for bit (CONTRACT.md §3).
+
+Sampling: "contract" takes the samples at CONTRACT.md §3.2's positions (the statistics then equal
+the reference's); "runs" takes the same M samples as runs of 64 bytes (reference
+``run_sample_positions``; threshold and counts are then that reference's, the top-k the same).
+At 128K float32 keys the contract's samples touch every 64-byte burst of the row (half a table read
+of DRAM traffic); runs touch 1/32 of them.
 """
 from __future__ import annotations
 
@@ -35,10 +41,15 @@ FUSED_SMEM_TARGET = 110 * 1024   # two 512-thread blocks per SM (the register bo
 # threads per block and blocks per SM ((512, 2): hytopk_table_fused; others from
 # instantiations.FUSED_CONFIGS: hytopk_table_fused_cfg), the shared-memory candidate cap (0: as many
 # as FUSED_MIN_BLOCKS blocks per SM leave), and FUSED_AHEAD below.
-# (1024, 1) measured fastest at 4096 x 131072 and 8192 x 1048576 float32, k = 2048 (run 3 of
-# results/h200-2026-12-01: 1.33 / 9.84 ms against 1.40 / 10.67 ms for (512, 2), same indices)
-FUSED_THREADS = 1024
-FUSED_MIN_BLOCKS = 1
+# FUSED_THREADS = FUSED_MIN_BLOCKS = 0: FUSED_LAUNCH's choice for the sampling. With the contract's
+# samples (1024, 1) measured fastest at 4096 x 131072 and 8192 x 1048576 float32, k = 2048 (run 3 of
+# results/h200-2026-12-01: 1.33 / 9.84 ms against 1.40 / 10.67 ms for (512, 2), same indices); with the
+# samples in runs (512, 2): 1.053 / 9.235 ms against 1.227 / 9.174 for (1024, 1) (run 1 of
+# results/h200-2026-12-01-s4: a cheap sample phase, so two blocks per SM overlap one's select with the
+# other's read)
+FUSED_THREADS = 0
+FUSED_MIN_BLOCKS = 0
+FUSED_LAUNCH = {0: (1024, 1), 1: (512, 2)}     # runs flag -> (threads, blocks per SM)
 FUSED_CAP = 0
 # 1: the v2 selects (select_smem, the fused kernel's select) rank the kept without a sort
 # (hytopk_select_fast.cuh block_select_fast); 0: key select + register bitonic sort (as before)
@@ -70,6 +81,15 @@ CLUSTER_SHARE = 1
 CLUSTER_GRID = 0            # clusters in the persistent grid (0: SMs // CLUSTER_SIZE, one block per SM)
 CLUSTER_HEADER_WORDS = 16   # table_v2.cu CLUSTER_HEADER_WORDS: mbarriers and slots between the slice buffers and the rest
 CLUSTER_SKIP_SELECT = 0     # 1: the bench's diagnostic (rows left unwritten: never exact): the cluster kernel without its selects
+SAMPLINGS = ("contract", "runs")
+RUN_ELEMS = {"hytopk::TableSource": 16, "hytopk::TableBf16Source": 32}   # hytopk_table.cuh SampleRun: 64 bytes
+
+
+def check_sampling(sampling) -> int:
+    """The kernels' runs flag of a sampling name (argument 'sampling')."""
+    if sampling not in SAMPLINGS:
+        raise ValueError(f"argument 'sampling' must be one of {SAMPLINGS}, got {sampling!r}")
+    return int(sampling == "runs")
 
 
 def _file():
@@ -95,22 +115,31 @@ def _limit() -> int:
     return smem_optin()
 
 
-def fused_cap(k: int) -> int:
+def fused_launch(runs: int = 0) -> tuple[int, int]:
+    """(threads, blocks per SM) of the fused kernel: FUSED_THREADS / FUSED_MIN_BLOCKS when set (the
+    bench's sweep), else FUSED_LAUNCH for the sampling."""
+    if FUSED_THREADS > 0 and FUSED_MIN_BLOCKS > 0:
+        return int(FUSED_THREADS), int(FUSED_MIN_BLOCKS)
+    return FUSED_LAUNCH[int(bool(runs))]
+
+
+def fused_cap(k: int, runs: int = 0) -> int:
     """Candidates the fused kernel collects in shared memory: FUSED_CAP when set (within the opt-in
     limit), else as many as keep FUSED_MIN_BLOCKS blocks per SM, else what the opt-in limit leaves;
     at least MAX_SAMPLES / 2 (its samples live there)."""
-    fixed = 256 + 6 + 3 * sort_slots(k, FUSED_THREADS)
-    target = FUSED_SMEM_TARGET * 2 // max(1, FUSED_MIN_BLOCKS)
+    threads, blocks = fused_launch(runs)
+    fixed = 256 + 6 + 3 * sort_slots(k, threads)
+    target = FUSED_SMEM_TARGET * 2 // max(1, blocks)
     cap = (target // 4 - fixed) // 2 // 256 * 256
     if FUSED_CAP > 0:
         cap = min(int(FUSED_CAP), (_limit() // 4 - fixed) // 2)
-    elif cap < MAX_SAMPLES // 2 and FUSED_MIN_BLOCKS > 2:     # a swept small block: the samples' floor
+    elif cap < MAX_SAMPLES // 2 and blocks > 2:     # a swept small block: the samples' floor
         cap = MAX_SAMPLES // 2
     if cap < MAX_SAMPLES // 2:
         cap = (_limit() // 4 - fixed) // 2
     if cap < MAX_SAMPLES // 2:
         raise ValueError(f"argument 'k' = {k}: too large for fused_hytopk_v2 (its samples and sort buffers need "
-                         f"{4 * fused_smem_words(k, MAX_SAMPLES // 2, FUSED_THREADS)} bytes of shared memory, this device has "
+                         f"{4 * fused_smem_words(k, MAX_SAMPLES // 2, threads)} bytes of shared memory, this device has "
                          f"{_limit()}); use method='radix'")
     return min(cap, 16384)
 
@@ -118,12 +147,13 @@ def fused_cap(k: int) -> int:
 NULL = np.uint64(0)          # a null pointer argument
 
 
-def launch_threshold(s, cxx, lo, hi, M, r, T, zero_count=NULL, zero_one=NULL):
+def launch_threshold(s, cxx, lo, hi, M, r, T, zero_count=NULL, zero_one=NULL, runs=0):
     """The threshold kernel; zero_count ([n] int32) and zero_one ([1] int32), when given, are
-    zeroed by it for the launches that follow."""
+    zeroed by it for the launches that follow; runs = 1: the samples in runs (check_sampling)."""
     n, L = s.shape
     launch(kernel(_file(), f"hytopk_table_threshold<{cxx}>"), (n,),
-           (s, np.int64(L), np.int32(n), lo, hi, M, r, T, zero_count, zero_one), 0, threads=SAMPLE_BLOCK)
+           (s, np.int64(L), np.int32(n), lo, hi, M, r, T, zero_count, zero_one, np.int32(runs)), 0,
+           threads=SAMPLE_BLOCK)
 
 
 def filter_geometry(s, cxx, capacity):
@@ -159,11 +189,13 @@ def launch_select(cand_idx, cand_val, count, k, idx, val):
             np.int32(SELECT_FAST)), select_smem_bytes(k, cap), threads=SAMPLE_BLOCK)
 
 
-def launch_fused(s, cxx, lo, hi, k, cap, oversample, count, flagged, nflagged, idx, val):
-    """The fused kernel; the rows it cannot finish go to flagged[0 .. nflagged) (zeroed before)."""
+def launch_fused(s, cxx, lo, hi, k, cap, oversample, count, flagged, nflagged, idx, val, runs=0):
+    """The fused kernel; the rows it cannot finish go to flagged[0 .. nflagged) (zeroed before);
+    runs = 1: the samples in runs (not with FUSED_ONE_READ: that kernel finds the contract's samples
+    among what it collected)."""
     n, L = s.shape
-    threads, blocks = int(FUSED_THREADS), int(FUSED_MIN_BLOCKS)
-    if FUSED_ONE_READ:
+    threads, blocks = fused_launch(runs)
+    if FUSED_ONE_READ and not runs:
         if (threads, blocks) not in FUSED1_CONFIGS:
             raise ValueError(f"table_v2.FUSED_THREADS / FUSED_MIN_BLOCKS = {(threads, blocks)}: the one-read kernel "
                              f"(FUSED_ONE_READ = 1) is instantiated at {list(FUSED1_CONFIGS)} only")
@@ -182,7 +214,8 @@ def launch_fused(s, cxx, lo, hi, k, cap, oversample, count, flagged, nflagged, i
                          f"known: {[(SAMPLE_BLOCK, 2)] + list(FUSED_CONFIGS)}")
     launch(kernel(_file(), name), (n,),
            (s, np.int64(L), np.int32(n), lo, hi, np.int32(k), np.int32(cap), np.int32(int(s.data.ptr % 16 == 0)),
-            np.int32(FUSED_AHEAD), np.float64(oversample), np.int32(SELECT_FAST), count, flagged, nflagged, idx, val),
+            np.int32(FUSED_AHEAD), np.float64(oversample), np.int32(SELECT_FAST), np.int32(runs), count, flagged,
+            nflagged, idx, val),
            4 * fused_smem_words(k, cap, threads), threads=threads)
 
 
@@ -287,15 +320,15 @@ def select_smem(cand_idx, cand_val, count, k):
         return idx, val
 
 
-def fused_v2(s, cxx, lo, hi, k, topk_cap, oversample, count, idx, val):
-    """hytopk_table_fused (or, FUSED_CLUSTER = 1 and rows that fit a cluster, hytopk_table_cluster), then
-    the radix top-k over the rows it listed (device-side: no sync)."""
+def fused_v2(s, cxx, lo, hi, k, topk_cap, oversample, count, idx, val, runs=0):
+    """hytopk_table_fused (or, FUSED_CLUSTER = 1, contract sampling and rows that fit a cluster,
+    hytopk_table_cluster), then the radix top-k over the rows it listed (device-side: no sync)."""
     n = s.shape[0]
     flagged = cp.empty(max(1, n), cp.int32)
     nflagged = cp.zeros(1, cp.int32)
-    if not (FUSED_CLUSTER and n > 0 and launch_cluster(s, cxx, lo, hi, k, oversample, count, flagged, nflagged, idx,
-                                                       val)):
-        launch_fused(s, cxx, lo, hi, k, fused_cap(k), oversample, count, flagged, nflagged, idx, val)
+    if not (FUSED_CLUSTER and not runs and n > 0 and launch_cluster(s, cxx, lo, hi, k, oversample, count, flagged,
+                                                                    nflagged, idx, val)):
+        launch_fused(s, cxx, lo, hi, k, fused_cap(k, runs), oversample, count, flagged, nflagged, idx, val, runs)
     launch_listed_topk(s, cxx, lo, hi, k, topk_cap, flagged, nflagged, idx, val)
 
 
@@ -307,7 +340,7 @@ def staged_v2(s, cxx, plan):
     if STAGED_CHUNKS > 1 and plan.n >= 2 * STAGED_CHUNKS:
         staged_v2_overlap(s, cxx, plan, int(STAGED_CHUNKS))
         return
-    launch_threshold(s, cxx, plan.lo, plan.hi, plan.M, plan.r, plan.T, plan.count, plan.nfailed)
+    launch_threshold(s, cxx, plan.lo, plan.hi, plan.M, plan.r, plan.T, plan.count, plan.nfailed, plan.runs)
     launch_filter(s, cxx, plan.lo, plan.hi, plan.T, plan.capacity, plan.cand_idx, plan.cand_val, plan.count)
     launch_select(plan.cand_idx, plan.cand_val, plan.count, plan.k, plan.idx, plan.val)
 
@@ -348,7 +381,7 @@ def staged_v2_overlap(s, cxx, plan, chunks):
         rows = slice(bounds[c], bounds[c + 1])
         with streams[0]:
             launch_threshold(s[rows], cxx, plan.lo[rows], plan.hi[rows], plan.M[rows], plan.r[rows], plan.T[rows],
-                             plan.count[rows], plan.nfailed if c == 0 else NULL)
+                             plan.count[rows], plan.nfailed if c == 0 else NULL, plan.runs)
             thr = cp.cuda.Event(disable_timing=True)
             thr.record(streams[0])
         streams[1].wait_event(thr)
