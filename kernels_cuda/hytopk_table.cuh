@@ -250,7 +250,8 @@ __device__ __forceinline__ void gather_sample_keys(const void* table, long long 
 // table read; runs cost 1/32 of it. Only where c >= 4 M (else the contract's positions, which
 // read about the same bursts).
 template <class Src> struct SampleRun { static constexpr long long R = 4 * TableVec<Src>::PER_VEC; };
-__host__ __device__ __forceinline__ bool runs_apply(long long c, long long M) { return M > 0 && c >= 4 * M; }
+// (M >= 64: at least two runs of the longest R, whatever M a caller passes)
+__host__ __device__ __forceinline__ bool runs_apply(long long c, long long M) { return M >= 64 && c >= 4 * M; }
 
 // The M samples in runs of a context [a, a + c) of row row0 as order keys keys[0 .. m), PER loads in
 // flight per thread (runs_apply(c, M) must hold).

@@ -51,8 +51,9 @@ def sample_positions(lo: int, c: int, M: int) -> np.ndarray:
 
 
 def runs_apply(c: int, M: int) -> bool:
-    """Whether run sampling takes a context of c keys (else the contract's positions)."""
-    return M > 0 and c >= 4 * M
+    """Whether run sampling takes a context of c keys (else the contract's positions): c >= 4 M, and
+    M >= 64 (at least two runs of 32) whatever M a caller passes."""
+    return M >= 64 and c >= 4 * M
 
 
 def run_sample_positions(lo: int, c: int, M: int, run: int) -> np.ndarray:

@@ -238,3 +238,11 @@ def test_run_sample_positions(lo, c, run):
         seg = p[u * run:(u + 1) * run]
         assert np.array_equal(seg, np.arange(seg[0], seg[0] + len(seg)))
     assert starts[-1] >= lo + c - 2 * ((c - run) // (U - 1)) - run    # the last run near the context's end
+
+
+def test_run_sample_positions_small_m_keeps_the_contracts():
+    """An M below two runs (whatever a caller passes) keeps the contract's positions (runs_apply)."""
+    for M in (1, 16, 63):
+        assert not R.runs_apply(100000, M)
+        assert np.array_equal(R.run_sample_positions(3, 100000, M, 32), R.sample_positions(3, 100000, M))
+    assert R.runs_apply(100000, 64) and not R.runs_apply(255, 64)
