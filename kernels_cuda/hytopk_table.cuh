@@ -242,7 +242,7 @@ __device__ __forceinline__ void gather_sample_keys(const void* table, long long 
     }
 }
 
-// Samples in runs (the table top-k's threshold, table_v2.py SAMPLING = "runs"; reference:
+// Samples in runs (the table top-k's threshold, sampling="runs" in table.py / table_v2.py; reference:
 // sampling.run_sample_positions): the contract's M and r, but the M samples taken as U = ceil(M / R)
 // runs of R consecutive keys, R * element size = 64 bytes (one DRAM burst), run u starting at
 // max(a, x - x % R), x = a + u * ((c - R) / (U - 1)) (row-relative). The contract's positions
