@@ -28,6 +28,48 @@ if SIM:
     # for all of them to take the GIL in turn: at the default 5 ms switch interval a select kernel
     # spends seconds per block in barriers. A 0.2 ms interval makes simulated kernels ~6x faster.
     sys.setswitchinterval(min(sys.getswitchinterval(), 2e-4))
+
+
+def _lock_simulator_shared_arrays():
+    """The simulator hands a block's shared arrays out by the (file, line) that allocates them with an
+    unlocked look-up-then-store (numba-cuda kernelapi.FakeCUDAShared.array): two threads of a block
+    that reach the line together can each create and keep their own array, so a value one writes is
+    never seen by the other (a CI run read an index -2147483648 from such a copy, another got a wrong
+    row). The same look-up under a lock. The caller's frame is read here as there, so allocations
+    keep their keys (a wrapper would move every key to its own line)."""
+    import threading
+    import traceback
+    try:
+        from numba.cuda.simulator import kernelapi as K
+    except ImportError:             # a numba-cuda without this simulator module: leave it as it is
+        return
+    if getattr(K.FakeCUDAShared.array, "_hytopk_locked", False):
+        return
+    try:                            # the simulator's own types (numba-cuda), else numba's
+        from numba.cuda import types
+        from numba.cuda.np import numpy_support
+    except ImportError:
+        from numba.core import types
+        from numba.np import numpy_support
+    original, lock = K.FakeCUDAShared.array, threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):
+        if alignment is not None or shape == 0 or not hasattr(self, "_allocations"):
+            return original(self, shape, dtype, alignment)      # errors and dynamic shared memory: as before
+        if isinstance(dtype, types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        caller = tuple(traceback.extract_stack(sys._getframe())[-2][0:2])
+        with lock:
+            res = self._allocations.get(caller)
+            if res is None:
+                res = self._allocations[caller] = np.empty(shape, dtype)
+        return res
+    array._hytopk_locked = True
+    K.FakeCUDAShared.array = array
+
+
+if SIM:
+    _lock_simulator_shared_arrays()
 RADIX = 256
 BLOCK = 32 if SIM else 256          # threads per block (simulator: one Python thread each)
 WARPS = BLOCK // 32
