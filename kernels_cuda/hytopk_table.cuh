@@ -91,6 +91,10 @@ struct KeyAtLeast {
         return r;
     }
     __device__ __forceinline__ bool operator()(u32 b) const { return (b - a1) <= s1 || (b - a2) <= s2; }
+    // T > 0 (every real top-k's case): one range, one add and one compare per element.
+    __device__ __forceinline__ bool single() const { return a1 == a2 && s1 == s2; }
+    template <bool ONE>
+    __device__ __forceinline__ bool test(u32 b) const { return ONE ? (b - a1) <= s1 : (*this)(b); }
 };
 
 // The float32 bits of an order key (its canonical score: -0 -> +0, NaN -> 0xffffffff).
@@ -120,7 +124,7 @@ __device__ __forceinline__ void prefetch_vectors(const void* table, long long v,
 // score bits, and the mask of elements (bit u * P + e) inside the row's [a, e_rel) (row-relative
 // positions) that pass. FULL: the caller knows every vector is inside the row and 16-byte
 // loadable (no checks at all: the hot path).
-template <class Src, int U, bool FULL>
+template <class Src, int U, bool FULL, bool ONE>
 __device__ __forceinline__ u32 stream_tile(const void* table, long long total, int aligned, long long v0, int B,
                                            long long v_stop, long long row0, int a_rel, int e_rel,
                                            const KeyAtLeast& pass, u32 (&bits)[U][TableVec<Src>::PER_VEC]) {
@@ -132,7 +136,7 @@ __device__ __forceinline__ u32 stream_tile(const void* table, long long total, i
         if (FULL) {
             TableVec<Src>::unpack(__ldcs(static_cast<const uint4*>(table) + v), bits[u]);
 #pragma unroll
-            for (int e = 0; e < P; ++e) mask |= (u32)pass(bits[u][e]) << (u * P + e);
+            for (int e = 0; e < P; ++e) mask |= (u32)pass.template test<ONE>(bits[u][e]) << (u * P + e);
         } else {
             const bool have = v < v_stop;
             const int p0 = (int)(v * P - row0);
@@ -148,7 +152,7 @@ __device__ __forceinline__ u32 stream_tile(const void* table, long long total, i
 #pragma unroll
             for (int e = 0; e < P; ++e) {
                 const int p = p0 + e;
-                mask |= (u32)(have && p >= a_rel && p < e_rel && pass(bits[u][e])) << (u * P + e);
+                mask |= (u32)(have && p >= a_rel && p < e_rel && pass.template test<ONE>(bits[u][e])) << (u * P + e);
             }
         }
     }
@@ -158,14 +162,14 @@ __device__ __forceinline__ u32 stream_tile(const void* table, long long total, i
 // Streams the block's vectors [v_first, v_stop) of row t (flat vector numbers; block-uniform
 // bounds) U vectors per thread per step and hands every element of the row's context that
 // passes to the sink: sink.reserve(mine) once per step by every lane of every warp, then
-// sink.put(pos, bits) for each of this lane's mine elements (pos row-relative). Steps wholly
-// inside the context take the unchecked path. PF and ahead > 0 (and a 16-byte aligned table):
+// sink.put_mask(...) with this lane's mask of mine passing elements (pos row-relative). Steps
+// wholly inside the context take the unchecked path. PF and ahead > 0 (and a 16-byte aligned table):
 // thread 0 keeps the L2 prefetching `ahead` steps ahead of the loads (PF = false compiles it out:
-// its few registers spill the bf16 fused kernel).
-template <class Src, int U, class Sink, bool PF = true>
-__device__ __forceinline__ void stream_row(const void* table, long long total, int aligned, long long row0,
-                                           long long a, long long c, long long v_first, long long v_stop,
-                                           const KeyAtLeast& pass, Sink& sink, int ahead) {
+// its few registers spill the bf16 fused kernel). ONE: the pass is one range (KeyAtLeast::single).
+template <class Src, int U, class Sink, bool PF, bool ONE>
+__device__ __forceinline__ void stream_row_pass(const void* table, long long total, int aligned, long long row0,
+                                                long long a, long long c, long long v_first, long long v_stop,
+                                                const KeyAtLeast& pass, Sink& sink, int ahead) {
     constexpr int P = TableVec<Src>::PER_VEC;
     static_assert(U * P <= 32, "the pass mask is one 32-bit word");
     const int B = blockDim.x;
@@ -186,25 +190,95 @@ __device__ __forceinline__ void stream_row(const void* table, long long total, i
         const long long v0 = vs + threadIdx.x;
         u32 bits[U][P];
         const bool full = aligned && vs * P >= g_lo && (vs + step) * P <= g_hi && vs + step <= v_stop;
-        const u32 mask = full ? stream_tile<Src, U, true>(table, total, aligned, v0, B, v_stop, row0, (int)a,
-                                                          (int)(a + c), pass, bits)
-                              : stream_tile<Src, U, false>(table, total, aligned, v0, B, v_stop, row0, (int)a,
-                                                           (int)(a + c), pass, bits);
-        sink.reserve(__popc(mask));
-        if (mask) {
-            const int p0 = (int)(v0 * P - row0);
-#pragma unroll
-            for (int u = 0; u < U; ++u)
-#pragma unroll
-                for (int e = 0; e < P; ++e)
-                    if (mask & (1u << (u * P + e))) sink.put((u32)(p0 + u * B * P + e), bits[u][e]);
-        }
+        const u32 mask = full ? stream_tile<Src, U, true, ONE>(table, total, aligned, v0, B, v_stop, row0, (int)a,
+                                                               (int)(a + c), pass, bits)
+                              : stream_tile<Src, U, false, ONE>(table, total, aligned, v0, B, v_stop, row0, (int)a,
+                                                                (int)(a + c), pass, bits);
+        const int mine = __popc(mask);
+        sink.reserve(mine);
+        if (mask) sink.template put_mask<U, P>(mask, mine, (int)(v0 * P - row0), B * P, bits);
     }
 }
 
+template <class Src, int U, class Sink, bool PF = true>
+__device__ __forceinline__ void stream_row(const void* table, long long total, int aligned, long long row0,
+                                           long long a, long long c, long long v_first, long long v_stop,
+                                           const KeyAtLeast& pass, Sink& sink, int ahead) {
+    // float32 only: the bf16 streams (24 elements a thread) spill with a second copy of the loop
+    if (TableVec<Src>::PER_VEC == 4 && pass.single())                 // uniform: T's bits are the block's
+        stream_row_pass<Src, U, Sink, PF, true>(table, total, aligned, row0, a, c, v_first, v_stop, pass, sink, ahead);
+    else
+        stream_row_pass<Src, U, Sink, PF, false>(table, total, aligned, row0, a, c, v_first, v_stop, pass, sink, ahead);
+}
+
+// The passing elements of one stream step (bit u * P + e of mask: element e of vector u, row
+// position p0 + u * BP + e), mine = popc(mask), to sink.put in bit order. When all mine slots are
+// below the sink's cap (every step of a row that fits) the puts need no per-element checks:
+// predicated stores through two running pointers, no branches.
+template <int U, int P, class Put>
+__device__ __forceinline__ void put_mask_bits(u32 mask, int p0, int BP, const u32 (&bits)[U][P], Put put) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int e = 0; e < P; ++e)
+            if (mask & (1u << (u * P + e))) put((u32)(p0 + u * BP + e), bits[u][e]);
+}
+
+// DIST > 0: pb = pp + DIST (a compile-time distance: one address a store pair, the bits' store at an
+// immediate offset; ~5 instructions an element).
+template <int U, int P, int DIST = 0>
+__device__ __forceinline__ void put_unchecked(u32 mask, int p0, int BP, const u32 (&bits)[U][P], u32* pp, u32* pb) {
+#if defined(__CUDA_ARCH__)
+    if (P == 4 && DIST > 0) {
+        u32 ap = (u32)__cvta_generic_to_shared(pp);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const u32 pu = (u32)(p0 + u * BP);
+#pragma unroll
+            for (int e = 0; e < P; ++e)
+                asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.u32 q, %1, 0;\n\t"
+                             "@q st.shared.u32 [%0], %2;\n\t@q st.shared.u32 [%0+%4], %3;\n\t@q add.u32 %0, %0, 4;\n\t}"
+                             : "+r"(ap) : "r"(mask & (1u << (u * P + e))), "r"(pu + (u32)e), "r"(bits[u][e]),
+                               "n"(4 * DIST) : "memory");
+        }
+        return;
+    }
+    if (P == 4) {
+        // float32: predicated stores (no branch) through shared-window addresses stepped by hand
+        // (~8 instructions an element; the compiler's own form recomputes both addresses from an
+        // index, ~10). A loop over the passing elements instead (~15 a candidate, divergent) was
+        // slower: 0.746 against 0.731 ms at 4096 x 131072 (H200, 2026-12-01 s5 runs 1-2).
+        u32 ap = (u32)__cvta_generic_to_shared(pp), ab = (u32)__cvta_generic_to_shared(pb);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const u32 pu = (u32)(p0 + u * BP);
+#pragma unroll
+            for (int e = 0; e < P; ++e) {
+                const u32 take = (mask >> (u * P + e)) & 1u;
+                asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.u32 q, %0, 0;\n\t"
+                             "@q st.shared.u32 [%1], %2;\n\t@q st.shared.u32 [%3], %4;\n\t}"
+                             :: "r"(take), "r"(ap), "r"(pu + (u32)e), "r"(ab), "r"(bits[u][e]) : "memory");
+                ap += take << 2;
+                ab += take << 2;
+            }
+        }
+        return;
+    }
+#endif
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int e = 0; e < P; ++e)
+            if (mask & (1u << (u * P + e))) {
+                *pp++ = (u32)(p0 + u * BP + e);
+                *pb++ = bits[u][e];
+            }
+}
+
 // A sink into shared memory: slots from one shared counter, those >= cap dropped (the
-// counter still counts them).
-struct SmemSink {
+// counter still counts them). DIST > 0: bits == pos + DIST (table_v2.cu fused_collect).
+template <int DIST = 0>
+struct SmemSinkT {
     u32* pos;
     u32* bits;
     int* counter;
@@ -215,7 +289,17 @@ struct SmemSink {
         if (slot < cap) { pos[slot] = p; bits[slot] = b; }
         ++slot;
     }
+    template <int U, int P>
+    __device__ __forceinline__ void put_mask(u32 mask, int mine, int p0, int BP, const u32 (&b)[U][P]) {
+        if (P == 4 && slot + mine <= cap) {     // float32: bf16's streams spill with it
+            put_unchecked<U, P, DIST>(mask, p0, BP, b, pos + slot, bits + slot);
+            slot += mine;
+        } else {
+            put_mask_bits<U, P>(mask, p0, BP, b, [&](u32 p, u32 x) { put(p, x); });
+        }
+    }
 };
+using SmemSink = SmemSinkT<0>;
 
 // The contract's M samples of a context (CONTRACT.md §3.2: p_j = a + (j * c) // Mdiv, 64-bit)
 // as order keys keys[0 .. m), PER loads in flight per thread. j * c // Mdiv is stepped by
@@ -381,8 +465,14 @@ __device__ __forceinline__ void sort_desc_v2(u64* word, u32* bits, int cnt) {
 // __match_any_sync costs ~20 issue cycles per warp (run 3: table_topk with match atomics
 // 4.20 ms against 3.19 with plain ones). So: match at the top digit, plain atomics below.
 // Same result (a histogram does not depend on how its counts are added).
+// coarse > 0 (LARGEST; the table top-k's threshold, reference.coarse_key): stop after the first
+// 8-bit level whose chosen digit holds at most max(1, rank / coarse) keys (and whose prefix is at
+// least 0x00800000) and return its prefix with the lower bits 0: a key at or below the rank-th best
+// with at most that many more keys at or above it (two levels instead of four on a randn row).
 template <bool LARGEST, class Get>
-__device__ u32 block_radix_select_keys(const Get& get, long long m, u32 rank, u32* hist, SelectScalars* sc) {
+__device__ u32 block_radix_select_keys(const Get& get, long long m, u32 rank, u32* hist, SelectScalars* sc,
+                                       int coarse = 0) {
+    const u32 few = coarse > 0 ? max(1u, rank / (u32)coarse) : 0u;
     if (threadIdx.x == 0) { sc->prefix = 0u; sc->remaining = rank; }
     u32 mask = 0u;
     for (int shift = 24; shift >= 0; shift -= 8) {
@@ -438,6 +528,9 @@ __device__ u32 block_radix_select_keys(const Get& get, long long m, u32 rank, u3
         }
         mask |= 0xffu << shift;
         __syncthreads();
+        // uniform (read after the barrier); a prefix below key 0x00800000 (-FLT_MAX) would be a NaN as a
+        // score, which lets NaN keys through: those go on to the exact key
+        if (LARGEST && few > 0u && sc->equal <= few && sc->prefix >= 0x00800000u) break;
     }
     return sc->prefix;
 }

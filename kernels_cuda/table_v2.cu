@@ -32,6 +32,9 @@ template <class Src> struct StreamU { static constexpr int U = TableVec<Src>::PE
 constexpr int STREAM_MIN_BLOCKS = 6;
 constexpr int SAMPLE_BLOCK = 512;        // threads of the threshold and the fused kernel
 constexpr int SAMPLE_PER = MAX_SAMPLES / SAMPLE_BLOCK;   // every sample load of a thread in flight at once
+// The fused kernel's candidate cap at k = 2048, (512, 2) (table_v2.py fused_cap): with it the stream's
+// appends address the bits at an immediate offset from the positions (SmemSinkT<FUSED_FIXED_CAP>).
+constexpr int FUSED_FIXED_CAP = 10752;
 
 // Sort slots of the v2 selects: sort_desc_v2 pads to at least one word per thread of the block.
 __host__ __device__ constexpr int sort_slots_v2(int k, int threads = SAMPLE_BLOCK) {
@@ -71,6 +74,16 @@ struct StagedSink {
             ++gslot;
         }
         ++slot;
+    }
+    template <int U, int P>
+    __device__ __forceinline__ void put_mask(u32 mask, int mine, int p0, int BP, const u32 (&b)[U][P]) {
+        // the whole step in the stage: no per-element checks (float32: bf16's stream spills with it)
+        if (P == 4 && slot + mine <= stage_cap) {
+            put_unchecked<U, P>(mask, p0, BP, b, pos + slot, bits + slot);
+            slot += mine;
+        } else {
+            put_mask_bits<U, P>(mask, p0, BP, b, [&](u32 p, u32 x) { put(p, x); });
+        }
     }
 };
 }  // namespace hytopk
@@ -190,16 +203,19 @@ struct FusedSmem {
     }
 };
 
-// CONTRACT.md §3.1-3.3: M samples at a + (j * c) // M, rank r (float64, that order).
+// CONTRACT.md §3.1-3.3: M samples at a + (j * c) // M, rank r (float64, that order); min_rank > 0
+// (the table top-k's, not the contract's): r at least min(M, min_rank), so a small oversample keeps
+// enough samples above T where the samples are sparse (reference.sample_plan's min_rank).
 struct SamplePlan {
     long long M;
     u32 r;
-    __device__ __forceinline__ static SamplePlan of(long long c, int k, double oversample) {
+    __device__ __forceinline__ static SamplePlan of(long long c, int k, double oversample, int min_rank = 0) {
         SamplePlan p;
         p.M = min(c, min(max(c / SAMPLE_STRIDE, MIN_SAMPLES), MAX_SAMPLES));
         double rd = ceil(((oversample * (double)k) * (double)p.M) / (double)c);
         rd = fmin((double)p.M, rd);
         p.r = (u32)max(1LL, min(p.M, (long long)fmax(rd, 1.0)));
+        if (min_rank > 0) p.r = (u32)max((long long)p.r, min(p.M, (long long)min_rank));
         return p;
     }
 };
@@ -282,12 +298,13 @@ __device__ __noinline__ void fused_gather_samples(const void* __restrict__ table
 // (read into f.cpos: the candidates overwrite them next).
 template <class Src, int PER>
 __device__ __forceinline__ u32 fused_sample_key(const FusedSmem& f, const void* __restrict__ table, long long row0,
-                                                long long a, long long c, const SamplePlan& sp, int runs = 0) {
+                                                long long a, long long c, const SamplePlan& sp, int runs = 0,
+                                                int coarse = 0) {
     u32* skeys = f.cpos;                        // M <= 2 * cap words: cpos, then cbits
     fused_gather_samples<Src, PER>(table, row0, a, c, sp.M, runs, skeys);
     __syncthreads();
     auto sample_key = [&](long long q, u32* out) { *out = skeys[q]; return true; };
-    return block_radix_select_keys<true>(sample_key, sp.M, sp.r, f.hist, f.sc);
+    return block_radix_select_keys<true>(sample_key, sp.M, sp.r, f.hist, f.sc, coarse);
 }
 
 // One streaming read of the row collecting every key >= key into shared memory (up to cap);
@@ -300,10 +317,22 @@ __device__ __forceinline__ int fused_collect(const FusedSmem& f, const void* __r
     constexpr long long P = S::P;
     if (threadIdx.x == 0) *f.ncand = 0;
     __syncthreads();                            // the samples are dead: the candidates overwrite them
-    SmemSink sink = {f.cpos, f.cbits, f.ncand, cap, 0};
-    stream_row<Src, S::U, SmemSink, S::PF>(table, (long long)n * L, aligned, row0, a, c, (row0 + a) / P,
-                                           (row0 + a + c + P - 1) / P, KeyAtLeast::of(bits_of_key(key)), sink,
-                                           ahead);
+    const KeyAtLeast pass = KeyAtLeast::of(bits_of_key(key));
+    bool fixed = false;
+    if constexpr (P == 4) {           // float32, T > 0, the op's layout (the bits at a fixed distance)
+        fixed = pass.single() && f.cbits == f.cpos + FUSED_FIXED_CAP;
+        if (fixed) {
+            SmemSinkT<FUSED_FIXED_CAP> sink = {f.cpos, f.cbits, f.ncand, cap, 0};
+            stream_row_pass<Src, S::U, SmemSinkT<FUSED_FIXED_CAP>, S::PF, true>(
+                table, (long long)n * L, aligned, row0, a, c, (row0 + a) / P, (row0 + a + c + P - 1) / P, pass, sink,
+                ahead);
+        }
+    }
+    if (!fixed) {
+        SmemSink sink = {f.cpos, f.cbits, f.ncand, cap, 0};
+        stream_row<Src, S::U, SmemSink, S::PF>(table, (long long)n * L, aligned, row0, a, c, (row0 + a) / P,
+                                               (row0 + a + c + P - 1) / P, pass, sink, ahead);
+    }
     __syncthreads();
     return *f.ncand;
 }
@@ -315,14 +344,15 @@ template <class Src, int THREADS>
 __device__ __forceinline__ void fused_sampled_row(const FusedSmem& f, const void* __restrict__ table, long long L,
                                                   int n, int t, long long row0, long long a, long long c, int k,
                                                   int cap, int aligned, int ahead, double oversample, int fast,
-                                                  int runs, bool head_prefetch, int* __restrict__ count_out,
+                                                  int runs, int min_rank, int coarse, bool head_prefetch,
+                                                  int* __restrict__ count_out,
                                                   int* __restrict__ flagged, int* __restrict__ nflagged,
                                                   int* out_idx, float* out_val) {
     // sample loads in flight per thread: all of them at >= 512 threads, at most 16 (registers)
     constexpr int PER = MAX_SAMPLES / THREADS < 16 ? MAX_SAMPLES / THREADS : 16;
     if (head_prefetch) fused_head_prefetch<Src>(table, L, n, row0, a, c, aligned, ahead);
-    const SamplePlan sp = SamplePlan::of(c, k, oversample);
-    const u32 kstar = fused_sample_key<Src, PER>(f, table, row0, a, c, sp, runs);
+    const SamplePlan sp = SamplePlan::of(c, k, oversample, min_rank);
+    const u32 kstar = fused_sample_key<Src, PER>(f, table, row0, a, c, sp, runs, coarse);
     const int cnt = fused_collect<Src>(f, table, L, n, row0, a, c, cap, aligned, ahead, kstar);
     fused_finish<THREADS>(f, t, cnt, k, cap, fast, count_out, flagged, nflagged, out_idx, out_val);
 }
@@ -340,16 +370,16 @@ __device__ __forceinline__ void fused_sampled_row(const FusedSmem& f, const void
 // ahead > 0: the L2 prefetches the row's first `ahead` steps before the samples are read (they
 // arrive while T is selected) and stays `ahead` steps ahead of the read.
 // runs != 0: the samples in runs of 64 bytes where runs_apply (same M and r; count_out[t] is then
-// the count above that threshold, not the contract's).
+// the count above that threshold, not the contract's). min_rank > 0: r at least min(M, min_rank);
+// coarse > 0: K* rounded down where the radix select's digit holds few samples (block_radix_select_keys;
+// table_topk's plan, table.py TOPK_*: counts above that threshold, reference.coarse_key).
 template <class Src, int THREADS>
-__device__ __forceinline__ void table_fused_body(u32* smem, const void* __restrict__ table, long long L, int n,
-                                                 const int* __restrict__ lo, const int* __restrict__ hi, int k,
-                                                 int cap, int aligned, int ahead, double oversample, int fast,
-                                                 int runs, int* __restrict__ count_out, int* __restrict__ flagged,
-                                                 int* __restrict__ nflagged, int* __restrict__ idx,
-                                                 float* __restrict__ val) {
-    const int t = blockIdx.x;
-    if (t >= n) return;
+__device__ __forceinline__ void table_fused_row(u32* smem, int t, const void* __restrict__ table, long long L, int n,
+                                                const int* __restrict__ lo, const int* __restrict__ hi, int k,
+                                                int cap, int aligned, int ahead, double oversample, int fast,
+                                                int runs, int min_rank, int coarse, int* __restrict__ count_out,
+                                                int* __restrict__ flagged, int* __restrict__ nflagged,
+                                                int* __restrict__ idx, float* __restrict__ val) {
     const FusedSmem f = FusedSmem::of(smem, k, cap, THREADS);
     const long long row0 = (long long)t * L;
     const long long a = min(max((long long)lo[t], 0LL), L);            // clamped: never a read outside the row
@@ -359,8 +389,21 @@ __device__ __forceinline__ void table_fused_body(u32* smem, const void* __restri
     if (c <= k)
         fused_whole_row<Src>(f, table, t, row0, a, c, k, count_out, out_idx, out_val);
     else
-        fused_sampled_row<Src, THREADS>(f, table, L, n, t, row0, a, c, k, cap, aligned, ahead, oversample, fast, runs, true,
-                                        count_out, flagged, nflagged, out_idx, out_val);
+        fused_sampled_row<Src, THREADS>(f, table, L, n, t, row0, a, c, k, cap, aligned, ahead, oversample, fast, runs,
+                                        min_rank, coarse, true, count_out, flagged, nflagged, out_idx, out_val);
+}
+
+template <class Src, int THREADS>
+__device__ __forceinline__ void table_fused_body(u32* smem, const void* __restrict__ table, long long L, int n,
+                                                 const int* __restrict__ lo, const int* __restrict__ hi, int k,
+                                                 int cap, int aligned, int ahead, double oversample, int fast,
+                                                 int runs, int min_rank, int coarse, int* __restrict__ count_out,
+                                                 int* __restrict__ flagged, int* __restrict__ nflagged,
+                                                 int* __restrict__ idx, float* __restrict__ val) {
+    const int t = blockIdx.x;
+    if (t >= n) return;
+    table_fused_row<Src, THREADS>(smem, t, table, L, n, lo, hi, k, cap, aligned, ahead, oversample, fast, runs,
+                                  min_rank, coarse, count_out, flagged, nflagged, idx, val);
 }
 
 namespace hytopk {
@@ -516,11 +559,12 @@ template <class Src>
 __global__ void __launch_bounds__(SAMPLE_BLOCK, 2)
 hytopk_table_fused(const void* __restrict__ table, long long L, int n, const int* __restrict__ lo,
                    const int* __restrict__ hi, int k, int cap, int aligned, int ahead, double oversample, int fast,
-                   int runs, int* __restrict__ count_out, int* __restrict__ flagged, int* __restrict__ nflagged,
+                   int runs, int min_rank, int coarse, int* __restrict__ count_out, int* __restrict__ flagged,
+                   int* __restrict__ nflagged,
                    int* __restrict__ idx, float* __restrict__ val) {
     extern __shared__ __align__(16) u32 smem[];
     table_fused_body<Src, SAMPLE_BLOCK>(smem, table, L, n, lo, hi, k, cap, aligned, ahead, oversample, fast, runs,
-                                        count_out, flagged, nflagged, idx, val);
+                                        min_rank, coarse, count_out, flagged, nflagged, idx, val);
 }
 
 // The same kernel at THREADS threads and MINB blocks per SM (table_v2.py FUSED_CONFIGS, the
@@ -529,11 +573,12 @@ template <class Src, int THREADS, int MINB>
 __global__ void __launch_bounds__(THREADS, MINB)
 hytopk_table_fused_cfg(const void* __restrict__ table, long long L, int n, const int* __restrict__ lo,
                        const int* __restrict__ hi, int k, int cap, int aligned, int ahead, double oversample,
-                       int fast, int runs, int* __restrict__ count_out, int* __restrict__ flagged,
+                       int fast, int runs, int min_rank, int coarse, int* __restrict__ count_out,
+                       int* __restrict__ flagged,
                        int* __restrict__ nflagged, int* __restrict__ idx, float* __restrict__ val) {
     extern __shared__ __align__(16) u32 smem[];
     table_fused_body<Src, THREADS>(smem, table, L, n, lo, hi, k, cap, aligned, ahead, oversample, fast, runs,
-                                   count_out, flagged, nflagged, idx, val);
+                                   min_rank, coarse, count_out, flagged, nflagged, idx, val);
 }
 
 // The one-read fused kernel (table_fused1_body) at THREADS threads and MINB blocks per SM

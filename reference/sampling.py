@@ -34,11 +34,15 @@ def threshold_rank(c, M, k, oversample):
     return np.minimum(M, r.astype(np.int64))
 
 
-def sample_plan(lo, hi, k, oversample):
-    """(M, r) per query as int32; both 0 where the context has c <= k keys (no sampling)."""
+def sample_plan(lo, hi, k, oversample, min_rank: int = 0):
+    """(M, r) per query as int32; both 0 where the context has c <= k keys (no sampling).
+    ``min_rank`` > 0 (the table top-k's plan, not the contract's): r raised to at least
+    min(M, min_rank)."""
     c = np.asarray(hi, np.int64) - np.asarray(lo, np.int64)
     M = num_samples(c)
     r = threshold_rank(c, M, k, oversample)
+    if min_rank > 0:
+        r = np.maximum(r, np.minimum(M, np.int64(min_rank)))
     sampled = c > k
     return (np.where(sampled, M, 0).astype(np.int32),
             np.where(sampled, r, 0).astype(np.int32))
@@ -72,9 +76,39 @@ def run_sample_positions(lo: int, c: int, M: int, run: int) -> np.ndarray:
     return np.maximum(lo, x - x % run) + j % run
 
 
-def stage_threshold(source: Source, lo, hi, M, r, run: int = 0) -> np.ndarray:
+def coarse_key(keys, r: int, coarse: int) -> int:
+    """The r-th best of ``keys`` (uint32 order keys) as the kernels' radix select finds it, 8 bits a
+    level from the top; ``coarse`` > 0 (the table top-k's threshold, not the contract's): stopped
+    after the first level whose chosen digit holds at most max(1, r // coarse) keys and whose prefix
+    is at least 0x00800000 (the key of -FLT_MAX: a lower prefix is a NaN as a score), the lower bits
+    0 (a key at or below the r-th best, at most that many more keys at or above it)."""
+    keys = np.asarray(keys, np.uint32).astype(np.int64)
+    few = max(1, r // coarse) if coarse > 0 else 0
+    prefix, mask, rem = 0, 0, int(r)
+    for shift in (24, 16, 8, 0):
+        hist = np.bincount((keys[(keys & mask) == prefix] >> shift) & 0xFF, minlength=256)
+        before, d = 0, 255
+        while before + int(hist[d]) < rem:
+            before += int(hist[d])
+            d -= 1
+        rem -= before
+        prefix |= d << shift
+        mask |= 0xFF << shift
+        if few and int(hist[d]) <= few and prefix >= 0x00800000:       # below: a NaN as a score
+            break
+    return prefix
+
+
+def key_score(key: int) -> np.float32:
+    """A float32 score whose order key is ``key`` (the kernels' bits_of_key: key 0 -> a NaN)."""
+    bits = key ^ 0x80000000 if key >= 0x80000000 else ~key & 0xFFFFFFFF
+    return np.array([bits], np.uint32).view(np.float32)[0]
+
+
+def stage_threshold(source: Source, lo, hi, M, r, run: int = 0, coarse: int = 0) -> np.ndarray:
     """T[t] = the r-th best sample score of query t (float32[n]); ``run`` > 0: the samples in runs
-    of that many keys (run_sample_positions), 0: the contract's positions.
+    of that many keys (run_sample_positions), 0: the contract's positions; ``coarse`` > 0: that key
+    rounded down as coarse_key does (the table top-k's plan).
 
     Queries with M = 0 (c <= k) get NaN, whose key 0 lets every key through.
     """
@@ -86,6 +120,9 @@ def stage_threshold(source: Source, lo, hi, M, r, run: int = 0) -> np.ndarray:
         c = int(hi[t]) - int(lo[t])
         pos = (run_sample_positions(lo[t], c, M[t], run) if run else sample_positions(lo[t], c, M[t]))
         vals = source.at(t, pos)
+        if coarse:
+            T[t] = key_score(coarse_key(order_keys(vals), int(r[t]), coarse))
+            continue
         best = rank_order(order_keys(vals), pos)
         T[t] = vals[best[r[t] - 1]]
     return T

@@ -96,10 +96,11 @@ FUSED_SWEEP = (
     (1024, 1, 12288, 2, 1), (1024, 1, 16384, 2, 1), (1024, 1, 0, 2, 0),
 )
 SWEEP_KEYS = ("FUSED_THREADS", "FUSED_MIN_BLOCKS", "FUSED_CAP", "FUSED_AHEAD", "SELECT_FAST")
-# the same with the samples in runs, and the oversample (2: ~4100 candidates a row, so (256, 3)'s cap holds them)
+# the same with the samples in runs, the oversample, min_rank and coarse (table.TOPK_*: 1.5, 48, 8)
 FUSED_SWEEP_RUNS = (
-    (512, 2, 0, 2, 1, 3.0), (512, 2, 0, 2, 1, 2.0), (512, 2, 0, 3, 1, 3.0), (512, 2, 0, 1, 1, 3.0),
-    (256, 3, 0, 2, 1, 2.0), (256, 3, 0, 3, 1, 2.0), (1024, 1, 0, 2, 1, 3.0), (1024, 1, 0, 2, 1, 2.0),
+    (512, 2, 0, 2, 1, 3.0), (512, 2, 0, 2, 1, 1.5, 48), (512, 2, 0, 2, 1, 2.0, 48, 8), (512, 2, 0, 2, 1, 1.5, 48, 8),
+    (512, 2, 0, 2, 1, 1.25, 48, 8), (512, 2, 0, 3, 1, 1.5, 48, 8), (256, 3, 0, 2, 1, 1.5, 48, 8),
+    (1024, 1, 0, 2, 1, 1.5, 48, 8),
 )
 
 
@@ -116,10 +117,12 @@ def fused_sweep(tab, tab_v2, scores, lo, hi, k, i_radix, repeats, torch, cp, sam
                 setattr(tab_v2, key, v)
             rec = dict(zip(SWEEP_KEYS, cfg))
             os_ = cfg[5] if len(cfg) > 5 else 3.0
-            rec["oversample"] = os_
+            mr = cfg[6] if len(cfg) > 6 else 0
+            co = cfg[7] if len(cfg) > 7 else 0
+            rec["oversample"], rec["min_rank"], rec["coarse"] = os_, mr, co
             try:
                 fn = lambda: tab.fused_hytopk(scores, lo, hi, k, count=count, host_check=False, design="v2",  # noqa: E731
-                                              sampling=sampling, oversample=os_)
+                                              sampling=sampling, oversample=os_, min_rank=mr, coarse=co)
                 rec.update(timed(fn, repeats, torch))
                 i = fn()[0]
                 rec["idx_equals_radix"] = bool(torch.equal(torch.from_dlpack(i_radix), torch.from_dlpack(i)))

@@ -32,7 +32,8 @@ def table():
 
 
 def table_runs():
-    """The table case with the samples in runs (table_v2.py sampling "runs"): staged and fused."""
+    """The table case with the samples in runs (table_v2.py sampling "runs"): staged, fused, and fused
+    with table_topk's plan (the op's)."""
     import cupy as cp
     import numpy as np
     import torch
@@ -45,6 +46,7 @@ def table_runs():
     lo = torch.zeros(n, dtype=torch.int32, device="cuda")
     hi = torch.full((n,), L, dtype=torch.int32, device="cuda")
     tab.fused_hytopk(scores, lo, hi, k, count=cp.empty(n, cp.int32), host_check=False, design="v2", sampling="runs")
+    tab.table_topk(scores, lo, hi, k, host_check=False)          # the op's plan (TOPK_OVERSAMPLE, _MIN_RANK, _COARSE)
     cp.cuda.Device().synchronize()
 
 

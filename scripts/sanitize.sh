@@ -49,7 +49,9 @@ TABLEJOB=("$TT::test_more_ties_at_the_kth_key_than_fit_in_shared_memory" "$TT::t
           "$TT::test_fused_hytopk_counts_are_the_contracts[bfloat16-specials-v2]"
           "$TT::test_select_smem_matches_reference_in_and_past_shared_memory"
           "$TT::test_run_sampling_thresholds_counts_and_top_k[float32-alias_on_samples]"
-          "$TT::test_run_sampling_thresholds_counts_and_top_k[bfloat16-specials]")
+          "$TT::test_run_sampling_thresholds_counts_and_top_k[bfloat16-specials]"
+          "$TT::test_topk_plan_min_rank_counts_and_top_k[float32-relu_plateau]"
+          "$TT::test_topk_plan_min_rank_counts_and_top_k[float32-specials]")
 # the cluster table kernel (distributed shared memory, bulk copies, mbarriers): listed rows, unaligned
 # bases, and the exact rows at both cluster sizes with a grid of a few clusters (every leader in turn)
 CL=(tests/test_table_topk_gpu.py -k "test_fused_hytopk_cluster_listed_rows or (test_fused_hytopk_cluster_is_exact and ties_at_kth and (8-1-40 or 4-0-2))")

@@ -78,10 +78,23 @@ def test_fused_hytopk_counts_are_the_contracts(tab, family, dtype, design):
         assert np.array_equal(cp.asnumpy(count), ref.count), (k, lay)
 
 
-def _runs_reference(wide, lo, hi, k, run, capacity=None):
+def _table_cases(family, dtype, tag, shapes):
+    """(layout, n, L, k, lo, hi, table, the table widened to float32, its exact top-k) for each
+    (layout, (n, L, k)) of shapes: a score family's table, bf16 bits where dtype says so."""
+    rng = np.random.default_rng(hash((family, dtype, tag)) % 2**32)
+    for lay, (n, L, k) in shapes:
+        lo, hi = G.layout(lay, n, L, k, rng)
+        s = G.score_table(family, n, L, k, rng, lo, hi)
+        wide = s
+        if dtype == "bfloat16":
+            s, wide = bf16_table(s)
+        yield lay, n, L, k, lo, hi, s, wide, R.topk(wide, lo, hi, k)
+
+
+def _runs_reference(wide, lo, hi, k, run, capacity=None, oversample=3.0, min_rank=0, coarse=0):
     """(T, count, failed) of HyTopK with the samples in runs (reference.run_sample_positions)."""
-    M, r = R.sample_plan(lo, hi, k, 3.0)
-    T = R.stage_threshold(R.TableSource(wide), lo, hi, M, r, run)
+    M, r = R.sample_plan(lo, hi, k, oversample, min_rank)
+    T = R.stage_threshold(R.TableSource(wide), lo, hi, M, r, run, coarse)
     _, _, above = R.stage_filter(R.TableSource(wide), lo, hi, T, 1)
     count = np.where(M > 0, above, np.asarray(hi, np.int64) - np.asarray(lo, np.int64)).astype(np.int32)
     cap = R.resolve_capacity(capacity, k, np.asarray(lo, np.int64), np.asarray(hi, np.int64), 3.0)
@@ -95,16 +108,10 @@ def test_run_sampling_thresholds_counts_and_top_k(tab, family, dtype):
     fused kernel's counts and the staged plan's thresholds, counts and failed rows equal the
     reference's (run_sample_positions), and both give the exact top-k (rows whose run samples
     alias the scores fall back, exact)."""
-    rng = np.random.default_rng(hash((family, dtype, "runs")) % 2**32)
     run = 32 if dtype == "bfloat16" else 16
-    for lay, (n, L, k) in (("full", (4, 140000, 2048)), ("varlen", (6, 40000, 512)), ("edge", (6, 40000, 300)),
-                           ("causal_tail", (5, 20011, 64))):
-        lo, hi = G.layout(lay, n, L, k, rng)
-        s = G.score_table(family, n, L, k, rng, lo, hi)
-        wide = s
-        if dtype == "bfloat16":
-            s, wide = bf16_table(s)
-        exact = R.topk(wide, lo, hi, k)
+    shapes = (("full", (4, 140000, 2048)), ("varlen", (6, 40000, 512)), ("edge", (6, 40000, 300)),
+              ("causal_tail", (5, 20011, 64)))
+    for lay, n, L, k, lo, hi, s, wide, exact in _table_cases(family, dtype, "runs", shapes):
         T, want, failed = _runs_reference(wide, lo, hi, k, run)
         count = cp.zeros(n, cp.int32)
         assert same(*tab.fused_hytopk(s, lo, hi, k, count=count, design="v2", sampling="runs"), *exact), (k, lay)
@@ -115,6 +122,45 @@ def test_run_sampling_thresholds_counts_and_top_k(tab, family, dtype):
         sampled = R.sample_plan(lo, hi, k, 3.0)[0] > 0
         assert np.array_equal(R.order_keys(st["threshold"])[sampled], R.order_keys(T)[sampled]), (k, lay)
         assert np.array_equal(st["count"], want) and np.array_equal(st["failed"], failed), (k, lay)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_topk_plan_min_rank_counts_and_top_k(tab, family, dtype):
+    """table_topk's plan (oversample TOPK_OVERSAMPLE, min_rank TOPK_MIN_RANK, coarse TOPK_COARSE, runs):
+    the fused kernel's counts equal the reference's (sample_plan with min_rank: r raised to
+    min(M, min_rank), which k = 64 and 300 reach; stage_threshold with coarse: reference.coarse_key),
+    also without coarse; the top-k is exact, and table_topk's default gives the same top-k."""
+    run = 32 if dtype == "bfloat16" else 16
+    os_, mr, co = tab.TOPK_OVERSAMPLE, tab.TOPK_MIN_RANK, tab.TOPK_COARSE
+    shapes = (("full", (4, 140000, 2048)), ("full", (4, 140000, 64)), ("varlen", (6, 40000, 300)),
+              ("causal_tail", (5, 20011, 64)))
+    for lay, n, L, k, lo, hi, s, wide, exact in _table_cases(family, dtype, "min_rank", shapes):
+        if k == 64:
+            M, r = R.sample_plan(lo, hi, k, os_, mr)
+            assert (r[M > 0] >= np.minimum(M[M > 0], mr)).all() and (r > R.sample_plan(lo, hi, k, os_)[1]).any()
+        for coarse in (co, 0):
+            _, want, _ = _runs_reference(wide, lo, hi, k, run, oversample=os_, min_rank=mr, coarse=coarse)
+            count = cp.zeros(n, cp.int32)
+            got = tab.fused_hytopk(s, lo, hi, k, count=count, design="v2", sampling="runs", oversample=os_,
+                                   min_rank=mr, coarse=coarse)
+            assert same(*got, *exact), (k, lay, coarse)
+            assert np.array_equal(cp.asnumpy(count), want), (k, lay, coarse)
+        assert same(*tab.table_topk(s, lo, hi, k), *exact), (k, lay)
+
+
+def test_fused_hytopk_plan_arguments(tab):
+    s = cp.zeros((2, 4096), cp.float32)
+    for bad in (-1, 1.5, True, 2**31):
+        with pytest.raises(ValueError, match="min_rank"):
+            tab.fused_hytopk(s, [0, 0], [4096, 4096], 64, design="v2", sampling="runs", min_rank=bad)
+    with pytest.raises(ValueError, match="min_rank"):
+        tab.fused_hytopk(s, [0, 0], [4096, 4096], 64, design="v1", min_rank=8)
+    for bad in (-1, 2.0, False, 2**31):
+        with pytest.raises(ValueError, match="coarse"):
+            tab.fused_hytopk(s, [0, 0], [4096, 4096], 64, design="v2", sampling="runs", coarse=bad)
+    with pytest.raises(ValueError, match="coarse"):
+        tab.fused_hytopk(s, [0, 0], [4096, 4096], 64, design="v1", coarse=8)
 
 
 @pytest.mark.parametrize("z", [3.0, -1.0])

@@ -246,3 +246,43 @@ def test_run_sample_positions_small_m_keeps_the_contracts():
         assert not R.runs_apply(100000, M)
         assert np.array_equal(R.run_sample_positions(3, 100000, M, 32), R.sample_positions(3, 100000, M))
     assert R.runs_apply(100000, 64) and not R.runs_apply(255, 64)
+
+
+@pytest.mark.parametrize("coarse", [0, 1, 8, 64])
+def test_coarse_key_is_the_radix_select_rounded_down(coarse):
+    """reference.coarse_key (the table top-k's threshold, block_radix_select_keys' coarse): coarse = 0
+    is the r-th best key; else a key at or below it, with at most max(1, r // coarse) - 1 more keys at
+    or above it than r (beyond the r-th key's own ties), lower bits 0 below the level it stopped at;
+    randn rows with and without ties, every special value, every rank."""
+    rng = np.random.default_rng(coarse)
+    for trial in range(120):
+        m = int(rng.integers(1, 3000))
+        x = rng.standard_normal(m).astype(np.float32)
+        if trial % 3 == 0:
+            x = np.round(x * 4) / 4                                      # plateaus
+        if trial % 5 == 0:
+            x[rng.integers(0, m, 8)] = rng.choice(np.array([np.nan, np.inf, -np.inf, 0.0, -0.0], np.float32), 8)
+        if trial % 7 == 0:                                               # a -inf / NaN tail where the rank falls
+            x[rng.integers(0, m, m // 2)] = rng.choice(np.array([np.nan, -np.inf], np.float32), m // 2)
+        keys = R.order_keys(x)
+        for r in {1, m, int(rng.integers(1, m + 1))}:
+            exact = int(np.sort(keys)[::-1][r - 1])
+            key = R.coarse_key(keys, r, coarse)
+            if coarse == 0:
+                assert key == exact
+                continue
+            above = int((keys >= key).sum())
+            assert key <= exact and r <= above <= max(int((keys >= exact).sum()), r - 1 + max(1, r // coarse))
+            assert R.order_keys(np.array([R.key_score(key)], np.float32))[0] == key or key == exact
+            assert not np.isnan(R.key_score(key)) or key == exact
+
+
+def test_sample_plan_min_rank():
+    """sample_plan's min_rank raises r to min(M, min_rank) and leaves larger ranks and unsampled rows."""
+    lo = np.zeros(4, np.int64)
+    hi = np.array([140000, 140000, 2000, 10], np.int64)
+    M, r = R.sample_plan(lo, hi, 64, 1.5)
+    M2, r2 = R.sample_plan(lo, hi, 64, 1.5, 48)
+    assert np.array_equal(M, M2)
+    assert r2.tolist() == [48, 48, max(int(r[2]), min(int(M[2]), 48)), 0]
+    assert np.array_equal(R.sample_plan(lo, hi, 2048, 1.5, 48)[1], R.sample_plan(lo, hi, 2048, 1.5)[1])

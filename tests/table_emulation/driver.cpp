@@ -88,7 +88,7 @@ static void run_runs(std::ofstream& out, const void* table, int n, long long L, 
     std::vector<int> idx((size_t)n * k, 9), count(n, -5), flagged(n, -3), nflagged(1, 0);
     std::vector<float> val((size_t)n * k, 9.0f);
     emu::launch({(unsigned)n, 1, 1}, 512, 4 * table_fused_smem_words(k, cap), [&] {
-        hytopk_table_fused<Src>(table, L, n, lo.data(), hi.data(), k, cap, aligned, 2, 3.0, 1, 1, count.data(),
+        hytopk_table_fused<Src>(table, L, n, lo.data(), hi.data(), k, cap, aligned, 2, 3.0, 1, 1, 0, 0, count.data(),
                                 flagged.data(), nflagged.data(), idx.data(), val.data());
     });
     emu::launch({(unsigned)std::min(n, 2), 1, 1}, 512, 4 * table_topk_smem_words(k, tcap), [&] {
@@ -103,6 +103,22 @@ static void run_runs(std::ofstream& out, const void* table, int n, long long L, 
     });
     wr(out, idx.data(), idx.size()); wr(out, val.data(), val.size()); wr(out, count.data(), n); wr(out, failed.data(), n);
     wr(out, T.data(), n);
+    {   // table_topk's plan (table.py TOPK_OVERSAMPLE / TOPK_MIN_RANK / TOPK_COARSE = 1.5, 48, 8), then the
+        // radix kernel on its listed rows: idx, val, count, listed mask (emulate.py: reference.coarse_key)
+        std::vector<int> idx3((size_t)n * k, 9), count3(n, -5), flagged3(n, -3), nflagged3(1, 0);
+        std::vector<float> val3((size_t)n * k, 9.0f);
+        emu::launch({(unsigned)n, 1, 1}, 512, 4 * table_fused_smem_words(k, cap), [&] {
+            hytopk_table_fused<Src>(table, L, n, lo.data(), hi.data(), k, cap, aligned, 2, 1.5, 1, 1, 48, 8,
+                                    count3.data(), flagged3.data(), nflagged3.data(), idx3.data(), val3.data());
+        });
+        emu::launch({(unsigned)std::min(n, 2), 1, 1}, 512, 4 * table_topk_smem_words(k, tcap), [&] {
+            hytopk_table_topk_listed<Src>(table, L, n, flagged3.data(), nflagged3.data(), lo.data(), hi.data(), k,
+                                          tcap, aligned, idx3.data(), val3.data());
+        });
+        const std::vector<unsigned char> failed3 = listed_mask(flagged3, nflagged3, n);
+        wr(out, idx3.data(), idx3.size()); wr(out, val3.data(), val3.size()); wr(out, count3.data(), n);
+        wr(out, failed3.data(), n);
+    }
 }
 
 template <class Src>
@@ -128,7 +144,7 @@ static void run(std::ifstream& in, std::ofstream& out, int n, int L, int k, int 
     std::vector<int> idx((size_t)n * k, 7), count(n, -5), flagged(n, -3), nflagged(1, 0);
     std::vector<float> val((size_t)n * k, 7.0f);
     emu::launch({(unsigned)n, 1, 1}, 512, 4 * table_fused_smem_words(k, cap), [&] {
-        hytopk_table_fused<Src>(table, LL, n, lo.data(), hi.data(), k, cap, aligned, 2, 3.0, 1, 0, count.data(),
+        hytopk_table_fused<Src>(table, LL, n, lo.data(), hi.data(), k, cap, aligned, 2, 3.0, 1, 0, 0, 0, count.data(),
                                 flagged.data(), nflagged.data(), idx.data(), val.data());
     });
     int tfixed = 2048 + 12 + 3 * next_pow2_h(k);
@@ -161,7 +177,8 @@ static void run(std::ifstream& in, std::ofstream& out, int n, int L, int k, int 
         std::vector<int> idx2((size_t)n * k, 9), count2(n, -5), flagged2(n, -3), nflagged2(1, 0);
         std::vector<float> val2((size_t)n * k, 9.0f);
         emu::launch({(unsigned)n, 1, 1}, 1024, 4 * table_fused_smem_words(k, cap, 1024), [&] {
-            hytopk_table_fused_cfg<Src, 1024, 1>(table, LL, n, lo.data(), hi.data(), k, cap, aligned, 2, 3.0, 1, 0,
+            hytopk_table_fused_cfg<Src, 1024, 1>(table, LL, n, lo.data(), hi.data(), k, cap, aligned, 2, 3.0, 1, 0, 0,
+                                                 0,
                                                  count2.data(), flagged2.data(), nflagged2.data(), idx2.data(), val2.data());
         });
         const int t = first_row_differing(n, k, listed_mask(flagged2, nflagged2, n), count2, idx2, val2, failed, count,

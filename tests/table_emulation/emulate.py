@@ -140,7 +140,18 @@ def check_case(driver, s, lo, hi, k, capacity, T=None, offset=0, bf16=False, sta
         if stats is not None:
             stats["runs_count"], stats["runs_failed"] = ucount.copy(), ufailed.copy()
         uT = take(np.float32, (n,))
+        pi, pv = take(np.int32, (n, k)), take(np.float32, (n, k))
+        pcount, pfailed = take(np.int32, (n,)), take(np.uint8, (n,))
         assert at == len(b)
+        if stats is not None:
+            stats["plan_count"], stats["plan_failed"] = pcount.copy(), pfailed.copy()
+        # table_topk's plan (oversample 1.5, min_rank 48, coarse 8: reference.coarse_key)
+        assert _same(pi, pv, *exact), "fused_v2 (table_topk's plan): not the exact top-k"
+        Mp, rp = R.sample_plan(lo, hi, k, 1.5, 48)
+        Tp = R.stage_threshold(R.TableSource(wide), lo, hi, Mp, rp, 32 if bf16 else 16, 8)
+        _, _, above_p = R.stage_filter(R.TableSource(wide), lo, hi, Tp, 1)
+        want_p = np.where(Mp > 0, above_p, R.hytopk(wide, lo, hi, k).count)
+        assert np.array_equal(pcount, want_p), "fused_v2 (table_topk's plan): counts differ from the reference's"
         assert _same(ui, uv, *exact), "fused_v2 (runs): not the exact top-k"
         run = 32 if bf16 else 16
         Truns = R.stage_threshold(R.TableSource(wide), lo, hi, M, r, run)

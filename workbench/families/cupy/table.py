@@ -190,6 +190,15 @@ DEFAULT_METHOD = "fused_v2"  # table_topk's default (what torch.ops.hytopk.topk 
 # table_topk's fused_v2 samples (table_v2.SAMPLINGS; the answer is the same): runs, 1.053 / 9.235 ms against
 # 1.327 / 10.40 with the contract's (4096 x 131072 / 8192 x 1048576 float32, k 2048, results/h200-2026-12-01-s4 run 1)
 DEFAULT_SAMPLING = "runs"
+# table_topk's threshold plan with runs (it returns only the top-k, so the plan is free): oversample
+# 1.5 (~3k candidates at k = 2048: half the select and appends of 3.0), the rank at least 48 samples
+# where samples are sparse (1M keys: 16 expected above the k-th, so 3.0 again; at 1.5 ~4% of
+# rows fell below k there, H200 2026-12-01 s5 run 1)
+TOPK_OVERSAMPLE = 1.5
+TOPK_MIN_RANK = 48
+# and its threshold only as fine as it needs to be (reference.coarse_key): two radix levels of the
+# samples instead of four on a randn row, at most r / 8 more samples above it
+TOPK_COARSE = 8
 
 
 def table_topk(scores, lo, hi, k, *, out=None, host_check=True, hist_atomics=DEFAULT_HIST_ATOMICS, method=None,
@@ -212,14 +221,17 @@ def table_topk(scores, lo, hi, k, *, out=None, host_check=True, hist_atomics=DEF
     if hist_atomics not in HIST_ATOMICS:            # checked whatever the method (fused_v2 does not use it)
         raise ValueError(f"argument 'hist_atomics' must be one of {HIST_ATOMICS}, got {hist_atomics!r}")
     if method in ("fused", "fused_v2"):
+        runs = method == "fused_v2" and sampling == "runs"
         return fused_hytopk(scores, lo, hi, k, out=out, host_check=host_check, hist_atomics=hist_atomics,
                             design="v2" if method == "fused_v2" else "v1",
-                            sampling=sampling if method == "fused_v2" else "contract")
+                            sampling=sampling if method == "fused_v2" else "contract",
+                            oversample=TOPK_OVERSAMPLE if runs else 3.0, min_rank=TOPK_MIN_RANK if runs else 0,
+                            coarse=TOPK_COARSE if runs else 0)
     return _table_select(scores, lo, hi, k, out, host_check, dict(hist_atomics=hist_atomics))
 
 
 def fused_hytopk(scores, lo, hi, k, *, oversample=3.0, out=None, count=None, host_check=True,
-                 hist_atomics=DEFAULT_HIST_ATOMICS, design="v1", sampling="contract"):
+                 hist_atomics=DEFAULT_HIST_ATOMICS, design="v1", sampling="contract", min_rank=0, coarse=0):
     """HyTopK over a table in one kernel and about one read per row: each row's threshold from
     its own samples (CONTRACT.md §3.1-3.4, oversample as there), one read collecting the keys
     at or above it into shared memory, the exact select among them; a row whose candidates
@@ -230,15 +242,26 @@ def fused_hytopk(scores, lo, hi, k, *, oversample=3.0, out=None, count=None, hos
     (table_v2.py: the streaming kernel, the rows it lists through a second launch; its fallback
     always uses plain atomics, ``hist_atomics`` is v1's). ``sampling`` (v2 only): "contract" or "runs"
     (the same M samples in 64-byte runs, table_v2.py; ``count`` is then the count above that
-    threshold)."""
+    threshold). ``min_rank`` (v2 only; 0: the contract's rank): each row's rank r at least
+    min(M, min_rank) (reference.sample_plan's min_rank), so a small ``oversample`` keeps enough
+    samples above the threshold where they are sparse; ``count`` is then the count above that
+    threshold. ``coarse`` (v2 only; 0: the r-th best sample's key exactly): the threshold rounded down
+    at the first 8-bit radix level whose digit holds at most max(1, r // coarse) samples
+    (reference.coarse_key; fewer select passes, a few more candidates)."""
     V.check_oversample(oversample)
     if design not in DESIGNS:
         raise ValueError(f"argument 'design' must be one of {DESIGNS}, got {design!r}")
     runs = _v2.check_sampling(sampling)
     if runs and design != "v2":
         raise ValueError("argument 'sampling' = 'runs' needs design='v2'")
+    for name, v in (("min_rank", min_rank), ("coarse", coarse)):        # the v2 kernel's int32 arguments
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not 0 <= v <= 2**31 - 1:
+            raise ValueError(f"argument '{name}' must be an int in [0, 2**31 - 1], got {v!r}")
+        if v and design != "v2":
+            raise ValueError(f"argument '{name}' needs design='v2'")
     return _table_select(scores, lo, hi, k, out, host_check,
-                         dict(count=count, oversample=oversample, hist_atomics=hist_atomics, runs=runs), fused=design)
+                         dict(count=count, oversample=oversample, hist_atomics=hist_atomics, runs=runs,
+                              min_rank=int(min_rank), coarse=int(coarse)), fused=design)
 
 
 def _table_select(scores, lo, hi, k, out, host_check, kw, fused=None):
@@ -264,9 +287,11 @@ def _table_select(scores, lo, hi, k, out, host_check, kw, fused=None):
             if kw["count"].shape != (n,) or kw["count"].dtype != cp.int32 or not kw["count"].flags.c_contiguous:
                 raise ValueError(f"argument 'count': expected an int32 array of shape {(n,)}")
         if fused == "v2":
-            _v2.fused_v2(s, cxx, lo_d, hi_d, k, cap, kw["oversample"], kw["count"], idx, val, kw["runs"])
+            _v2.fused_v2(s, cxx, lo_d, hi_d, k, cap, kw["oversample"], kw["count"], idx, val, kw["runs"],
+                         kw["min_rank"], kw["coarse"])
         else:
-            kw.pop("runs", None)
+            for key in ("runs", "min_rank", "coarse"):
+                kw.pop(key, None)
             launch_topk(s, cxx, lo_d, hi_d, k, cap, idx, val, **kw)
         return idx, val
 

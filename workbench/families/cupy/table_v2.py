@@ -189,12 +189,17 @@ def launch_select(cand_idx, cand_val, count, k, idx, val):
             np.int32(SELECT_FAST)), select_smem_bytes(k, cap), threads=SAMPLE_BLOCK)
 
 
-def launch_fused(s, cxx, lo, hi, k, cap, oversample, count, flagged, nflagged, idx, val, runs=0):
+def launch_fused(s, cxx, lo, hi, k, cap, oversample, count, flagged, nflagged, idx, val, runs=0, min_rank=0,
+                 coarse=0):
     """The fused kernel; the rows it cannot finish go to flagged[0 .. nflagged) (zeroed before);
     runs = 1: the samples in runs (not with FUSED_ONE_READ: that kernel finds the contract's samples
-    among what it collected)."""
+    among what it collected); min_rank > 0: the threshold's rank at least min(M, min_rank)
+    (reference.sample_plan's min_rank; not the contract's); coarse > 0: the threshold rounded down at
+    the first radix level whose digit holds at most max(1, r // coarse) samples (reference.coarse_key)."""
     n, L = s.shape
     threads, blocks = fused_launch(runs)
+    if (min_rank or coarse) and (FUSED_ONE_READ and not runs):
+        raise ValueError("arguments 'min_rank' / 'coarse': not with table_v2.FUSED_ONE_READ = 1 (the contract's plan)")
     if FUSED_ONE_READ and not runs:
         if (threads, blocks) not in FUSED1_CONFIGS:
             raise ValueError(f"table_v2.FUSED_THREADS / FUSED_MIN_BLOCKS = {(threads, blocks)}: the one-read kernel "
@@ -214,8 +219,8 @@ def launch_fused(s, cxx, lo, hi, k, cap, oversample, count, flagged, nflagged, i
                          f"known: {[(SAMPLE_BLOCK, 2)] + list(FUSED_CONFIGS)}")
     launch(kernel(_file(), name), (n,),
            (s, np.int64(L), np.int32(n), lo, hi, np.int32(k), np.int32(cap), np.int32(int(s.data.ptr % 16 == 0)),
-            np.int32(FUSED_AHEAD), np.float64(oversample), np.int32(SELECT_FAST), np.int32(runs), count, flagged,
-            nflagged, idx, val),
+            np.int32(FUSED_AHEAD), np.float64(oversample), np.int32(SELECT_FAST), np.int32(runs), np.int32(min_rank),
+            np.int32(coarse), count, flagged, nflagged, idx, val),
            4 * fused_smem_words(k, cap, threads), threads=threads)
 
 
@@ -320,15 +325,16 @@ def select_smem(cand_idx, cand_val, count, k):
         return idx, val
 
 
-def fused_v2(s, cxx, lo, hi, k, topk_cap, oversample, count, idx, val, runs=0):
+def fused_v2(s, cxx, lo, hi, k, topk_cap, oversample, count, idx, val, runs=0, min_rank=0, coarse=0):
     """hytopk_table_fused (or, FUSED_CLUSTER = 1, contract sampling and rows that fit a cluster,
     hytopk_table_cluster), then the radix top-k over the rows it listed (device-side: no sync)."""
     n = s.shape[0]
     flagged = cp.empty(max(1, n), cp.int32)
     nflagged = cp.zeros(1, cp.int32)
-    if not (FUSED_CLUSTER and not runs and n > 0 and launch_cluster(s, cxx, lo, hi, k, oversample, count, flagged,
-                                                                    nflagged, idx, val)):
-        launch_fused(s, cxx, lo, hi, k, fused_cap(k, runs), oversample, count, flagged, nflagged, idx, val, runs)
+    cluster = FUSED_CLUSTER and not (runs or min_rank or coarse) and n > 0     # the contract's plan only
+    if not (cluster and launch_cluster(s, cxx, lo, hi, k, oversample, count, flagged, nflagged, idx, val)):
+        launch_fused(s, cxx, lo, hi, k, fused_cap(k, runs), oversample, count, flagged, nflagged, idx, val, runs,
+                     min_rank, coarse)
     launch_listed_topk(s, cxx, lo, hi, k, topk_cap, flagged, nflagged, idx, val)
 
 
