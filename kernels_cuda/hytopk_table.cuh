@@ -212,9 +212,7 @@ __device__ __forceinline__ void stream_row(const void* table, long long total, i
 }
 
 // The passing elements of one stream step (bit u * P + e of mask: element e of vector u, row
-// position p0 + u * BP + e), mine = popc(mask), to sink.put in bit order. When all mine slots are
-// below the sink's cap (every step of a row that fits) the puts need no per-element checks:
-// predicated stores through two running pointers, no branches.
+// position p0 + u * BP + e) to put(pos, bits) in bit order: a sink's checked path.
 template <int U, int P, class Put>
 __device__ __forceinline__ void put_mask_bits(u32 mask, int p0, int BP, const u32 (&bits)[U][P], Put put) {
 #pragma unroll
@@ -224,8 +222,10 @@ __device__ __forceinline__ void put_mask_bits(u32 mask, int p0, int BP, const u3
             if (mask & (1u << (u * P + e))) put((u32)(p0 + u * BP + e), bits[u][e]);
 }
 
-// DIST > 0: pb = pp + DIST (a compile-time distance: one address a store pair, the bits' store at an
-// immediate offset; ~5 instructions an element).
+// The same elements to pp[0 ..) and pb[0 ..) (positions, bits) when a sink knows all of them fit below
+// its cap (every step of a row that fits): no per-element checks. DIST > 0: pb = pp + DIST (a
+// compile-time distance: one address a store pair, the bits' store at an immediate offset; ~5
+// instructions an element).
 template <int U, int P, int DIST = 0>
 __device__ __forceinline__ void put_unchecked(u32 mask, int p0, int BP, const u32 (&bits)[U][P], u32* pp, u32* pb) {
 #if defined(__CUDA_ARCH__)

@@ -374,12 +374,14 @@ __device__ __forceinline__ void fused_sampled_row(const FusedSmem& f, const void
 // coarse > 0: K* rounded down where the radix select's digit holds few samples (block_radix_select_keys;
 // table_topk's plan, table.py TOPK_*: counts above that threshold, reference.coarse_key).
 template <class Src, int THREADS>
-__device__ __forceinline__ void table_fused_row(u32* smem, int t, const void* __restrict__ table, long long L, int n,
-                                                const int* __restrict__ lo, const int* __restrict__ hi, int k,
-                                                int cap, int aligned, int ahead, double oversample, int fast,
-                                                int runs, int min_rank, int coarse, int* __restrict__ count_out,
-                                                int* __restrict__ flagged, int* __restrict__ nflagged,
-                                                int* __restrict__ idx, float* __restrict__ val) {
+__device__ __forceinline__ void table_fused_body(u32* smem, const void* __restrict__ table, long long L, int n,
+                                                 const int* __restrict__ lo, const int* __restrict__ hi, int k,
+                                                 int cap, int aligned, int ahead, double oversample, int fast,
+                                                 int runs, int min_rank, int coarse, int* __restrict__ count_out,
+                                                 int* __restrict__ flagged, int* __restrict__ nflagged,
+                                                 int* __restrict__ idx, float* __restrict__ val) {
+    const int t = blockIdx.x;
+    if (t >= n) return;
     const FusedSmem f = FusedSmem::of(smem, k, cap, THREADS);
     const long long row0 = (long long)t * L;
     const long long a = min(max((long long)lo[t], 0LL), L);            // clamped: never a read outside the row
@@ -391,19 +393,6 @@ __device__ __forceinline__ void table_fused_row(u32* smem, int t, const void* __
     else
         fused_sampled_row<Src, THREADS>(f, table, L, n, t, row0, a, c, k, cap, aligned, ahead, oversample, fast, runs,
                                         min_rank, coarse, true, count_out, flagged, nflagged, out_idx, out_val);
-}
-
-template <class Src, int THREADS>
-__device__ __forceinline__ void table_fused_body(u32* smem, const void* __restrict__ table, long long L, int n,
-                                                 const int* __restrict__ lo, const int* __restrict__ hi, int k,
-                                                 int cap, int aligned, int ahead, double oversample, int fast,
-                                                 int runs, int min_rank, int coarse, int* __restrict__ count_out,
-                                                 int* __restrict__ flagged, int* __restrict__ nflagged,
-                                                 int* __restrict__ idx, float* __restrict__ val) {
-    const int t = blockIdx.x;
-    if (t >= n) return;
-    table_fused_row<Src, THREADS>(smem, t, table, L, n, lo, hi, k, cap, aligned, ahead, oversample, fast, runs,
-                                  min_rank, coarse, count_out, flagged, nflagged, idx, val);
 }
 
 namespace hytopk {
