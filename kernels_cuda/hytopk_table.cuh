@@ -81,9 +81,11 @@ struct VecTile {
 // NaN bits (0x7f800001.. and 0xff800001..) lie outside every range but the last.
 struct KeyAtLeast {
     u32 a1, s1, a2, s2;
+    float t;                                     // T as a float (the one-range test)
     __device__ static KeyAtLeast of(u32 tb) {
         const u32 mag = tb & 0x7fffffffu;
         KeyAtLeast r;
+        r.t = __uint_as_float(tb);
         if (mag > 0x7f800000u) { r.a1 = 0u; r.s1 = 0xffffffffu; r.a2 = 0u; r.s2 = 0xffffffffu; }
         else if (mag == 0u) { r.a1 = 0u; r.s1 = 0x7f800000u; r.a2 = 0x80000000u; r.s2 = 0u; }
         else if (tb < 0x80000000u) { r.a1 = tb; r.s1 = 0x7f800000u - tb; r.a2 = tb; r.s2 = 0x7f800000u - tb; }
@@ -91,10 +93,13 @@ struct KeyAtLeast {
         return r;
     }
     __device__ __forceinline__ bool operator()(u32 b) const { return (b - a1) <= s1 || (b - a2) <= s2; }
-    // T > 0 (every real top-k's case): one range, one add and one compare per element.
-    __device__ __forceinline__ bool single() const { return a1 == a2 && s1 == s2; }
+    // T a positive normal score or +inf (every real top-k's case): one range, and key(b) >= key(T)
+    // exactly when b >= T as floats, one compare an element. NaN, -0, +0 and every negative score
+    // compare below T, and so does every subnormal (also where the compiler flushes them to zero:
+    // CuPy's -ftz=true; hence not for a subnormal T, which takes the two ranges).
+    __device__ __forceinline__ bool single() const { return a1 == a2 && s1 == s2 && a1 >= 0x00800000u; }
     template <bool ONE>
-    __device__ __forceinline__ bool test(u32 b) const { return ONE ? (b - a1) <= s1 : (*this)(b); }
+    __device__ __forceinline__ bool test(u32 b) const { return ONE ? __uint_as_float(b) >= t : (*this)(b); }
 };
 
 // The float32 bits of an order key (its canonical score: -0 -> +0, NaN -> 0xffffffff).
@@ -102,7 +107,7 @@ __device__ __forceinline__ u32 bits_of_key(u32 key) { return key >= 0x80000000u 
 
 // Asks the L2 for bytes [p, p + bytes) of global memory: Hopper's bulk prefetch, one instruction
 // for a whole step, no registers, nothing to wait for (a hint). It raises the bytes in flight
-// per SM above what the registers hold (the fused kernel: 40 KB per block of 512 threads).
+// per SM above what the registers hold (the fused kernel: 64 KB per block of 512 threads).
 // p 16-byte aligned, bytes a multiple of 16. A no-op below sm_90 and in the CPU emulation.
 __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -264,11 +264,17 @@ __device__ __forceinline__ void fused_finish(const FusedSmem& f, int t, int cnt,
                                            out_idx, out_val);
 }
 
-// Register budget of the fused streams: 64 / 32 bytes in flight per thread (64 registers, no
-// spill); the L2 prefetch for float32 only (bf16: it would spill).
+// Register budget of the fused streams: 128 / 32 bytes in flight per thread (64 registers; float32:
+// one 4-byte spill outside the stream); the L2 prefetch for float32 only (bf16: it would spill).
+// HYTOPK_FUSED_U_F32: the float32 stream's vectors a thread per step (8: half the per-step work of
+// 4 for the reservation and the loop, 0.668 against 0.700 ms at 4096 x 131072, H200 2026-12-01
+// s6 run 3; the bench's --fused-sweep builds 4 too).
+#ifndef HYTOPK_FUSED_U_F32
+#define HYTOPK_FUSED_U_F32 8
+#endif
 template <class Src> struct FusedStream {
     static constexpr int P = TableVec<Src>::PER_VEC;
-    static constexpr int U = P == 4 ? 4 : 2;
+    static constexpr int U = P == 4 ? HYTOPK_FUSED_U_F32 : 2;
     static constexpr bool PF = P == 4;
 };
 

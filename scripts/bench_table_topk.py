@@ -96,21 +96,30 @@ FUSED_SWEEP = (
     (1024, 1, 12288, 2, 1), (1024, 1, 16384, 2, 1), (1024, 1, 0, 2, 0),
 )
 SWEEP_KEYS = ("FUSED_THREADS", "FUSED_MIN_BLOCKS", "FUSED_CAP", "FUSED_AHEAD", "SELECT_FAST")
-# the same with the samples in runs, the oversample, min_rank and coarse (table.TOPK_*: 1.5, 48, 8)
+# the same with the samples in runs, the oversample, min_rank and coarse (table.TOPK_*: 1.5, 48, 8), and a
+# build of table_v2.cu (BUILDS: "u4" = the float32 stream at 4 vectors a thread per step, not 8)
 FUSED_SWEEP_RUNS = (
-    (512, 2, 0, 2, 1, 3.0), (512, 2, 0, 2, 1, 1.5, 48), (512, 2, 0, 2, 1, 2.0, 48, 8), (512, 2, 0, 2, 1, 1.5, 48, 8),
-    (512, 2, 0, 2, 1, 1.25, 48, 8), (512, 2, 0, 3, 1, 1.5, 48, 8), (256, 3, 0, 2, 1, 1.5, 48, 8),
-    (1024, 1, 0, 2, 1, 1.5, 48, 8),
+    (512, 2, 0, 1, 1, 3.0), (512, 2, 0, 1, 1, 1.5, 48, 8), (512, 2, 0, 2, 1, 1.5, 48, 8), (256, 3, 0, 1, 1, 1.5, 48, 8),
+    (256, 3, 0, 2, 1, 1.5, 48, 8), (256, 3, 0, 1, 1, 2.0, 48, 8), (512, 2, 0, 2, 1, 1.5, 48, 8, "u4"),
 )
+BUILDS = {"u4": ("-DHYTOPK_FUSED_U_F32=4",)}
 
 
 def fused_sweep(tab, tab_v2, scores, lo, hi, k, i_radix, repeats, torch, cp, sampling="contract"):
     """fused_hytopk_v2 under each FUSED_SWEEP (sampling "runs": FUSED_SWEEP_RUNS) configuration: time,
     rows flagged, idx == radix."""
     out = []
+    from workbench import instantiations as INST
     saved = {key: getattr(tab_v2, key) for key in SWEEP_KEYS}
+    saved_opts = INST.FILE_OPTIONS.get("table_v2.cu")
     count = cp.empty(scores.shape[0], cp.int32)
     runs = tab_v2.check_sampling(sampling)
+
+    def build(name):            # table_v2.cu's options for a BUILDS entry (None: the default build)
+        INST.FILE_OPTIONS.pop("table_v2.cu", None)
+        opts = tuple(saved_opts or ()) + BUILDS.get(name, ())
+        if opts:
+            INST.FILE_OPTIONS["table_v2.cu"] = opts
     try:
         for cfg in (FUSED_SWEEP_RUNS if runs else FUSED_SWEEP):
             for key, v in zip(SWEEP_KEYS, cfg):
@@ -120,6 +129,8 @@ def fused_sweep(tab, tab_v2, scores, lo, hi, k, i_radix, repeats, torch, cp, sam
             mr = cfg[6] if len(cfg) > 6 else 0
             co = cfg[7] if len(cfg) > 7 else 0
             rec["oversample"], rec["min_rank"], rec["coarse"] = os_, mr, co
+            rec["build"] = cfg[8] if len(cfg) > 8 else "default"
+            build(rec["build"])
             try:
                 fn = lambda: tab.fused_hytopk(scores, lo, hi, k, count=count, host_check=False, design="v2",  # noqa: E731
                                               sampling=sampling, oversample=os_, min_rank=mr, coarse=co)
@@ -133,12 +144,14 @@ def fused_sweep(tab, tab_v2, scores, lo, hi, k, i_radix, repeats, torch, cp, sam
             except Exception as e:          # a configuration that does not launch here: say so, go on
                 rec["error"] = f"{type(e).__name__}: {e}"[:200]
             out.append(rec)
-            print(f"    fused_v2 ({sampling}, os {os_:g}) " + " ".join(f"{key}={v}" for key, v in zip(SWEEP_KEYS, cfg))
+            print(f"    fused_v2 ({sampling}, os {os_:g}, {rec['build']}) "
+                  + " ".join(f"{key}={v}" for key, v in zip(SWEEP_KEYS, cfg))
                   + (f": {rec['median_ms']:8.3f} ms {rec['GBps']:6.0f} GB/s idx==radix {rec['idx_equals_radix']} "
                      f"flagged {rec['rows_flagged']}" if "error" not in rec else f": {rec['error']}"), flush=True)
     finally:
         for key, v in saved.items():
             setattr(tab_v2, key, v)
+        build(None)
     return out
 
 
@@ -403,7 +416,9 @@ def main(argv=None):
                     row["fused_v2_cluster_counts_equal"] = bool((c4 == c2).all())
                 for tag, cnt in runs_counts.items():
                     c5 = cp.asnumpy(cnt)
-                    row[f"fused_v2_rows_flagged[{tag}]"] = int(((c5 < k) | (c5 > tab_v2.fused_cap(k, 1))).sum())
+                    os_ = 2.0 if "os 2" in tag else 3.0
+                    cap5 = tab_v2.fused_cap(k, 1, L, os_)          # the launch fused_v2 chose for these rows
+                    row[f"fused_v2_rows_flagged[{tag}]"] = int(((c5 < k) | (c5 > cap5)).sum())
                     row[f"fused_v2_mean_count[{tag}]"] = float(c5.mean())
                 row["fused_v2_mean_count"] = float(c2.mean())
                 for d in ("v1", "v2", "v2[runs]", "v2[runs, os 2]"):

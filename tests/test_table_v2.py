@@ -49,6 +49,43 @@ def test_range_test_is_the_order_key_comparison():
         assert np.array_equal(passes(tb, bits), keys >= tkey), hex(tb)
 
 
+def single_mirror(tb: int) -> bool:
+    """KeyAtLeast::single: a positive normal T or +inf (one range, one float compare an element)."""
+    a1, s1, a2, s2 = key_at_least_mirror(tb)
+    return a1 == a2 and s1 == s2 and a1 >= 0x00800000
+
+
+def test_one_range_float_compare_is_the_order_key_comparison():
+    """KeyAtLeast::test<true> where single() holds: b >= T as floats equals key(b) >= key(T) on every
+    special value and random bits, also with subnormal inputs flushed to zero (CuPy's -ftz=true). A
+    subnormal T is not single(): flushed, it would let +0 (and every subnormal below T) through."""
+    rng = np.random.default_rng(2)
+    bits = np.concatenate([SPECIAL, SPECIAL + U32(1), SPECIAL - U32(1),
+                           rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(U32)])
+    keys = R.order_keys(bits.view(np.float32)).astype(np.uint64)
+    x = bits.view(np.float32)
+    flushed = np.where((bits & U32(0x7F800000)) == 0, np.float32(0), x)
+    thresholds = np.concatenate([SPECIAL, rng.integers(0x00800000, 0x7F800001, 300, dtype=np.uint64).astype(U32),
+                                 rng.integers(0, 2**32, 300, dtype=np.uint64).astype(U32)])
+    tested = 0
+    for tb in thresholds.tolist():
+        tkey = int(R.order_keys(np.array([tb], U32).view(np.float32))[0])
+        if not single_mirror(tb):
+            assert not (0x00800000 <= tb <= 0x7F800000), hex(tb)
+            continue
+        t = np.array([tb], U32).view(np.float32)[0]
+        with np.errstate(invalid="ignore"):
+            assert np.array_equal(x >= t, keys >= tkey), hex(tb)
+            assert np.array_equal(flushed >= t, keys >= tkey), hex(tb)
+        tested += 1
+    assert tested >= 300
+    tb = 0x00000010                                       # a subnormal T, flushed: +0 would pass
+    tkey = int(R.order_keys(np.array([tb], U32).view(np.float32))[0])
+    assert not single_mirror(tb)
+    with np.errstate(invalid="ignore"):
+        assert not np.array_equal(flushed >= np.float32(0), keys >= tkey)
+
+
 def test_bits_of_key_is_a_canonical_score_of_that_key():
     """bits_of_key (hytopk_table.cuh): the threshold kernel's T has the selected key (the key
     of a sample, so every key some score has)."""
@@ -286,3 +323,40 @@ def test_sample_plan_min_rank():
     assert np.array_equal(M, M2)
     assert r2.tolist() == [48, 48, max(int(r[2]), min(int(M[2]), 48)), 0]
     assert np.array_equal(R.sample_plan(lo, hi, 2048, 1.5, 48)[1], R.sample_plan(lo, hi, 2048, 1.5)[1])
+
+
+def test_fused_launch_takes_the_short_blocks_where_their_cap_holds_the_counts():
+    """table_v2.fused_launch (NumPy standing in for CuPy, in a subprocess; 227 KiB of opt-in shared
+    memory): with the samples in runs, FUSED_SHORT (256, 3) where its cap holds a full row's expected
+    count plus FUSED_SHORT_SIGMAS spreads (table_topk's plan at 128K keys, k = 2048), else (512, 2)
+    (256K and 1M keys); the contract's samples keep (1024, 1); the sweep's override wins; the caps
+    are the launch's."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    here = Path(__file__).resolve().parent
+    cases = [(2048, 131072, 1.5, 48), (2048, 262144, 1.5, 48), (2048, 1 << 20, 1.5, 48), (512, 131072, 1.5, 48),
+             (2048, 131072, 3.0, 0), (2048, 4096, 1.5, 48), (4096, 131072, 1.5, 48)]
+    code = (
+        "import json, workbench.families.cupy.table_v2 as v2\n"
+        "v2._limit = lambda: 232448\n"
+        f"cases = {cases!r}\n"
+        "out = [[c, v2.fused_launch(1, *c), v2.fused_cap(c[0], 1, *c[1:]), v2.fused_launch(0, *c),\n"
+        "        v2.cap_for(c[0], *v2.FUSED_SHORT)] for c in cases]\n"
+        "v2.FUSED_THREADS, v2.FUSED_MIN_BLOCKS = 1024, 1\n"
+        "out.append(v2.fused_launch(1, *cases[0]))\n"
+        "print(json.dumps([out, v2.FUSED_SHORT, v2.FUSED_SHORT_SIGMAS]))\n")
+    env = {"PYTHONPATH": f"{here / 'fake_cupy'}:{here.parent}", "PATH": "/usr/bin:/bin"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out, short, sigmas = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out.pop() == [1024, 1]
+    got = {tuple(c): (tuple(runs), cap, tuple(contract), short_cap) for c, runs, cap, contract, short_cap in out}
+    assert tuple(short) == (256, 3) and got[(2048, 131072, 1.5, 48)][:2] == ((256, 3), 6144)
+    assert got[(2048, 262144, 1.5, 48)][:2] == ((512, 2), 10752) and got[(2048, 1 << 20, 1.5, 48)][0] == (512, 2)
+    for (k, L, os_, mr), (runs, cap, contract, short_cap) in got.items():
+        assert contract == (1024, 1)
+        M, r = (int(v[0]) for v in R.sample_plan([0], [L], k, os_, mr))
+        fits = L * r / M * 9 / 8 * (1 + sigmas / r ** 0.5) <= short_cap
+        assert (runs == (256, 3)) == fits, (k, L, os_, mr)

@@ -21,8 +21,12 @@ of DRAM traffic); runs touch 1/32 of them.
 """
 from __future__ import annotations
 
+import functools
+
 import cupy as cp
 import numpy as np
+
+import reference as R
 
 from ...instantiations import CLUSTER_CONFIGS, FUSED1_CONFIGS, FUSED_CONFIGS
 from ...registry import register
@@ -50,15 +54,24 @@ FUSED_SMEM_TARGET = 110 * 1024   # two 512-thread blocks per SM (the register bo
 FUSED_THREADS = 0
 FUSED_MIN_BLOCKS = 0
 FUSED_LAUNCH = {0: (1024, 1), 1: (512, 2)}     # runs flag -> (threads, blocks per SM)
+# With the samples in runs, rows whose counts fit its cap: (256, 3), three blocks per SM hiding more
+# of each row's sample and select phases (0.656 against 0.670 ms for (512, 2) at 4096 x 131072
+# float32, k = 2048: H200 2026-12-01 s6 run 4). Fit: the cap holds the expected count of a full row
+# of L keys, L r / M rounded down by coarse (x 9/8), plus FUSED_SHORT_SIGMAS of its spread (~1/sqrt(r)
+# of it); (256, 3) takes 128K-key rows at k = 2048, not 256K (0 disables it).
+FUSED_SHORT = (256, 3)
+FUSED_SHORT_SIGMAS = 6.0
 FUSED_CAP = 0
 # 1: the v2 selects (select_smem, the fused kernel's select) rank the kept without a sort
 # (hytopk_select_fast.cuh block_select_fast); 0: key select + register bitonic sort (as before)
 SELECT_FAST = 1
 SELECT_CAP_MAX = 8192       # candidates select_smem holds in shared memory
 # L2 prefetch distance of the streaming reads, in block steps (0: none; the bench times both):
-# the filter's registers already hold 96 KB per SM, the fused kernel's only 40 KB per block
+# the filter's registers already hold 96 KB per SM, the fused kernel's 64 KB per block (float32:
+# 8 vectors a thread; one step ahead: 0.664 ms at 4096 x 131072, two 0.668, none 0.732; H200
+# 2026-12-01 s6 run 3)
 FILTER_AHEAD = 1
-FUSED_AHEAD = 2
+FUSED_AHEAD = 1
 # 1: the fused kernel reads each row once where it can (hytopk_table_fused1: a provisional threshold
 # T0 from 1024 of the contract's samples, one stream collecting key >= T0, the contract's K* from the
 # collected samples; a row whose T0 fails is read again with K*): same outputs, counts and flagged
@@ -115,25 +128,45 @@ def _limit() -> int:
     return smem_optin()
 
 
-def fused_launch(runs: int = 0) -> tuple[int, int]:
+def fused_launch(runs: int = 0, k: int | None = None, L: int | None = None, oversample: float = 3.0,
+                 min_rank: int = 0) -> tuple[int, int]:
     """(threads, blocks per SM) of the fused kernel: FUSED_THREADS / FUSED_MIN_BLOCKS when set (the
-    bench's sweep), else FUSED_LAUNCH for the sampling."""
+    bench's sweep), else FUSED_SHORT where the samples are in runs and a row of L keys fits its cap
+    (short_fits), else FUSED_LAUNCH for the sampling."""
     if FUSED_THREADS > 0 and FUSED_MIN_BLOCKS > 0:
         return int(FUSED_THREADS), int(FUSED_MIN_BLOCKS)
+    if runs and FUSED_SHORT and k is not None and L is not None and short_fits(int(k), int(L), float(oversample),
+                                                                                int(min_rank)):
+        return FUSED_SHORT
     return FUSED_LAUNCH[int(bool(runs))]
 
 
-def fused_cap(k: int, runs: int = 0) -> int:
-    """Candidates the fused kernel collects in shared memory: FUSED_CAP when set (within the opt-in
-    limit), else as many as keep FUSED_MIN_BLOCKS blocks per SM, else what the opt-in limit leaves;
-    at least MAX_SAMPLES / 2 (its samples live there)."""
-    threads, blocks = fused_launch(runs)
+@functools.lru_cache(maxsize=256)
+def short_fits(k: int, L: int, oversample: float, min_rank: int = 0) -> bool:
+    """Whether FUSED_SHORT's cap holds a full row's expected count (reference.sample_plan at c = L:
+    L r / M, x 9/8 for the coarse threshold) plus FUSED_SHORT_SIGMAS / sqrt(r) of it."""
+    M, r = (int(x[0]) for x in R.sample_plan([0], [int(L)], int(k), float(oversample), int(min_rank)))
+    if M <= 0:
+        return True                       # c <= k: nothing collected
+    expected = L * r / M * 9 / 8
+    return expected * (1 + FUSED_SHORT_SIGMAS / r ** 0.5) <= cap_for(k, *FUSED_SHORT)
+
+
+def fused_cap(k: int, runs: int = 0, L: int | None = None, oversample: float = 3.0, min_rank: int = 0) -> int:
+    """Candidates the fused kernel collects in shared memory at its launch (fused_launch's arguments)."""
+    return cap_for(k, *fused_launch(runs, k, L, oversample, min_rank))
+
+
+def cap_for(k: int, threads: int, blocks: int) -> int:
+    """The candidate cap at (threads, blocks): FUSED_CAP when set (within the opt-in limit), else as
+    many as keep `blocks` blocks per SM, else what the opt-in limit leaves; at least MAX_SAMPLES / 2
+    (its samples live there)."""
     fixed = 256 + 6 + 3 * sort_slots(k, threads)
     target = FUSED_SMEM_TARGET * 2 // max(1, blocks)
     cap = (target // 4 - fixed) // 2 // 256 * 256
     if FUSED_CAP > 0:
         cap = min(int(FUSED_CAP), (_limit() // 4 - fixed) // 2)
-    elif cap < MAX_SAMPLES // 2 and blocks > 2:     # a swept small block: the samples' floor
+    elif cap < MAX_SAMPLES // 2 and blocks > 2:     # a small block: the samples' floor
         cap = MAX_SAMPLES // 2
     if cap < MAX_SAMPLES // 2:
         cap = (_limit() // 4 - fixed) // 2
@@ -197,7 +230,7 @@ def launch_fused(s, cxx, lo, hi, k, cap, oversample, count, flagged, nflagged, i
     (reference.sample_plan's min_rank; not the contract's); coarse > 0: the threshold rounded down at
     the first radix level whose digit holds at most max(1, r // coarse) samples (reference.coarse_key)."""
     n, L = s.shape
-    threads, blocks = fused_launch(runs)
+    threads, blocks = fused_launch(runs, k, L, oversample, min_rank)
     if (min_rank or coarse) and (FUSED_ONE_READ and not runs):
         raise ValueError("arguments 'min_rank' / 'coarse': not with table_v2.FUSED_ONE_READ = 1 (the contract's plan)")
     if FUSED_ONE_READ and not runs:
@@ -333,8 +366,8 @@ def fused_v2(s, cxx, lo, hi, k, topk_cap, oversample, count, idx, val, runs=0, m
     nflagged = cp.zeros(1, cp.int32)
     cluster = FUSED_CLUSTER and not (runs or min_rank or coarse) and n > 0     # the contract's plan only
     if not (cluster and launch_cluster(s, cxx, lo, hi, k, oversample, count, flagged, nflagged, idx, val)):
-        launch_fused(s, cxx, lo, hi, k, fused_cap(k, runs), oversample, count, flagged, nflagged, idx, val, runs,
-                     min_rank, coarse)
+        launch_fused(s, cxx, lo, hi, k, fused_cap(k, runs, s.shape[1], oversample, min_rank), oversample, count,
+                     flagged, nflagged, idx, val, runs, min_rank, coarse)
     launch_listed_topk(s, cxx, lo, hi, k, topk_cap, flagged, nflagged, idx, val)
 
 
