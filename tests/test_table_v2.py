@@ -212,35 +212,41 @@ def test_register_bitonic_network_sorts_descending(B, E):
         assert (got[cnt:] == 0).all()
 
 
+def table_v2_with_numpy(body: str):
+    """`body` run in a subprocess with workbench.families.cupy.table_v2 as v2 on NumPy standing in for
+    CuPy (tests/fake_cupy: the stand-in must never reach this process) and 227 KiB of opt-in shared
+    memory as on the H100 / H200; returns its `out`, through JSON."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    here = Path(__file__).resolve().parent
+    code = ("import json, workbench.families.cupy.table_v2 as v2\nv2._limit = lambda: 232448\n" + body
+            + "print(json.dumps(out))\n")
+    env = {"PYTHONPATH": f"{here / 'fake_cupy'}:{here.parent}", "PATH": "/usr/bin:/bin"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
 def test_cluster_kernel_is_instantiated_and_its_geometry_fits():
     """hytopk_table_cluster is instantiated at every CLUSTER_CONFIGS size for both dtypes, and
     table_v2.cluster_geometry (run with NumPy standing in for CuPy, tests/fake_cupy, in a subprocess;
     227 KiB of opt-in shared memory as on the H100 / H200) takes 128K-key rows at the shipped cluster
     sizes within the shared memory, each slice buffer covering every vector a slice can touch, and
     leaves 1M-key rows to the fused kernel."""
-    import subprocess
-    import sys
-    from pathlib import Path
     names = INST.name_expressions("table_v2.cu")
     for C, t, share in INST.CLUSTER_CONFIGS:
         for src in (INST.TABLE, INST.TABLE_BF16):
             assert f"hytopk_table_cluster<{src}, {C}, {t}, {str(share).lower()}>" in names
-    here = Path(__file__).resolve().parent
-    code = (
-        "import json, workbench.families.cupy.table_v2 as v2\n"
-        "v2._limit = lambda: 232448\n"
+    out = table_v2_with_numpy(
         "out = []\n"
         "for L in (131072, 131071, 65537, 5003, 1 << 20):\n"
         "    for cxx in ('hytopk::TableSource', 'hytopk::TableBf16Source'):\n"
         "        for k in (2048, 512):\n"
         "            g = v2.cluster_geometry(L, cxx, k)\n"
-        "            out.append([L, cxx, k, g, g and v2.cluster_smem_bytes(k, g[3], g[2], g[1])])\n"
-        "print(json.dumps(out))\n")
-    env = {"PYTHONPATH": f"{here / 'fake_cupy'}:{here.parent}", "PATH": "/usr/bin:/bin"}
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert res.returncode == 0, res.stderr[-2000:]
-    import json
-    for L, cxx, k, g, smem in json.loads(res.stdout.strip().splitlines()[-1]):
+        "            out.append([L, cxx, k, g, g and v2.cluster_smem_bytes(k, g[3], g[2], g[1])])\n")
+    for L, cxx, k, g, smem in out:
         if L == 1 << 20:
             assert g is None
             continue
@@ -331,26 +337,15 @@ def test_fused_launch_takes_the_short_blocks_where_their_cap_holds_the_counts():
     count plus FUSED_SHORT_SIGMAS spreads (table_topk's plan at 128K keys, k = 2048), else (512, 2)
     (256K and 1M keys); the contract's samples keep (1024, 1); the sweep's override wins; the caps
     are the launch's."""
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-    here = Path(__file__).resolve().parent
     cases = [(2048, 131072, 1.5, 48), (2048, 262144, 1.5, 48), (2048, 1 << 20, 1.5, 48), (512, 131072, 1.5, 48),
              (2048, 131072, 3.0, 0), (2048, 4096, 1.5, 48), (4096, 131072, 1.5, 48)]
-    code = (
-        "import json, workbench.families.cupy.table_v2 as v2\n"
-        "v2._limit = lambda: 232448\n"
+    out, short, sigmas = table_v2_with_numpy(
         f"cases = {cases!r}\n"
         "out = [[c, v2.fused_launch(1, *c), v2.fused_cap(c[0], 1, *c[1:]), v2.fused_launch(0, *c),\n"
         "        v2.cap_for(c[0], *v2.FUSED_SHORT)] for c in cases]\n"
         "v2.FUSED_THREADS, v2.FUSED_MIN_BLOCKS = 1024, 1\n"
         "out.append(v2.fused_launch(1, *cases[0]))\n"
-        "print(json.dumps([out, v2.FUSED_SHORT, v2.FUSED_SHORT_SIGMAS]))\n")
-    env = {"PYTHONPATH": f"{here / 'fake_cupy'}:{here.parent}", "PATH": "/usr/bin:/bin"}
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert res.returncode == 0, res.stderr[-2000:]
-    out, short, sigmas = json.loads(res.stdout.strip().splitlines()[-1])
+        "out = [out, v2.FUSED_SHORT, v2.FUSED_SHORT_SIGMAS]\n")
     assert out.pop() == [1024, 1]
     got = {tuple(c): (tuple(runs), cap, tuple(contract), short_cap) for c, runs, cap, contract, short_cap in out}
     assert tuple(short) == (256, 3) and got[(2048, 131072, 1.5, 48)][:2] == ((256, 3), 6144)
