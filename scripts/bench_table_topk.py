@@ -317,7 +317,8 @@ def main(argv=None):
                 i_runs, runs_counts = {}, {}
                 for os_ in (3.0, 2.0):
                     tag = "runs" if os_ == 3.0 else f"runs, os {os_:g}"
-                    cnt = runs_counts[tag] = cp.empty(n, cp.int32)
+                    cnt = cp.empty(n, cp.int32)
+                    runs_counts[tag] = (cnt, os_)
                     name = f"fused_hytopk_v2[{tag}]"
                     res[name] = timed(lambda: tab.fused_hytopk(scores, lo, hi, k, count=cnt, host_check=False,
                                                                design="v2", sampling="runs", oversample=os_),
@@ -414,9 +415,8 @@ def main(argv=None):
                     row["cluster_geometry"] = dict(zip(("C", "threads", "buf_words", "cap"), geo))
                     row["fused_v2_cluster_rows_flagged"] = int(((c4 < k) | (c4 > geo[3])).sum())
                     row["fused_v2_cluster_counts_equal"] = bool((c4 == c2).all())
-                for tag, cnt in runs_counts.items():
+                for tag, (cnt, os_) in runs_counts.items():
                     c5 = cp.asnumpy(cnt)
-                    os_ = 2.0 if "os 2" in tag else 3.0
                     cap5 = tab_v2.fused_cap(k, 1, L, os_)          # the launch fused_v2 chose for these rows
                     row[f"fused_v2_rows_flagged[{tag}]"] = int(((c5 < k) | (c5 > cap5)).sum())
                     row[f"fused_v2_mean_count[{tag}]"] = float(c5.mean())

@@ -141,15 +141,22 @@ def fused_launch(runs: int = 0, k: int | None = None, L: int | None = None, over
     return FUSED_LAUNCH[int(bool(runs))]
 
 
-@functools.lru_cache(maxsize=256)
 def short_fits(k: int, L: int, oversample: float, min_rank: int = 0) -> bool:
     """Whether FUSED_SHORT's cap holds a full row's expected count (reference.sample_plan at c = L:
     L r / M, x 9/8 for the coarse threshold) plus FUSED_SHORT_SIGMAS / sqrt(r) of it."""
-    M, r = (int(x[0]) for x in R.sample_plan([0], [int(L)], int(k), float(oversample), int(min_rank)))
+    M, r = _full_row_plan(k, L, oversample, min_rank)
     if M <= 0:
         return True                       # c <= k: nothing collected
     expected = L * r / M * 9 / 8
     return expected * (1 + FUSED_SHORT_SIGMAS / r ** 0.5) <= cap_for(k, *FUSED_SHORT)
+
+
+@functools.lru_cache(maxsize=256)
+def _full_row_plan(k: int, L: int, oversample: float, min_rank: int) -> tuple[int, int]:
+    """(M, r) of a context of L keys (reference.sample_plan); cached: on every launch's path (the
+    module constants short_fits reads are not, so editing them takes effect)."""
+    M, r = R.sample_plan([0], [int(L)], int(k), float(oversample), int(min_rank))
+    return int(M[0]), int(r[0])
 
 
 def fused_cap(k: int, runs: int = 0, L: int | None = None, oversample: float = 3.0, min_rank: int = 0) -> int:
@@ -222,15 +229,16 @@ def launch_select(cand_idx, cand_val, count, k, idx, val):
             np.int32(SELECT_FAST)), select_smem_bytes(k, cap), threads=SAMPLE_BLOCK)
 
 
-def launch_fused(s, cxx, lo, hi, k, cap, oversample, count, flagged, nflagged, idx, val, runs=0, min_rank=0,
-                 coarse=0):
-    """The fused kernel; the rows it cannot finish go to flagged[0 .. nflagged) (zeroed before);
+def launch_fused(s, cxx, lo, hi, k, oversample, count, flagged, nflagged, idx, val, runs=0, min_rank=0, coarse=0):
+    """The fused kernel at fused_launch's configuration and its cap (cap_for); the rows it cannot
+    finish go to flagged[0 .. nflagged) (zeroed before);
     runs = 1: the samples in runs (not with FUSED_ONE_READ: that kernel finds the contract's samples
     among what it collected); min_rank > 0: the threshold's rank at least min(M, min_rank)
     (reference.sample_plan's min_rank; not the contract's); coarse > 0: the threshold rounded down at
     the first radix level whose digit holds at most max(1, r // coarse) samples (reference.coarse_key)."""
     n, L = s.shape
     threads, blocks = fused_launch(runs, k, L, oversample, min_rank)
+    cap = cap_for(k, threads, blocks)
     if (min_rank or coarse) and (FUSED_ONE_READ and not runs):
         raise ValueError("arguments 'min_rank' / 'coarse': not with table_v2.FUSED_ONE_READ = 1 (the contract's plan)")
     if FUSED_ONE_READ and not runs:
@@ -366,8 +374,7 @@ def fused_v2(s, cxx, lo, hi, k, topk_cap, oversample, count, idx, val, runs=0, m
     nflagged = cp.zeros(1, cp.int32)
     cluster = FUSED_CLUSTER and not (runs or min_rank or coarse) and n > 0     # the contract's plan only
     if not (cluster and launch_cluster(s, cxx, lo, hi, k, oversample, count, flagged, nflagged, idx, val)):
-        launch_fused(s, cxx, lo, hi, k, fused_cap(k, runs, s.shape[1], oversample, min_rank), oversample, count,
-                     flagged, nflagged, idx, val, runs, min_rank, coarse)
+        launch_fused(s, cxx, lo, hi, k, oversample, count, flagged, nflagged, idx, val, runs, min_rank, coarse)
     launch_listed_topk(s, cxx, lo, hi, k, topk_cap, flagged, nflagged, idx, val)
 
 
