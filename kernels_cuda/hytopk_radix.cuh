@@ -26,6 +26,43 @@ struct SelectScalars {
     u32 kept;        // compaction counter
 };
 
+// One level's digit by the first warp (threads 0 .. 31 call it; lane l owns the 8 digits ranked
+// 8l .. 8l+7, best first when LARGEST): the first digit in rank order whose inclusive count reaches
+// rem; sc->remaining = rem - the counts before it, sc->prefix = prefix | digit << shift, sc->equal =
+// its count.
+template <bool LARGEST>
+__device__ __forceinline__ void radix_level_digit_warp(const u32* hist, u32 rem, u32 prefix, int shift,
+                                                       SelectScalars* sc) {
+    const u32 l = lane_id();
+    u32 h[8], own = 0u;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        h[j] = hist[LARGEST ? RADIX - 1 - (int)(8u * l) - j : (int)(8u * l) + j];
+        own += h[j];
+    }
+    u32 incl = own;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const u32 y = __shfl_up_sync(0xffffffffu, incl, off);
+        if (l >= (u32)off) incl += y;
+    }
+    const u32 found = __ballot_sync(0xffffffffu, incl >= rem);
+    if (l == (found ? (u32)(__ffs(found) - 1) : 31u)) {
+        u32 before = incl - own, hd = 0u;
+        int digit = 0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            digit = LARGEST ? RADIX - 1 - (int)(8u * l) - j : (int)(8u * l) + j;
+            hd = h[j];
+            if (before + hd >= rem) break;
+            before += hd;
+        }
+        sc->remaining = rem - before;
+        sc->prefix = prefix | ((u32)digit << shift);
+        sc->equal = hd;
+    }
+}
+
 // The rank-th (1-based) largest (LARGEST) or smallest value among the entries
 // i in [0, m) for which get(i, &v) returns true. Returns the value; on return
 // sc->remaining = rank - #{strictly better values}, sc->equal = #{== value}.
@@ -59,36 +96,7 @@ __device__ u32 block_radix_select(const Get& get, long long m, u32 rank, u32* hi
         }
         __syncthreads();
         if (FAST) {
-            if (threadIdx.x < 32) {                      // lane l owns the 8 digits ranked 8l .. 8l+7
-                const u32 l = lane_id();
-                u32 h[8], own = 0u;
-#pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    h[j] = hist[LARGEST ? RADIX - 1 - (int)(8u * l) - j : (int)(8u * l) + j];
-                    own += h[j];
-                }
-                u32 incl = own;
-#pragma unroll
-                for (int off = 1; off < 32; off <<= 1) {
-                    const u32 y = __shfl_up_sync(0xffffffffu, incl, off);
-                    if (l >= (u32)off) incl += y;
-                }
-                const u32 found = __ballot_sync(0xffffffffu, incl >= rem);
-                if (l == (found ? (u32)(__ffs(found) - 1) : 31u)) {
-                    u32 before = incl - own, hd = 0u;
-                    int digit = 0;
-#pragma unroll
-                    for (int j = 0; j < 8; ++j) {
-                        digit = LARGEST ? RADIX - 1 - (int)(8u * l) - j : (int)(8u * l) + j;
-                        hd = h[j];
-                        if (before + hd >= rem) break;
-                        before += hd;
-                    }
-                    sc->remaining = rem - before;
-                    sc->prefix = prefix | ((u32)digit << shift);
-                    sc->equal = hd;
-                }
-            }
+            if (threadIdx.x < 32) radix_level_digit_warp<LARGEST>(hist, rem, prefix, shift, sc);
         } else if (threadIdx.x == 0) {
             u32 before = 0u;
             int digit = LARGEST ? RADIX - 1 : 0;

@@ -7,7 +7,8 @@
 // 2048-entry register bitonic sort (35 shuffle stages of 68 instructions per warp, 10
 // shared-memory stages with 4-8-way bank conflicts) and ~20K in the four 8-bit radix passes.
 // block_select_fast sorts nothing:
-//   1. the key range [kmin, kmax] of the m keys (block min/max);
+//   1. the key range [kmin, kmax] of the m keys (block min/max, or the caller's SelectHint:
+//      keys above its kmax share the best bin);
 //   2. one histogram of (key - kmin) >> s over NB bins (NB up to 2048, s so the range fits):
 //      bins are monotone in the key, equal keys share a bin;
 //   3. a block scan in rank order (best bin first) gives each bin's first rank and the bin r*
@@ -71,7 +72,17 @@ __host__ __device__ constexpr int fast_select_bins(int k, long long words) {
 struct FastStage {
     u32 kmin;
     int s, NB, staged, kk;
-    __device__ __forceinline__ int bin_of(u32 key) const { return NB - 1 - (int)((key - kmin) >> s); }
+    __device__ __forceinline__ int bin_of(u32 key) const { return NB - 1 - (int)min((key - kmin) >> s, (u32)(NB - 1)); }
+};
+
+// A caller's bounds on the entries' keys for block_select_fast (on: skip its key-range pass):
+// every key >= kmin (exactly: a key below it would be misranked), and kmax where the bins end:
+// keys above it share the best bin (clamped), so a kmax below the true maximum narrows the bins
+// of the dense keys near kmin (the fused kernel: its threshold key and the best sample key, about
+// L / M keys above it).
+struct SelectHint {
+    u32 kmin = 0u, kmax = 0u;
+    bool on = false;
 };
 __host__ __device__ constexpr long long fast_stage_words(int NB, int staged) { return (long long)NB + FAST_RED + 2LL * staged; }
 
@@ -80,7 +91,7 @@ __host__ __device__ constexpr long long fast_stage_words(int NB, int staged) { r
 // (every thread).
 template <int PBMAX, class Entries>
 __device__ __forceinline__ bool block_select_fast_stage(const Entries& e, int m, int k, u32* scratch, long long words,
-                                                        FastStage& st) {
+                                                        FastStage& st, const SelectHint& hint = SelectHint()) {
     const int tid = (int)threadIdx.x, B = (int)blockDim.x, nw = B >> 5, w = tid >> 5;
     const int NB = min(fast_select_bins(k, words), PBMAX * B);
     if (NB == 0 || k <= 0) return false;                    // uniform
@@ -92,29 +103,35 @@ __device__ __forceinline__ bool block_select_fast_stage(const Entries& e, int m,
     int log_nb = 0;
     while ((1 << log_nb) < NB) ++log_nb;
 
-    // 1. key range; bins zeroed meanwhile
-    u32 lo = 0xffffffffu, hi = 0u;
-    for (int i = tid; i < m; i += B) {
-        const u32 key = order_key_bits(e.bits(i));
-        lo = min(lo, key);
-        hi = max(hi, key);
-    }
+    // 1. key range (the hint's, else a pass over the keys); bins zeroed meanwhile
+    u32 lo = hint.kmin, hi = max(hint.kmax, hint.kmin);
+    if (!hint.on) {                                         // uniform
+        lo = 0xffffffffu;
+        hi = 0u;
+        for (int i = tid; i < m; i += B) {
+            const u32 key = order_key_bits(e.bits(i));
+            lo = min(lo, key);
+            hi = max(hi, key);
+        }
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, off));
-        hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, off));
+        for (int off = 16; off > 0; off >>= 1) {
+            lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, off));
+            hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, off));
+        }
+        if ((tid & 31) == 0) { red[w] = lo; red[32 + w] = hi; }
     }
-    if ((tid & 31) == 0) { red[w] = lo; red[32 + w] = hi; }
     for (int b = tid; b < NB; b += B) bins[b] = 0u;
     __syncthreads();
-    lo = 0xffffffffu;
-    hi = 0u;
-    for (int q = 0; q < nw; ++q) { lo = min(lo, red[q]); hi = max(hi, red[32 + q]); }
+    if (!hint.on) {
+        lo = 0xffffffffu;
+        hi = 0u;
+        for (int q = 0; q < nw; ++q) { lo = min(lo, red[q]); hi = max(hi, red[32 + q]); }
+    }
     const u32 kmin = lo;
     const u32 range = m > 0 ? hi - kmin : 0u;
     const int nbits = range == 0u ? 0 : 32 - __clz(range);
-    const int s = max(0, nbits - log_nb);                   // (key - kmin) >> s < NB
-    auto bin_of = [&](u32 key) { return NB - 1 - (int)((key - kmin) >> s); };
+    const int s = max(0, nbits - log_nb);                   // (key - kmin) >> s < NB up to hi; past it clamped
+    auto bin_of = [&](u32 key) { return NB - 1 - (int)min((key - kmin) >> s, (u32)(NB - 1)); };
 
     // 2. histogram
     for (int i = tid; i < m; i += B) atomicAdd(&bins[bin_of(order_key_bits(e.bits(i)))], 1u);
@@ -230,9 +247,9 @@ __device__ __forceinline__ void pad_row(int kk, int k, int* out_idx, float* out_
 // PBMAX: most bins per thread (FAST_NB_MAX / blockDim.x).
 template <int PBMAX, class Entries>
 __device__ __forceinline__ bool block_select_fast(const Entries& e, int m, int k, u32* scratch, long long words, int* out_idx,
-                                  float* out_val) {
+                                  float* out_val, const SelectHint& hint = SelectHint()) {
     FastStage st;
-    if (!block_select_fast_stage<PBMAX>(e, m, k, scratch, words, st)) return false;
+    if (!block_select_fast_stage<PBMAX>(e, m, k, scratch, words, st, hint)) return false;
     block_select_fast_rank(e, scratch, st, 0, st.staged, out_idx, out_val);
     pad_row(st.kk, k, out_idx, out_val);
     __syncthreads();                                        // the scratch is free again
@@ -243,8 +260,9 @@ __device__ __forceinline__ bool block_select_fast(const Entries& e, int m, int k
 // covering hist, sc and word / wbits).
 template <int PBMAX, class Entries>
 __device__ __forceinline__ void select_row_best(const Entries& e, int m, int k, int fast, u32* hist, SelectScalars* sc, u64* word,
-                                u32* wbits, long long words, int* out_idx, float* out_val) {
-    if (fast && block_select_fast<PBMAX>(e, m, k, hist, words, out_idx, out_val)) return;
+                                u32* wbits, long long words, int* out_idx, float* out_val,
+                                const SelectHint& hint = SelectHint()) {
+    if (fast && block_select_fast<PBMAX>(e, m, k, hist, words, out_idx, out_val, hint)) return;
     select_row_v2(e, m, k, hist, sc, word, wbits, out_idx, out_val);
 }
 

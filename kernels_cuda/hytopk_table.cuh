@@ -307,11 +307,13 @@ struct SmemSinkT {
 using SmemSink = SmemSinkT<0>;
 
 // The contract's M samples of a context (CONTRACT.md §3.2: p_j = a + (j * c) // Mdiv, 64-bit)
-// as order keys keys[0 .. m), PER loads in flight per thread. j * c // Mdiv is stepped by
+// as order keys keys[0 .. m) (returns the best key this thread gathered, 0 for none), PER loads in
+// flight per thread. j * c // Mdiv is stepped by
 // quotient and remainder (one 64-bit division per thread instead of one per sample).
 template <class Src, int PER>
-__device__ __forceinline__ void gather_sample_keys(const void* table, long long g_a, long long c, long long Mdiv,
-                                                   int m, u32* keys) {
+__device__ __forceinline__ u32 gather_sample_keys(const void* table, long long g_a, long long c, long long Mdiv,
+                                                  int m, u32* keys) {
+    u32 best = 0u;
     const long long B = blockDim.x;
     const long long dq = (B * c) / Mdiv, dr = (B * c) % Mdiv;
     for (long long q0 = 0; q0 < m; q0 += PER * B) {
@@ -327,8 +329,12 @@ __device__ __forceinline__ void gather_sample_keys(const void* table, long long 
         }
 #pragma unroll
         for (int i = 0; i < PER; ++i)
-            if (j0 + i * B < m) keys[j0 + i * B] = order_key_bits(sb[i]);
+            if (j0 + i * B < m) {
+                keys[j0 + i * B] = order_key_bits(sb[i]);
+                best = max(best, order_key_bits(sb[i]));
+            }
     }
+    return best;
 }
 
 // Samples in runs (the table top-k's threshold, sampling="runs" in table.py / table_v2.py; reference:
@@ -342,17 +348,59 @@ template <class Src> struct SampleRun { static constexpr long long R = 4 * Table
 // (M >= 64: at least two runs of the longest R, whatever M a caller passes)
 __host__ __device__ __forceinline__ bool runs_apply(long long c, long long M) { return M >= 64 && c >= 4 * M; }
 
-// The M samples in runs of a context [a, a + c) of row row0 as order keys keys[0 .. m), PER loads in
-// flight per thread (runs_apply(c, M) must hold).
+// The M samples in runs of a context [a, a + c) of row row0 as order keys keys[0 .. m) (returns the
+// best key this thread gathered, 0 for none), about PER
+// samples of a thread in flight (runs_apply(c, M) must hold). A run is 64 bytes, four 16-byte
+// vectors: a thread takes whole vectors, (run u, vector h) = item w = 4 u + h (samples j = w P ..
+// w P + P - 1), one 16-byte load each where the run starts on a vector (every run but a first one
+// clamped to an unaligned a, on a 16-byte aligned table; else element loads): ~7 instructions a
+// sample instead of ~30 for one load a sample (HYTOPK_RUN_GATHER_VEC=0 builds the element loads).
+#ifndef HYTOPK_RUN_GATHER_VEC
+#define HYTOPK_RUN_GATHER_VEC 1
+#endif
 template <class Src, int PER>
-__device__ __forceinline__ void gather_run_keys(const void* table, long long row0, long long a, long long c,
-                                                long long M, int m, u32* keys) {
+__device__ __forceinline__ u32 gather_run_keys(const void* table, long long row0, long long a, long long c,
+                                               long long M, int m, u32* keys) {
     // row-relative positions in 32 bits (contexts are int32 ranges): fewer registers than 64-bit steps
     constexpr int R = (int)SampleRun<Src>::R;
+    constexpr int P = TableVec<Src>::PER_VEC;
+    constexpr int H = R / P;                         // vectors a run
+    constexpr int IPER = PER / P > 0 ? PER / P : 1;  // items a thread in flight
     const int U = (int)((M + R - 1) / R);
     const int S = (int)((c - R) / (U - 1));
     const int a32 = (int)a;
     const int B = blockDim.x;
+    u32 best = 0u;
+    if (HYTOPK_RUN_GATHER_VEC) {
+        const bool vec = (reinterpret_cast<unsigned long long>(table) & 15ull) == 0ull;
+        const int items = (m + P - 1) / P;
+        for (int w0 = 0; w0 < items; w0 += IPER * B) {
+            u32 sb[IPER][P];
+#pragma unroll
+            for (int i = 0; i < IPER; ++i) {
+                const int w = w0 + (int)threadIdx.x + i * B;
+                const int x = a32 + (w / H) * S;
+                const long long g = row0 + max(a32, x & ~(R - 1)) + (w % H) * P;   // the vector's first element
+                if (w < items && vec && ((int)g & (P - 1)) == 0 && (w + 1) * P <= m) {
+                    TableVec<Src>::unpack(__ldg(static_cast<const uint4*>(table) + g / P), sb[i]);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < P; ++e) sb[i][e] = w * P + e < m ? TableVec<Src>::bits_at(table, g + e) : 0u;
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < IPER; ++i) {
+                const int j0 = (w0 + (int)threadIdx.x + i * B) * P;
+#pragma unroll
+                for (int e = 0; e < P; ++e)
+                    if (j0 + e < m) {
+                        keys[j0 + e] = order_key_bits(sb[i][e]);
+                        best = max(best, order_key_bits(sb[i][e]));
+                    }
+            }
+        }
+        return best;
+    }
     for (int q0 = 0; q0 < m; q0 += PER * B) {
         u32 sb[PER];
 #pragma unroll
@@ -365,9 +413,13 @@ __device__ __forceinline__ void gather_run_keys(const void* table, long long row
 #pragma unroll
         for (int i = 0; i < PER; ++i) {
             const int j = q0 + (int)threadIdx.x + i * B;
-            if (j < m) keys[j] = order_key_bits(sb[i]);
+            if (j < m) {
+                keys[j] = order_key_bits(sb[i]);
+                best = max(best, order_key_bits(sb[i]));
+            }
         }
     }
+    return best;
 }
 
 // ---- A bitonic sort with E words per thread in registers (the v2 selects) ----
@@ -474,10 +526,15 @@ __device__ __forceinline__ void sort_desc_v2(u64* word, u32* bits, int cnt) {
 // 8-bit level whose chosen digit holds at most max(1, rank / coarse) keys (and whose prefix is at
 // least 0x00800000) and return its prefix with the lower bits 0: a key at or below the rank-th best
 // with at most that many more keys at or above it (two levels instead of four on a randn row).
+// top (LARGEST; 0: unknown): the best of the m keys. The top level first counts the keys of top's
+// digit D0 (no key has a larger one); when they hold the rank, D0 is the level's digit without the
+// histogram of every digit (__match_any_sync a key) and its scan: a randn row's r-th best sample and
+// its best share the digit. Same prefix, remaining and equal either way.
 template <bool LARGEST, class Get>
 __device__ u32 block_radix_select_keys(const Get& get, long long m, u32 rank, u32* hist, SelectScalars* sc,
-                                       int coarse = 0) {
+                                       int coarse = 0, u32 top = 0u) {
     const u32 few = coarse > 0 ? max(1u, rank / (u32)coarse) : 0u;
+    const u32 d0 = LARGEST && top != 0u ? top >> 24 : 0x100u;          // 0x100: no digit known
     if (threadIdx.x == 0) { sc->prefix = 0u; sc->remaining = rank; }
     u32 mask = 0u;
     for (int shift = 24; shift >= 0; shift -= 8) {
@@ -485,11 +542,24 @@ __device__ u32 block_radix_select_keys(const Get& get, long long m, u32 rank, u3
         __syncthreads();
         const u32 prefix = sc->prefix;
         const u32 rem = sc->remaining;
+        bool at_d0 = false;                          // uniform: the top level's digit is d0
         if (shift == 24) {
-            const long long m_round = (m + blockDim.x - 1) / blockDim.x * blockDim.x;
+            if (d0 < 0x100u) {
+                u32 mine = 0u;
+                for (long long i = threadIdx.x; i < m; i += blockDim.x) {
+                    u32 v;
+                    mine += (get(i, &v) && (v >> 24) == d0) ? 1u : 0u;
+                }
+#pragma unroll
+                for (int off = 16; off > 0; off >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, off);
+                if (lane_id() == 0u && mine) atomicAdd(&hist[d0], mine);
+                __syncthreads();
+                at_d0 = hist[d0] >= rem;
+            }
+            const long long m_round = at_d0 ? 0 : (m + blockDim.x - 1) / blockDim.x * blockDim.x;
             for (long long i = threadIdx.x; i < m_round; i += blockDim.x) {
                 u32 v = 0u;
-                const bool act = i < m && get(i, &v);
+                const bool act = i < m && get(i, &v) && (v >> 24) != d0;    // d0's keys are counted
                 const u32 d = act ? v >> 24 : 0x100u;
                 const u32 peers = __match_any_sync(0xffffffffu, d);
                 if (act && (peers & lanes_below_mask()) == 0u) atomicAdd(&hist[d], (u32)__popc(peers));
@@ -500,36 +570,15 @@ __device__ u32 block_radix_select_keys(const Get& get, long long m, u32 rank, u3
                 if (get(i, &v) && (v & mask) == prefix) atomicAdd(&hist[(v >> shift) & 0xffu], 1u);
             }
         }
-        __syncthreads();
-        if (threadIdx.x < 32) {                      // lane l owns the 8 digits ranked 8l .. 8l+7
-            const u32 l = lane_id();
-            u32 h[8], own = 0u;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                h[j] = hist[LARGEST ? RADIX - 1 - (int)(8u * l) - j : (int)(8u * l) + j];
-                own += h[j];
+        if (at_d0) {                                 // every hist[d0] read is before the level's last barrier
+            if (threadIdx.x == 0) {
+                sc->remaining = rem;
+                sc->prefix = prefix | (d0 << shift);
+                sc->equal = hist[d0];
             }
-            u32 incl = own;
-#pragma unroll
-            for (int off = 1; off < 32; off <<= 1) {
-                const u32 y = __shfl_up_sync(0xffffffffu, incl, off);
-                if (l >= (u32)off) incl += y;
-            }
-            const u32 found = __ballot_sync(0xffffffffu, incl >= rem);
-            if (l == (found ? (u32)(__ffs(found) - 1) : 31u)) {
-                u32 before = incl - own, hd = 0u;
-                int digit = 0;
-#pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    digit = LARGEST ? RADIX - 1 - (int)(8u * l) - j : (int)(8u * l) + j;
-                    hd = h[j];
-                    if (before + hd >= rem) break;
-                    before += hd;
-                }
-                sc->remaining = rem - before;
-                sc->prefix = prefix | ((u32)digit << shift);
-                sc->equal = hd;
-            }
+        } else {
+            __syncthreads();
+            if (threadIdx.x < 32) radix_level_digit_warp<LARGEST>(hist, rem, prefix, shift, sc);
         }
         mask |= 0xffu << shift;
         __syncthreads();

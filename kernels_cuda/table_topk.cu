@@ -9,6 +9,7 @@
 //                        shared memory; one collecting read; the exact select of
 //                        block_keep_top among the collected bin; a bitonic sort.
 //   hytopk_table_topk_listed  the same over a device-side list of rows (the v2 fallback)
+//   hytopk_table_ranges_ok    the torch op's device-side check of lo / hi
 #include "hytopk_table.cuh"
 using namespace hytopk;
 
@@ -414,4 +415,24 @@ hytopk_table_topk_listed(const void* __restrict__ table, long long L, int n, con
                             aligned, 3.0, nullptr, idx, val);
         __syncthreads();                            // the next row rewrites the shared memory
     }
+}
+
+// The torch op's check of its contexts with no host copy (workbench/torch/table_topk.py): *ok = 1
+// when 0 <= lo[t] <= hi[t] <= L for every row t < n, else 0 (torch._assert_async reads it). One
+// block: two launches in a CUDA graph where the same check in torch ops took seven (~10 us of the
+// op at 4096 x 131072).
+extern "C" __global__ void __launch_bounds__(1024)
+hytopk_table_ranges_ok(const int* __restrict__ lo, const int* __restrict__ hi, int n, long long L,
+                       unsigned char* __restrict__ ok) {
+    __shared__ int nbad;                            // threads that saw a bad row
+    if (threadIdx.x == 0) nbad = 0;
+    __syncthreads();
+    int bad = 0;
+    for (int t = threadIdx.x; t < n; t += blockDim.x) {
+        const int a = lo[t], b = hi[t];
+        bad |= (a < 0 || a > b || (long long)b > L) ? 1 : 0;
+    }
+    if (bad) atomicAdd(&nbad, 1);
+    __syncthreads();
+    if (threadIdx.x == 0) *ok = nbad ? 0 : 1;
 }

@@ -32,14 +32,40 @@ template <class Src> struct StreamU { static constexpr int U = TableVec<Src>::PE
 constexpr int STREAM_MIN_BLOCKS = 6;
 constexpr int SAMPLE_BLOCK = 512;        // threads of the threshold and the fused kernel
 constexpr int SAMPLE_PER = MAX_SAMPLES / SAMPLE_BLOCK;   // every sample load of a thread in flight at once
-// The fused kernel's candidate cap at k = 2048, (512, 2) (table_v2.py fused_cap): with it the stream's
-// appends address the bits at an immediate offset from the positions (SmemSinkT<FUSED_FIXED_CAP>).
-constexpr int FUSED_FIXED_CAP = 10752;
 
 // Sort slots of the v2 selects: sort_desc_v2 pads to at least one word per thread of the block.
 __host__ __device__ constexpr int sort_slots_v2(int k, int threads = SAMPLE_BLOCK) {
     return next_pow2(k) > threads ? next_pow2(k) : threads;
 }
+
+// The fused kernel's candidate cap at k = 2048 and (threads, blocks per SM) as table_v2.py cap_for
+// sets it (FUSED_SMEM_TARGET = 110 KiB for two blocks; at least MAX_SAMPLES / 2 for smaller ones;
+// FUSED_CAP = 0): with HYTOPK_FUSED_FIXED below, a launch with this cap has its appends address the
+// bits at an immediate offset from the positions (SmemSinkT<fused_fixed_cap(...)>: ~5 instructions a
+// stream position against ~8; any other cap takes the general sink, same results).
+// tests/test_table_emulation.py checks the mirror against cap_for.
+__host__ __device__ constexpr int fused_fixed_cap(int threads, int blocks) {
+    const int fixed = RADIX + 6 + 3 * sort_slots_v2(2048, threads);
+    const int cap = ((110 * 1024 * 2 / blocks) / 4 - fixed) / 2 / 256 * 256;
+    const int least = (int)(MAX_SAMPLES / 2);
+    const int c = cap < least && blocks > 2 ? least : cap;
+    return c < 16384 ? c : 16384;
+}
+// HYTOPK_FUSED_FIXED: which launches take them: 1 (shipped) (512, 2) only (hytopk_table_fused);
+// 0 none (the bench's "general" build); 2 every FUSED_CONFIGS launch at its own cap ("fixedall").
+// At 4096 x 131072 float32, k = 2048 (H200 2026-12-01 s7): (512, 2) ran 0.631 ms with them against
+// 0.640 without (run 4), while (256, 3) ran slower with them, 0.677 against 0.656 (run 1), for
+// fewer instructions (~377 a warp step, ~186 of them the appends).
+#ifndef HYTOPK_FUSED_FIXED
+#define HYTOPK_FUSED_FIXED 1
+#endif
+// HYTOPK_SELECT_HINT=0 (the bench's "nohint" build): the fused kernel's select finds its candidates'
+// key range itself (fused_hint).
+#ifndef HYTOPK_SELECT_HINT
+#define HYTOPK_SELECT_HINT 1
+#endif
+constexpr int FUSED_FIXED_CAP = fused_fixed_cap(SAMPLE_BLOCK, 2);    // 10752: hytopk_table_fused's
+static_assert(FUSED_FIXED_CAP == 10752, "table_v2.py cap_for(2048, 512, 2)");
 
 // Shared memory of hytopk_table_fused in u32 words: 256-bin histogram, select scalars (4),
 // candidate counter + pad (2), sort_slots_v2(k) (u64 word, u32 bits) sort slots, cap (position,
@@ -253,15 +279,33 @@ template <int THREADS> struct FastBins { static constexpr int PB = FAST_NB_MAX /
 
 // The cnt candidates (every key >= the contract's K*) in cpos/cbits: fused_check, then the exact
 // select writes the row.
+// hint: the candidates' key bounds (fused_sampled_row's), or none.
 template <int THREADS>
 __device__ __forceinline__ void fused_finish(const FusedSmem& f, int t, int cnt, int k, int cap, int fast,
                                              int* __restrict__ count_out, int* __restrict__ flagged,
-                                             int* __restrict__ nflagged, int* out_idx, float* out_val) {
+                                             int* __restrict__ nflagged, int* out_idx, float* out_val,
+                                             const SelectHint& hint = SelectHint()) {
     if (!fused_check(t, cnt, k, cap, count_out, flagged, nflagged)) return;   // uniform: the radix kernel writes it
     const SmemEntries ce = {f.cpos, f.cbits};
     __syncthreads();                            // every *ncand read: the fast select's scratch covers it
     select_row_best<FastBins<THREADS>::PB>(ce, cnt, k, fast, f.hist, f.sc, f.word, f.wbits, RADIX + 6 + 3LL * f.KW,
-                                           out_idx, out_val);
+                                           out_idx, out_val, hint);
+}
+
+// The select's bounds on a row's candidates: each key >= kstar (the stream's test), and the best
+// sample key (fused_gather_samples' per-warp maxima in f.wbits), about L / M keys below the row's
+// best: bins over [kstar, that] are about half as wide near kstar as over the whole range, and the
+// ranking's comparisons (the sum of the kept bins' squared sizes) about half. Read before the select's
+// barrier (its scratch covers f.wbits).
+template <int THREADS>
+__device__ __forceinline__ SelectHint fused_hint(const FusedSmem& f, u32 kstar) {
+    SelectHint h;
+    h.kmin = kstar;
+    h.kmax = kstar;
+#pragma unroll
+    for (int q = 0; q < THREADS / 32; ++q) h.kmax = max(h.kmax, f.wbits[q]);
+    h.on = HYTOPK_SELECT_HINT != 0;
+    return h;
 }
 
 // Register budget of the fused streams: 128 / 32 bytes in flight per thread (64 registers; float32:
@@ -291,31 +335,41 @@ __device__ __forceinline__ void fused_head_prefetch(const void* table, long long
 
 // The M samples of a row as keys (runs != 0: in runs where runs_apply). Not inlined: both gathers
 // inlined into the 64-register fused kernels spill.
+// wmax[w]: the best key warp w gathered (the select's SelectHint::kmax; wmax is the sort slots',
+// untouched until the select).
 template <class Src, int PER>
 __device__ __noinline__ void fused_gather_samples(const void* __restrict__ table, long long row0, long long a,
-                                                  long long c, long long M, int runs, u32* skeys) {
+                                                  long long c, long long M, int runs, u32* skeys, u32* wmax) {
+    u32 best;
     if (runs && runs_apply(c, M))
-        gather_run_keys<Src, PER>(table, row0, a, c, M, (int)M, skeys);
+        best = gather_run_keys<Src, PER>(table, row0, a, c, M, (int)M, skeys);
     else
-        gather_sample_keys<Src, PER>(table, row0 + a, c, M, (int)M, skeys);
+        best = gather_sample_keys<Src, PER>(table, row0 + a, c, M, (int)M, skeys);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) best = max(best, __shfl_xor_sync(0xffffffffu, best, off));
+    if ((threadIdx.x & 31) == 0) wmax[threadIdx.x >> 5] = best;
 }
 
 // K* of a row: the r-th best key of the contract's M samples (runs != 0: in runs where runs_apply)
-// (read into f.cpos: the candidates overwrite them next).
+// (read into f.cpos: the candidates overwrite them next); the radix select starts from the best
+// sample's digit (HYTOPK_SELECT_HINT).
 template <class Src, int PER>
 __device__ __forceinline__ u32 fused_sample_key(const FusedSmem& f, const void* __restrict__ table, long long row0,
                                                 long long a, long long c, const SamplePlan& sp, int runs = 0,
                                                 int coarse = 0) {
     u32* skeys = f.cpos;                        // M <= 2 * cap words: cpos, then cbits
-    fused_gather_samples<Src, PER>(table, row0, a, c, sp.M, runs, skeys);
+    fused_gather_samples<Src, PER>(table, row0, a, c, sp.M, runs, skeys, f.wbits);
     __syncthreads();
     auto sample_key = [&](long long q, u32* out) { *out = skeys[q]; return true; };
-    return block_radix_select_keys<true>(sample_key, sp.M, sp.r, f.hist, f.sc, coarse);
+    u32 top = 0u;                               // the best sample key: the select's first digit (fused_hint)
+    for (int q = 0; q < (int)(blockDim.x >> 5); ++q) top = max(top, f.wbits[q]);
+    return block_radix_select_keys<true>(sample_key, sp.M, sp.r, f.hist, f.sc, coarse, HYTOPK_SELECT_HINT ? top : 0u);
 }
 
 // One streaming read of the row collecting every key >= key into shared memory (up to cap);
-// returns the true count.
-template <class Src>
+// returns the true count. FIXED: the cap whose layout (cbits = cpos + cap) takes the float32 appends
+// with the bits at an immediate offset (the launch's fused_fixed_cap).
+template <class Src, int FIXED = HYTOPK_FUSED_FIXED ? FUSED_FIXED_CAP : 0>
 __device__ __forceinline__ int fused_collect(const FusedSmem& f, const void* __restrict__ table, long long L, int n,
                                              long long row0, long long a, long long c, int cap, int aligned,
                                              int ahead, u32 key) {
@@ -325,11 +379,11 @@ __device__ __forceinline__ int fused_collect(const FusedSmem& f, const void* __r
     __syncthreads();                            // the samples are dead: the candidates overwrite them
     const KeyAtLeast pass = KeyAtLeast::of(bits_of_key(key));
     bool fixed = false;
-    if constexpr (P == 4) {           // float32, T > 0, the op's layout (the bits at a fixed distance)
-        fixed = pass.single() && f.cbits == f.cpos + FUSED_FIXED_CAP;
+    if constexpr (P == 4 && FIXED > 0) {   // float32, T > 0, the launch's k = 2048 cap (the bits at FIXED words)
+        fixed = pass.single() && f.cbits == f.cpos + FIXED;
         if (fixed) {
-            SmemSinkT<FUSED_FIXED_CAP> sink = {f.cpos, f.cbits, f.ncand, cap, 0};
-            stream_row_pass<Src, S::U, SmemSinkT<FUSED_FIXED_CAP>, S::PF, true>(
+            SmemSinkT<FIXED> sink = {f.cpos, f.cbits, f.ncand, cap, 0};
+            stream_row_pass<Src, S::U, SmemSinkT<FIXED>, S::PF, true>(
                 table, (long long)n * L, aligned, row0, a, c, (row0 + a) / P, (row0 + a + c + P - 1) / P, pass, sink,
                 ahead);
         }
@@ -346,7 +400,7 @@ __device__ __forceinline__ int fused_collect(const FusedSmem& f, const void* __r
 // The two-read row of hytopk_table_fused: the contract's M samples (runs != 0: in runs where
 // runs_apply), K* = their r-th best key, one
 // streaming read collecting every key >= K* into shared memory, fused_finish.
-template <class Src, int THREADS>
+template <class Src, int THREADS, int FIXED = HYTOPK_FUSED_FIXED ? FUSED_FIXED_CAP : 0>
 __device__ __forceinline__ void fused_sampled_row(const FusedSmem& f, const void* __restrict__ table, long long L,
                                                   int n, int t, long long row0, long long a, long long c, int k,
                                                   int cap, int aligned, int ahead, double oversample, int fast,
@@ -359,8 +413,9 @@ __device__ __forceinline__ void fused_sampled_row(const FusedSmem& f, const void
     if (head_prefetch) fused_head_prefetch<Src>(table, L, n, row0, a, c, aligned, ahead);
     const SamplePlan sp = SamplePlan::of(c, k, oversample, min_rank);
     const u32 kstar = fused_sample_key<Src, PER>(f, table, row0, a, c, sp, runs, coarse);
-    const int cnt = fused_collect<Src>(f, table, L, n, row0, a, c, cap, aligned, ahead, kstar);
-    fused_finish<THREADS>(f, t, cnt, k, cap, fast, count_out, flagged, nflagged, out_idx, out_val);
+    const int cnt = fused_collect<Src, FIXED>(f, table, L, n, row0, a, c, cap, aligned, ahead, kstar);
+    fused_finish<THREADS>(f, t, cnt, k, cap, fast, count_out, flagged, nflagged, out_idx, out_val,
+                          fused_hint<THREADS>(f, kstar));
 }
 }  // namespace hytopk
 
@@ -379,7 +434,7 @@ __device__ __forceinline__ void fused_sampled_row(const FusedSmem& f, const void
 // the count above that threshold, not the contract's). min_rank > 0: r at least min(M, min_rank);
 // coarse > 0: K* rounded down where the radix select's digit holds few samples (block_radix_select_keys;
 // table_topk's plan, table.py TOPK_*: counts above that threshold, reference.coarse_key).
-template <class Src, int THREADS>
+template <class Src, int THREADS, int FIXED = HYTOPK_FUSED_FIXED ? FUSED_FIXED_CAP : 0>
 __device__ __forceinline__ void table_fused_body(u32* smem, const void* __restrict__ table, long long L, int n,
                                                  const int* __restrict__ lo, const int* __restrict__ hi, int k,
                                                  int cap, int aligned, int ahead, double oversample, int fast,
@@ -397,7 +452,7 @@ __device__ __forceinline__ void table_fused_body(u32* smem, const void* __restri
     if (c <= k)
         fused_whole_row<Src>(f, table, t, row0, a, c, k, count_out, out_idx, out_val);
     else
-        fused_sampled_row<Src, THREADS>(f, table, L, n, t, row0, a, c, k, cap, aligned, ahead, oversample, fast, runs,
+        fused_sampled_row<Src, THREADS, FIXED>(f, table, L, n, t, row0, a, c, k, cap, aligned, ahead, oversample, fast, runs,
                                         min_rank, coarse, true, count_out, flagged, nflagged, out_idx, out_val);
 }
 
@@ -572,8 +627,11 @@ hytopk_table_fused_cfg(const void* __restrict__ table, long long L, int n, const
                        int* __restrict__ flagged,
                        int* __restrict__ nflagged, int* __restrict__ idx, float* __restrict__ val) {
     extern __shared__ __align__(16) u32 smem[];
-    table_fused_body<Src, THREADS>(smem, table, L, n, lo, hi, k, cap, aligned, ahead, oversample, fast, runs,
-                                   min_rank, coarse, count_out, flagged, nflagged, idx, val);
+    constexpr int FIXED = HYTOPK_FUSED_FIXED == 2   ? fused_fixed_cap(THREADS, MINB)
+                          : HYTOPK_FUSED_FIXED == 1 ? FUSED_FIXED_CAP
+                                                    : 0;
+    table_fused_body<Src, THREADS, FIXED>(smem, table, L, n, lo, hi, k, cap, aligned, ahead, oversample, fast, runs,
+                                          min_rank, coarse, count_out, flagged, nflagged, idx, val);
 }
 
 // The one-read fused kernel (table_fused1_body) at THREADS threads and MINB blocks per SM

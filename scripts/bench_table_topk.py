@@ -97,12 +97,17 @@ FUSED_SWEEP = (
 )
 SWEEP_KEYS = ("FUSED_THREADS", "FUSED_MIN_BLOCKS", "FUSED_CAP", "FUSED_AHEAD", "SELECT_FAST")
 # the same with the samples in runs, the oversample, min_rank and coarse (table.TOPK_*: 1.5, 48, 8), and a
-# build of table_v2.cu (BUILDS: "u4" = the float32 stream at 4 vectors a thread per step, not 8)
+# build of table_v2.cu (BUILDS: "general" = no immediate-offset appends (the general sink at (512, 2) too),
+# "fixedall" = them at every launch's own cap; "nohint" = the fused select and threshold without the best
+# sample's key; "s6" = the sixth session's code)
 FUSED_SWEEP_RUNS = (
-    (512, 2, 0, 1, 1, 3.0), (512, 2, 0, 1, 1, 1.5, 48, 8), (512, 2, 0, 2, 1, 1.5, 48, 8), (256, 3, 0, 1, 1, 1.5, 48, 8),
-    (256, 3, 0, 2, 1, 1.5, 48, 8), (256, 3, 0, 1, 1, 2.0, 48, 8), (512, 2, 0, 2, 1, 1.5, 48, 8, "u4"),
+    (512, 2, 0, 1, 1, 1.5, 48, 8), (512, 2, 0, 2, 1, 1.5, 48, 8), (512, 2, 0, 1, 1, 1.5, 48, 8, "general"),
+    (256, 3, 0, 1, 1, 1.5, 48, 8), (512, 2, 0, 1, 1, 1.5, 48, 8, "s6"),
 )
-BUILDS = {"u4": ("-DHYTOPK_FUSED_U_F32=4",)}
+BUILDS = {"general": ("-DHYTOPK_FUSED_FIXED=0",),
+          "fixedall": ("-DHYTOPK_FUSED_FIXED=2",),
+          "nohint": ("-DHYTOPK_SELECT_HINT=0",),
+          "s6": ("-DHYTOPK_SELECT_HINT=0", "-DHYTOPK_RUN_GATHER_VEC=0")}
 
 
 def fused_sweep(tab, tab_v2, scores, lo, hi, k, i_radix, repeats, torch, cp, sampling="contract"):
@@ -263,6 +268,16 @@ def main(argv=None):
                 with torch.cuda.graph(graph):
                     gi, _ = wt.topk(scores, lo, hi, k)
                 res["torch.ops.hytopk.topk[graph]"] = timed(graph.replay, args.repeats, torch)
+                # the same with the short rows' launch off (table_v2.FUSED_SHORT = (): every row on FUSED_LAUNCH's),
+                # so one run times the op at both launches
+                saved_short, tab_v2.FUSED_SHORT = tab_v2.FUSED_SHORT, ()
+                try:
+                    graph_long = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph_long):
+                        gi_long, _ = wt.topk(scores, lo, hi, k)
+                finally:
+                    tab_v2.FUSED_SHORT = saved_short
+                res["torch.ops.hytopk.topk[graph, no short]"] = timed(graph_long.replay, args.repeats, torch)
                 if not args.quick:
                     res["table_topk"] = timed(lambda: tab.table_topk(scores, lo, hi, k, host_check=False,
                                                                      method="radix", hist_atomics="match"),
@@ -394,6 +409,8 @@ def main(argv=None):
                 same_idx.update(i_runs)
                 graph.replay()
                 same_idx["torch.ops.hytopk.topk[graph]"] = gi
+                graph_long.replay()
+                same_idx["torch.ops.hytopk.topk[graph, no short]"] = gi_long
                 if not args.quick:
                     same_idx["match"] = tab.table_topk(scores, lo, hi, k, host_check=False, method="radix",
                                                        hist_atomics="match")[0]

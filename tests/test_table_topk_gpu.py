@@ -625,6 +625,29 @@ def test_torch_op_on_side_stream_and_in_a_cuda_graph():
     assert np.array_equal(bi.cpu().numpy(), wi)
 
 
+def test_ranges_ok_kernel_is_the_contexts_check(tab):
+    """hytopk_table_ranges_ok (the torch op's device-side check of int32 contexts, one kernel where the
+    same check in torch ops took seven): 1 exactly when 0 <= lo <= hi <= L on every row, for grids of
+    one partial and several strided passes of its 1024 threads; a bad row anywhere gives 0."""
+    L = 1000
+    rng = np.random.default_rng(3)
+    ok = cp.full(1, 7, cp.uint8)
+    for n in (1, 5, 1024, 3001):
+        lo = rng.integers(0, L + 1, n).astype(np.int32)
+        hi = np.minimum(L, lo + rng.integers(0, L, n)).astype(np.int32)
+        lo[0], hi[0] = L, L                        # an empty context at the end: valid
+        tab.launch_ranges_ok(cp.asarray(lo), cp.asarray(hi), L, ok)
+        assert int(ok[0]) == 1, n
+        for t, (a, b) in ((n - 1, (-1, 3)), (n // 2, (5, 4)), (0, (0, L + 1)), (n - 1, (-(2**31), L))):
+            bad_lo, bad_hi = lo.copy(), hi.copy()
+            bad_lo[t], bad_hi[t] = a, b
+            ok[0] = 7
+            tab.launch_ranges_ok(cp.asarray(bad_lo), cp.asarray(bad_hi), L, ok)
+            assert int(ok[0]) == 0, (n, t, a, b)
+    with pytest.raises(ValueError, match="argument 'hi'"):
+        tab.launch_ranges_ok(cp.zeros(3, cp.int32), cp.zeros(3, cp.int64), L, ok)
+
+
 def test_torch_op_never_syncs_the_host():
     """torch.ops.hytopk.topk on CUDA tensors checks lo/hi on the device (no copy to the host, no wait for
     the GPU): it runs under torch.cuda.set_sync_debug_mode("error"), exact; bad ranges still never

@@ -42,7 +42,7 @@ KERNELS = {
                  + (("hytopk_select_fast", "plain"),),
     "recover.cu": (("hytopk_score_rows", "indexer"), ("hytopk_select_rows", "plain"), ("hytopk_select_rows_to", "plain")),
     "table_topk.cu": (("hytopk_table_filter", "tables"), ("hytopk_table_topk", "tables"),
-                      ("hytopk_table_topk_listed", "tables")),
+                      ("hytopk_table_topk_listed", "tables"), ("hytopk_table_ranges_ok", "plain")),
     "table_v2.cu": (("hytopk_table_threshold", "tables"), ("hytopk_table_filter_pieces", "tables"),
                     ("hytopk_table_fused", "tables"), ("hytopk_select_smem", "plain"),
                     ("hytopk_table_fused_cfg", "tables_cfg"), ("hytopk_table_fused1", "tables_cfg1"),

@@ -88,6 +88,20 @@ HIST_ATOMICS = ("match", "plain")
 DEFAULT_HIST_ATOMICS = "plain"
 
 
+def launch_ranges_ok(lo, hi, L, ok):
+    """ok[0] (a device byte) = 1 when 0 <= lo[t] <= hi[t] <= L for every row, else 0, on the current
+    stream with no host work (table_topk.cu hytopk_table_ranges_ok; lo / hi: int32 device arrays of n
+    rows, ok: a device pointer as an int or an array of >= 1 byte); the torch op's device-side check."""
+    lo, hi = cp.asarray(lo), cp.asarray(hi)
+    for name, x in (("lo", lo), ("hi", hi)):
+        if x.dtype != cp.int32 or x.ndim != 1 or x.shape != lo.shape or not x.flags.c_contiguous:
+            raise ValueError(f"argument '{name}' must be a contiguous int32 [n] device array like lo, got "
+                             f"{x.dtype} {x.shape}")
+    ptr = np.uint64(ok if isinstance(ok, (int, np.integer)) else ok.data.ptr)
+    launch(kernel("table_topk.cu", "hytopk_table_ranges_ok"), (1,), (lo, hi, np.int32(lo.shape[0]), np.int64(L), ptr),
+           threads=1024)
+
+
 def launch_topk(s, cxx, lo, hi, k, cap, idx, val, *, rows=None, failed=None, count=None, oversample=3.0,
                 hist_atomics=DEFAULT_HIST_ATOMICS):
     """The radix top-k kernel: rows listed (rows) or all (output row t = table row t); failed:

@@ -54,12 +54,14 @@ FUSED_SMEM_TARGET = 110 * 1024   # two 512-thread blocks per SM (the register bo
 FUSED_THREADS = 0
 FUSED_MIN_BLOCKS = 0
 FUSED_LAUNCH = {0: (1024, 1), 1: (512, 2)}     # runs flag -> (threads, blocks per SM)
-# With the samples in runs, rows whose counts fit its cap: (256, 3), three blocks per SM hiding more
-# of each row's sample and select phases (0.656 against 0.670 ms for (512, 2) at 4096 x 131072
-# float32, k = 2048: H200 2026-12-01 s6 run 4). Fit: the cap holds the expected count of a full row
-# of L keys, L r / M rounded down by coarse (x 9/8), plus FUSED_SHORT_SIGMAS of its spread (~1/sqrt(r)
-# of it); (256, 3) takes 128K-key rows at k = 2048, not 256K (0 disables it).
-FUSED_SHORT = (256, 3)
+# With the samples in runs, rows whose counts fit its cap: FUSED_SHORT (e.g. (256, 3), three blocks per
+# SM hiding more of each row's sample and select phases: 0.656 against 0.670 ms for (512, 2) at
+# 4096 x 131072 float32, k = 2048, H200 2026-12-01 s6 run 4). Fit: the cap holds the expected count of
+# a full row of L keys, L r / M rounded down by coarse (x 9/8), plus FUSED_SHORT_SIGMAS of its spread
+# (~1/sqrt(r) of it); (256, 3) takes 128K-key rows at k = 2048, not 256K. () (shipped): off, every row
+# on (512, 2): with the select's hint (fused_hint) and the radix select's first digit from the best
+# sample, (512, 2) runs the op at 0.633 ms against 0.646 for (256, 3) (s7 run 3).
+FUSED_SHORT = ()
 FUSED_SHORT_SIGMAS = 6.0
 FUSED_CAP = 0
 # 1: the v2 selects (select_smem, the fused kernel's select) rank the kept without a sort
