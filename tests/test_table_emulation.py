@@ -13,6 +13,7 @@ import os
 import numpy as np
 import pytest
 
+import reference as R
 from reference import generate as G
 
 from table_emulation import emulate as E
@@ -107,6 +108,29 @@ def test_fused_fixed_cap_mirrors_cap_for(driver):
     py = table_v2_with_numpy(f"out = [[t, b, v2.cap_for(2048, t, b)] for t, b in {sorted(cuda)}]\n")
     assert {(t, b): c for t, b, c in py} == cuda
     assert cuda[(256, 3)] == 6144 and cuda[(512, 2)] == 10752
+
+
+def test_v2_select_hint_with_keys_above_every_sample_on_the_cpu(driver):
+    """The fused select's key bounds (table_v2.cu fused_hint: bins from K* to the best sample key, the
+    keys above it clamped into the best bin): rows with keys above every sample, placed off both
+    sampling's positions (the contract's and the runs'), exact with the reference's counts. Row 0: 600
+    of them (the best bin's ranking past FAST_RANK_WORK: the sorting select takes the row); row 1: 40,
+    with ties among them (ranked by position inside the clamped bin); row 2: none above, a varlen
+    context."""
+    from reference import sampling as S
+    rng = np.random.default_rng(21)
+    n, L, k = 3, 20000, 128
+    s = rng.standard_normal((n, L)).astype(np.float32)
+    lo, hi = np.array([0, 0, 37]), np.array([L, L, L - 11])
+    M, _ = R.sample_plan(lo, hi, k, 3.0)
+    for t, many in ((0, 600), (1, 40)):
+        c = int(hi[t] - lo[t])
+        sampled = set(S.sample_positions(int(lo[t]), c, int(M[t])).tolist())
+        sampled |= set(S.run_sample_positions(int(lo[t]), c, int(M[t]), 16).tolist())
+        free = np.array(sorted(set(range(int(lo[t]), int(hi[t]))) - sampled))
+        at = rng.choice(free, many, replace=False)
+        s[t, at] = (50.0 + rng.integers(0, many // 4, many)).astype(np.float32)     # ties among them
+    E.check_case(driver, s, lo, hi, k, 4000)
 
 
 def test_v2_fused_fallback_of_listed_rows_on_the_cpu(driver):
