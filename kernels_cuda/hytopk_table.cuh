@@ -330,8 +330,9 @@ __device__ __forceinline__ u32 gather_sample_keys(const void* table, long long g
 #pragma unroll
         for (int i = 0; i < PER; ++i)
             if (j0 + i * B < m) {
-                keys[j0 + i * B] = order_key_bits(sb[i]);
-                best = max(best, order_key_bits(sb[i]));
+                const u32 key = order_key_bits(sb[i]);
+                keys[j0 + i * B] = key;
+                best = max(best, key);
             }
     }
     return best;
@@ -349,15 +350,11 @@ template <class Src> struct SampleRun { static constexpr long long R = 4 * Table
 __host__ __device__ __forceinline__ bool runs_apply(long long c, long long M) { return M >= 64 && c >= 4 * M; }
 
 // The M samples in runs of a context [a, a + c) of row row0 as order keys keys[0 .. m) (returns the
-// best key this thread gathered, 0 for none), about PER
-// samples of a thread in flight (runs_apply(c, M) must hold). A run is 64 bytes, four 16-byte
-// vectors: a thread takes whole vectors, (run u, vector h) = item w = 4 u + h (samples j = w P ..
-// w P + P - 1), one 16-byte load each where the run starts on a vector (every run but a first one
-// clamped to an unaligned a, on a 16-byte aligned table; else element loads): ~7 instructions a
-// sample instead of ~30 for one load a sample (HYTOPK_RUN_GATHER_VEC=0 builds the element loads).
-#ifndef HYTOPK_RUN_GATHER_VEC
-#define HYTOPK_RUN_GATHER_VEC 1
-#endif
+// best key this thread gathered, 0 for none), about PER samples of a thread in flight (runs_apply(c, M)
+// must hold). A run is 64 bytes, four 16-byte vectors: a thread takes whole vectors, (run u, vector h)
+// = item w = 4 u + h (samples j = w P .. w P + P - 1), one 16-byte load each where the run starts on a
+// vector (every run but a first one clamped to an unaligned a, on a 16-byte aligned table; else element
+// loads): ~9 instructions a sample, where one load a sample took ~30.
 template <class Src, int PER>
 __device__ __forceinline__ u32 gather_run_keys(const void* table, long long row0, long long a, long long c,
                                                long long M, int m, u32* keys) {
@@ -370,53 +367,33 @@ __device__ __forceinline__ u32 gather_run_keys(const void* table, long long row0
     const int S = (int)((c - R) / (U - 1));
     const int a32 = (int)a;
     const int B = blockDim.x;
+    const bool vec = (reinterpret_cast<unsigned long long>(table) & 15ull) == 0ull;
+    const int items = (m + P - 1) / P;
     u32 best = 0u;
-    if (HYTOPK_RUN_GATHER_VEC) {
-        const bool vec = (reinterpret_cast<unsigned long long>(table) & 15ull) == 0ull;
-        const int items = (m + P - 1) / P;
-        for (int w0 = 0; w0 < items; w0 += IPER * B) {
-            u32 sb[IPER][P];
+    for (int w0 = 0; w0 < items; w0 += IPER * B) {
+        u32 sb[IPER][P];
 #pragma unroll
-            for (int i = 0; i < IPER; ++i) {
-                const int w = w0 + (int)threadIdx.x + i * B;
-                const int x = a32 + (w / H) * S;
-                const long long g = row0 + max(a32, x & ~(R - 1)) + (w % H) * P;   // the vector's first element
-                if (w < items && vec && ((int)g & (P - 1)) == 0 && (w + 1) * P <= m) {
-                    TableVec<Src>::unpack(__ldg(static_cast<const uint4*>(table) + g / P), sb[i]);
-                } else {
+        for (int i = 0; i < IPER; ++i) {
+            const int w = w0 + (int)threadIdx.x + i * B;
+            const int x = a32 + (w / H) * S;
+            const long long g = row0 + max(a32, x & ~(R - 1)) + (w % H) * P;   // the vector's first element
+            if (w < items && vec && ((int)g & (P - 1)) == 0 && (w + 1) * P <= m) {
+                TableVec<Src>::unpack(__ldg(static_cast<const uint4*>(table) + g / P), sb[i]);
+            } else {
 #pragma unroll
-                    for (int e = 0; e < P; ++e) sb[i][e] = w * P + e < m ? TableVec<Src>::bits_at(table, g + e) : 0u;
+                for (int e = 0; e < P; ++e) sb[i][e] = w * P + e < m ? TableVec<Src>::bits_at(table, g + e) : 0u;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < IPER; ++i) {
+            const int j0 = (w0 + (int)threadIdx.x + i * B) * P;
+#pragma unroll
+            for (int e = 0; e < P; ++e)
+                if (j0 + e < m) {
+                    const u32 key = order_key_bits(sb[i][e]);
+                    keys[j0 + e] = key;
+                    best = max(best, key);
                 }
-            }
-#pragma unroll
-            for (int i = 0; i < IPER; ++i) {
-                const int j0 = (w0 + (int)threadIdx.x + i * B) * P;
-#pragma unroll
-                for (int e = 0; e < P; ++e)
-                    if (j0 + e < m) {
-                        keys[j0 + e] = order_key_bits(sb[i][e]);
-                        best = max(best, order_key_bits(sb[i][e]));
-                    }
-            }
-        }
-        return best;
-    }
-    for (int q0 = 0; q0 < m; q0 += PER * B) {
-        u32 sb[PER];
-#pragma unroll
-        for (int i = 0; i < PER; ++i) {
-            const int j = q0 + (int)threadIdx.x + i * B;
-            const int x = a32 + (j / R) * S;
-            const int p = max(a32, x & ~(R - 1)) + (j & (R - 1));
-            sb[i] = j < m ? TableVec<Src>::bits_at(table, row0 + p) : 0u;
-        }
-#pragma unroll
-        for (int i = 0; i < PER; ++i) {
-            const int j = q0 + (int)threadIdx.x + i * B;
-            if (j < m) {
-                keys[j] = order_key_bits(sb[i]);
-                best = max(best, order_key_bits(sb[i]));
-            }
         }
     }
     return best;

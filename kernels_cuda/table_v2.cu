@@ -38,34 +38,22 @@ __host__ __device__ constexpr int sort_slots_v2(int k, int threads = SAMPLE_BLOC
     return next_pow2(k) > threads ? next_pow2(k) : threads;
 }
 
-// The fused kernel's candidate cap at k = 2048 and (threads, blocks per SM) as table_v2.py cap_for
-// sets it (FUSED_SMEM_TARGET = 110 KiB for two blocks; at least MAX_SAMPLES / 2 for smaller ones;
-// FUSED_CAP = 0): with HYTOPK_FUSED_FIXED below, a launch with this cap has its appends address the
-// bits at an immediate offset from the positions (SmemSinkT<fused_fixed_cap(...)>: ~5 instructions a
-// stream position against ~8; any other cap takes the general sink, same results).
-// tests/test_table_emulation.py checks the mirror against cap_for.
-__host__ __device__ constexpr int fused_fixed_cap(int threads, int blocks) {
-    const int fixed = RADIX + 6 + 3 * sort_slots_v2(2048, threads);
-    const int cap = ((110 * 1024 * 2 / blocks) / 4 - fixed) / 2 / 256 * 256;
-    const int least = (int)(MAX_SAMPLES / 2);
-    const int c = cap < least && blocks > 2 ? least : cap;
-    return c < 16384 ? c : 16384;
-}
-// HYTOPK_FUSED_FIXED: which launches take them: 1 (shipped) (512, 2) only (hytopk_table_fused);
-// 0 none (the bench's "general" build); 2 every FUSED_CONFIGS launch at its own cap ("fixedall").
-// At 4096 x 131072 float32, k = 2048 (H200 2026-12-01 s7): (512, 2) ran 0.631 ms with them against
-// 0.640 without (run 4), while (256, 3) ran slower with them, 0.677 against 0.656 (run 1), for
-// fewer instructions (~377 a warp step, ~186 of them the appends).
+// The fused kernel's candidate cap at k = 2048, (512, 2) (table_v2.py cap_for(2048, 512, 2)): with it
+// the stream's appends address the bits at an immediate offset from the positions
+// (SmemSinkT<FUSED_FIXED_CAP>: ~5 instructions a stream position against ~8; any other cap takes the
+// general sink, same results). HYTOPK_FUSED_FIXED=0 (the bench's "general" build): the general sink
+// there too. At 4096 x 131072 float32, k = 2048 (H200 2026-12-01 s7): (512, 2) ran 0.631 ms with them
+// against 0.640 without (run 4); (256, 3) with them at its own cap (6144) ran slower, 0.677 against
+// 0.656 (run 1), for fewer instructions (~377 a warp step, ~186 of them the appends).
 #ifndef HYTOPK_FUSED_FIXED
 #define HYTOPK_FUSED_FIXED 1
 #endif
+constexpr int FUSED_FIXED_CAP = HYTOPK_FUSED_FIXED ? 10752 : 0;
 // HYTOPK_SELECT_HINT=0 (the bench's "nohint" build): the fused kernel's select finds its candidates'
 // key range itself (fused_hint).
 #ifndef HYTOPK_SELECT_HINT
 #define HYTOPK_SELECT_HINT 1
 #endif
-constexpr int FUSED_FIXED_CAP = fused_fixed_cap(SAMPLE_BLOCK, 2);    // 10752: hytopk_table_fused's
-static_assert(FUSED_FIXED_CAP == 10752, "table_v2.py cap_for(2048, 512, 2)");
 
 // Shared memory of hytopk_table_fused in u32 words: 256-bin histogram, select scalars (4),
 // candidate counter + pad (2), sort_slots_v2(k) (u64 word, u32 bits) sort slots, cap (position,
@@ -295,8 +283,9 @@ __device__ __forceinline__ void fused_finish(const FusedSmem& f, int t, int cnt,
 // The select's bounds on a row's candidates: each key >= kstar (the stream's test), and the best
 // sample key (fused_gather_samples' per-warp maxima in f.wbits), about L / M keys below the row's
 // best: bins over [kstar, that] are about half as wide near kstar as over the whole range, and the
-// ranking's comparisons (the sum of the kept bins' squared sizes) about half. Read before the select's
-// barrier (its scratch covers f.wbits).
+// ranking's comparisons (the sum of the kept bins' squared sizes) about half. Read again from the
+// sort slots here (untouched until the select's barrier, which comes after), not held in a register
+// through the stream since fused_sample_key: ptxas spills the 80-register (256, 3) build then.
 template <int THREADS>
 __device__ __forceinline__ SelectHint fused_hint(const FusedSmem& f, u32 kstar) {
     SelectHint h;
@@ -308,8 +297,8 @@ __device__ __forceinline__ SelectHint fused_hint(const FusedSmem& f, u32 kstar) 
     return h;
 }
 
-// Register budget of the fused streams: 128 / 32 bytes in flight per thread (64 registers; float32:
-// one 4-byte spill outside the stream); the L2 prefetch for float32 only (bf16: it would spill).
+// Register budget of the fused streams: 128 / 32 bytes in flight per thread (64 registers, no
+// spill); the L2 prefetch for float32 only (bf16: it would spill).
 // HYTOPK_FUSED_U_F32: the float32 stream's vectors a thread per step (8: half the per-step work of
 // 4 for the reservation and the loop, 0.668 against 0.700 ms at 4096 x 131072, H200 2026-12-01
 // s6 run 3; the bench's --fused-sweep builds 4 too).
@@ -335,8 +324,7 @@ __device__ __forceinline__ void fused_head_prefetch(const void* table, long long
 
 // The M samples of a row as keys (runs != 0: in runs where runs_apply). Not inlined: both gathers
 // inlined into the 64-register fused kernels spill.
-// wmax[w]: the best key warp w gathered (the select's SelectHint::kmax; wmax is the sort slots',
-// untouched until the select).
+// wmax[w]: the best key warp w gathered (read by fused_sample_key and fused_hint).
 template <class Src, int PER>
 __device__ __noinline__ void fused_gather_samples(const void* __restrict__ table, long long row0, long long a,
                                                   long long c, long long M, int runs, u32* skeys, u32* wmax) {
@@ -361,15 +349,14 @@ __device__ __forceinline__ u32 fused_sample_key(const FusedSmem& f, const void* 
     fused_gather_samples<Src, PER>(table, row0, a, c, sp.M, runs, skeys, f.wbits);
     __syncthreads();
     auto sample_key = [&](long long q, u32* out) { *out = skeys[q]; return true; };
-    u32 top = 0u;                               // the best sample key: the select's first digit (fused_hint)
+    u32 top = 0u;                               // the best sample key: the select's first digit
     for (int q = 0; q < (int)(blockDim.x >> 5); ++q) top = max(top, f.wbits[q]);
     return block_radix_select_keys<true>(sample_key, sp.M, sp.r, f.hist, f.sc, coarse, HYTOPK_SELECT_HINT ? top : 0u);
 }
 
 // One streaming read of the row collecting every key >= key into shared memory (up to cap);
-// returns the true count. FIXED: the cap whose layout (cbits = cpos + cap) takes the float32 appends
-// with the bits at an immediate offset (the launch's fused_fixed_cap).
-template <class Src, int FIXED = HYTOPK_FUSED_FIXED ? FUSED_FIXED_CAP : 0>
+// returns the true count.
+template <class Src>
 __device__ __forceinline__ int fused_collect(const FusedSmem& f, const void* __restrict__ table, long long L, int n,
                                              long long row0, long long a, long long c, int cap, int aligned,
                                              int ahead, u32 key) {
@@ -379,11 +366,11 @@ __device__ __forceinline__ int fused_collect(const FusedSmem& f, const void* __r
     __syncthreads();                            // the samples are dead: the candidates overwrite them
     const KeyAtLeast pass = KeyAtLeast::of(bits_of_key(key));
     bool fixed = false;
-    if constexpr (P == 4 && FIXED > 0) {   // float32, T > 0, the launch's k = 2048 cap (the bits at FIXED words)
-        fixed = pass.single() && f.cbits == f.cpos + FIXED;
+    if constexpr (P == 4 && FUSED_FIXED_CAP > 0) {   // float32, T > 0, the op's layout (the bits at a fixed distance)
+        fixed = pass.single() && f.cbits == f.cpos + FUSED_FIXED_CAP;
         if (fixed) {
-            SmemSinkT<FIXED> sink = {f.cpos, f.cbits, f.ncand, cap, 0};
-            stream_row_pass<Src, S::U, SmemSinkT<FIXED>, S::PF, true>(
+            SmemSinkT<FUSED_FIXED_CAP> sink = {f.cpos, f.cbits, f.ncand, cap, 0};
+            stream_row_pass<Src, S::U, SmemSinkT<FUSED_FIXED_CAP>, S::PF, true>(
                 table, (long long)n * L, aligned, row0, a, c, (row0 + a) / P, (row0 + a + c + P - 1) / P, pass, sink,
                 ahead);
         }
@@ -400,7 +387,7 @@ __device__ __forceinline__ int fused_collect(const FusedSmem& f, const void* __r
 // The two-read row of hytopk_table_fused: the contract's M samples (runs != 0: in runs where
 // runs_apply), K* = their r-th best key, one
 // streaming read collecting every key >= K* into shared memory, fused_finish.
-template <class Src, int THREADS, int FIXED = HYTOPK_FUSED_FIXED ? FUSED_FIXED_CAP : 0>
+template <class Src, int THREADS>
 __device__ __forceinline__ void fused_sampled_row(const FusedSmem& f, const void* __restrict__ table, long long L,
                                                   int n, int t, long long row0, long long a, long long c, int k,
                                                   int cap, int aligned, int ahead, double oversample, int fast,
@@ -413,7 +400,7 @@ __device__ __forceinline__ void fused_sampled_row(const FusedSmem& f, const void
     if (head_prefetch) fused_head_prefetch<Src>(table, L, n, row0, a, c, aligned, ahead);
     const SamplePlan sp = SamplePlan::of(c, k, oversample, min_rank);
     const u32 kstar = fused_sample_key<Src, PER>(f, table, row0, a, c, sp, runs, coarse);
-    const int cnt = fused_collect<Src, FIXED>(f, table, L, n, row0, a, c, cap, aligned, ahead, kstar);
+    const int cnt = fused_collect<Src>(f, table, L, n, row0, a, c, cap, aligned, ahead, kstar);
     fused_finish<THREADS>(f, t, cnt, k, cap, fast, count_out, flagged, nflagged, out_idx, out_val,
                           fused_hint<THREADS>(f, kstar));
 }
@@ -434,7 +421,7 @@ __device__ __forceinline__ void fused_sampled_row(const FusedSmem& f, const void
 // the count above that threshold, not the contract's). min_rank > 0: r at least min(M, min_rank);
 // coarse > 0: K* rounded down where the radix select's digit holds few samples (block_radix_select_keys;
 // table_topk's plan, table.py TOPK_*: counts above that threshold, reference.coarse_key).
-template <class Src, int THREADS, int FIXED = HYTOPK_FUSED_FIXED ? FUSED_FIXED_CAP : 0>
+template <class Src, int THREADS>
 __device__ __forceinline__ void table_fused_body(u32* smem, const void* __restrict__ table, long long L, int n,
                                                  const int* __restrict__ lo, const int* __restrict__ hi, int k,
                                                  int cap, int aligned, int ahead, double oversample, int fast,
@@ -452,7 +439,7 @@ __device__ __forceinline__ void table_fused_body(u32* smem, const void* __restri
     if (c <= k)
         fused_whole_row<Src>(f, table, t, row0, a, c, k, count_out, out_idx, out_val);
     else
-        fused_sampled_row<Src, THREADS, FIXED>(f, table, L, n, t, row0, a, c, k, cap, aligned, ahead, oversample, fast, runs,
+        fused_sampled_row<Src, THREADS>(f, table, L, n, t, row0, a, c, k, cap, aligned, ahead, oversample, fast, runs,
                                         min_rank, coarse, true, count_out, flagged, nflagged, out_idx, out_val);
 }
 
@@ -627,11 +614,8 @@ hytopk_table_fused_cfg(const void* __restrict__ table, long long L, int n, const
                        int* __restrict__ flagged,
                        int* __restrict__ nflagged, int* __restrict__ idx, float* __restrict__ val) {
     extern __shared__ __align__(16) u32 smem[];
-    constexpr int FIXED = HYTOPK_FUSED_FIXED == 2   ? fused_fixed_cap(THREADS, MINB)
-                          : HYTOPK_FUSED_FIXED == 1 ? FUSED_FIXED_CAP
-                                                    : 0;
-    table_fused_body<Src, THREADS, FIXED>(smem, table, L, n, lo, hi, k, cap, aligned, ahead, oversample, fast, runs,
-                                          min_rank, coarse, count_out, flagged, nflagged, idx, val);
+    table_fused_body<Src, THREADS>(smem, table, L, n, lo, hi, k, cap, aligned, ahead, oversample, fast, runs,
+                                   min_rank, coarse, count_out, flagged, nflagged, idx, val);
 }
 
 // The one-read fused kernel (table_fused1_body) at THREADS threads and MINB blocks per SM

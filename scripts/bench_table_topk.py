@@ -97,17 +97,14 @@ FUSED_SWEEP = (
 )
 SWEEP_KEYS = ("FUSED_THREADS", "FUSED_MIN_BLOCKS", "FUSED_CAP", "FUSED_AHEAD", "SELECT_FAST")
 # the same with the samples in runs, the oversample, min_rank and coarse (table.TOPK_*: 1.5, 48, 8), and a
-# build of table_v2.cu (BUILDS: "general" = no immediate-offset appends (the general sink at (512, 2) too),
-# "fixedall" = them at every launch's own cap; "nohint" = the fused select and threshold without the best
-# sample's key; "s6" = the sixth session's code)
+# build of table_v2.cu (BUILDS: "general" = no immediate-offset appends, the general sink at (512, 2)
+# too; "nohint" = the fused select and threshold without the best sample's key)
 FUSED_SWEEP_RUNS = (
     (512, 2, 0, 1, 1, 1.5, 48, 8), (512, 2, 0, 2, 1, 1.5, 48, 8), (512, 2, 0, 1, 1, 1.5, 48, 8, "general"),
-    (256, 3, 0, 1, 1, 1.5, 48, 8), (512, 2, 0, 1, 1, 1.5, 48, 8, "s6"),
+    (256, 3, 0, 1, 1, 1.5, 48, 8), (512, 2, 0, 1, 1, 1.5, 48, 8, "nohint"),
 )
 BUILDS = {"general": ("-DHYTOPK_FUSED_FIXED=0",),
-          "fixedall": ("-DHYTOPK_FUSED_FIXED=2",),
-          "nohint": ("-DHYTOPK_SELECT_HINT=0",),
-          "s6": ("-DHYTOPK_SELECT_HINT=0", "-DHYTOPK_RUN_GATHER_VEC=0")}
+          "nohint": ("-DHYTOPK_SELECT_HINT=0",)}
 
 
 def fused_sweep(tab, tab_v2, scores, lo, hi, k, i_radix, repeats, torch, cp, sampling="contract"):

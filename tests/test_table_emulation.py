@@ -95,21 +95,6 @@ def test_v2_kernels_on_the_cpu_every_family(driver, seed):
                          bf16=bf16)
 
 
-def test_fused_fixed_cap_mirrors_cap_for(driver):
-    """table_v2.cu fused_fixed_cap (the cap whose launches take the appends at an immediate offset)
-    is table_v2.py cap_for at k = 2048 for the shipped (512, 2) and every FUSED_CONFIGS launch: a
-    drift would only send the op's launches to the slower general sink, which no output shows."""
-    import subprocess
-    from test_table_v2 import table_v2_with_numpy
-    from workbench import instantiations as INST
-    res = subprocess.run([str(driver), "--fixed-caps"], capture_output=True, text=True, check=True)
-    cuda = {(int(t), int(b)): int(c) for t, b, c in (ln.split() for ln in res.stdout.splitlines())}
-    assert set(cuda) == {(512, 2), *INST.FUSED_CONFIGS}
-    py = table_v2_with_numpy(f"out = [[t, b, v2.cap_for(2048, t, b)] for t, b in {sorted(cuda)}]\n")
-    assert {(t, b): c for t, b, c in py} == cuda
-    assert cuda[(256, 3)] == 6144 and cuda[(512, 2)] == 10752
-
-
 def test_v2_select_hint_with_keys_above_every_sample_on_the_cpu(driver):
     """The fused select's key bounds (table_v2.cu fused_hint: bins from K* to the best sample key, the
     keys above it clamped into the best bin): rows with keys above every sample, placed off both

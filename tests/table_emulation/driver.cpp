@@ -256,11 +256,6 @@ static void run(std::ifstream& in, std::ofstream& out, int n, int L, int k, int 
 }
 
 int main(int argc, char** argv) {
-    if (argc == 2 && std::string(argv[1]) == "--fixed-caps") {   // table_v2.cu's mirror of table_v2.py cap_for
-        const int cfg[][2] = {{512, 2}, {256, 3}, {256, 4}, {1024, 1}};
-        for (const auto& c : cfg) std::printf("%d %d %d\n", c[0], c[1], fused_fixed_cap(c[0], c[1]));
-        return 0;
-    }
     std::ifstream in(argv[1], std::ios::binary);
     std::ofstream out(argv[2], std::ios::binary);
     int h[7];
