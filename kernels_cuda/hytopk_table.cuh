@@ -108,10 +108,12 @@ __device__ __forceinline__ u32 bits_of_key(u32 key) { return key >= 0x80000000u 
 // Asks the L2 for bytes [p, p + bytes) of global memory: Hopper's bulk prefetch, one instruction
 // for a whole step, no registers, nothing to wait for (a hint). It raises the bytes in flight
 // per SM above what the registers hold (the fused kernel: 64 KB per block of 512 threads).
-// p 16-byte aligned, bytes a multiple of 16. A no-op below sm_90 and in the CPU emulation.
+// p 16-byte aligned, bytes a multiple of 16. A no-op below sm_90; the CPU emulation checks it.
 __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#elif defined(HYTOPK_CPU_EMULATION)
+    emu::check_prefetch(p, bytes);              // tests/table_emulation: inside its row's context
 #else
     (void)p;
     (void)bytes;

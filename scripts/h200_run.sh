@@ -2,7 +2,7 @@
 # One H200 session (device tool): environment, then the named phases, each time-boxed,
 # logs under $OUT (tarred at the end so they fit the device tool's file limits).
 #   bash scripts/h200_run.sh env tests:330 compare:150 bench-train ...
-# Phases: env ncu-kernels (NCU_CASES, NCU_KERNELS) tests-plan bench-pipeline (BENCH_PIPELINE_ARGS) probe sass ncu tests-wgmma tests-ws tests-dtypes tests-args prefill bench-core compile-check tests tests-gpu tests-cupy tests-variants tests-torch tests-app tests-new tests-mma-sync tests-numba bench-numba sweep-numba
+# Phases: env ncu-kernels (NCU_CASES, NCU_KERNELS) ncu-bytes (the same: DRAM bytes read / written, L2 hit rate, time) tests-plan bench-pipeline (BENCH_PIPELINE_ARGS) probe sass ncu tests-wgmma tests-ws tests-dtypes tests-args prefill bench-core compile-check tests tests-gpu tests-cupy tests-variants tests-torch tests-app tests-new tests-mma-sync tests-numba bench-numba sweep-numba
 #         tests-attend bench-attend (BENCH_ATTEND_ARGS)
 #         tests-table bench-table (issue 21: the table top-k kernels)
 #         sanitize (JOBS=...) compare (PRESET, BUDGET, COMPARE_ARGS) bench-train cp-selftest cp-bench (WS, CP_ARGS)
@@ -51,6 +51,7 @@ for arg in "$@"; do      # NAME or NAME:SECONDS (time box for that phase)
     sweep-numba) phase sweep-numba ${CAP:-480} python3 scripts/bench_numba_scorer.py --sweep --preset ${PRESET:-dsv32-128k} --json "$OUT/sweep_numba_scorer.json" ;;
     bench-core) phase bench-core ${CAP:-300} python3 scripts/bench_core.py ${BENCH_CORE_ARGS:---preset dsv32-128k --preset glm5-128k} --json "$OUT/bench_core.json" ;;
     ncu-kernels) phase ncu-kernels ${CAP:-400} bash scripts/ncu_kernels.sh "$OUT/logs/ncu" ${NCU_CASES:-table pipeline attend} ;;
+    ncu-bytes) phase ncu-bytes ${CAP:-200} ncu --clock-control none -k "${NCU_KERNELS:-regex:hytopk_table_(fused|filter)}" --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,gpu__time_duration.sum python3 scripts/profile_kernels.py ${NCU_CASES:-table_runs} ;;
     ncu) phase ncu ${CAP:-240} ncu --clock-control none -k regex:"wgmma|_ws" --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy python3 scripts/profile_wgmma.py ;;
     tests-table) phase tests-table ${CAP:-300} $PYT --durations=10 tests/test_table_topk_gpu.py tests/test_table_topk.py tests/test_table_v2.py tests/test_variants.py -k "table or topk or auto or smem" ;;
     bench-table) phase bench-table ${CAP:-180} python3 scripts/bench_table_topk.py --json "$OUT/table_topk.json" ${BENCH_TABLE_ARGS:-} ;;

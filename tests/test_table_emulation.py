@@ -268,3 +268,23 @@ def test_v2_run_sampling_on_the_cpu(driver, family, lay, k, bf16, offset):
     if family == "gaussian":
         assert stats["runs_failed"].tolist() == [1, 0, 0], stats     # the aliased row underflows, the others pass
         assert stats["runs_count"][0] < k and stats["runs_count"][1] > k
+
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_v2_l2_prefetches_inside_contexts_on_the_cpu(driver, bf16):
+    """Every L2 prefetch of the table kernels (prefetch_l2: the fused kernel's head and stream, the
+    filter's) on a 16-byte aligned table whose rows start off a vector (a % 4 != 0) with contexts long
+    enough for several stream steps and the run samples: tests/table_emulation/cuda_emu.h
+    check_prefetch aborts the driver on a prefetch outside its row's context rounded out to vectors
+    (on the GPU a prefetch is a hint: nothing else would catch one), and the results are exact.
+    Checked to fail with the fused kernel's head prefetch started one vector early."""
+    rng = np.random.default_rng(2112)
+    n, L, k = 4, 20011, 128
+    lo = np.array([0, 37, 1234, 3001])
+    hi = np.array([L, L - 5, L - 3, L - 1])
+    for t in range(n):
+        M = int(R.sample_plan(lo[t:t + 1], hi[t:t + 1], k, 3.0)[0][0])
+        assert R.runs_apply(int(hi[t] - lo[t]), M)
+    s = G.score_table("gaussian", n, L, k, rng, lo, hi)
+    E.check_case(driver, s, lo, hi, k, 2000, offset=0, bf16=bf16)

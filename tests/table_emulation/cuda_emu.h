@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <cstdio>
 #include <memory>
 #include <thread>
 #include <cstddef>
@@ -53,6 +54,38 @@ inline thread_local Block* block = nullptr;
 inline thread_local Cluster* cluster = nullptr;
 inline thread_local unsigned crank = 0;    // %cluster_ctarank
 inline unsigned* dyn_smem() { return reinterpret_cast<unsigned*>(block->dyn.data()); }
+
+// The table (the driver's: its bytes, rows of L elements of esize bytes, contexts [lo, hi)): every L2
+// prefetch (hytopk_table.cuh prefetch_l2) must be 16-byte aligned, a multiple of 16 bytes, and lie
+// inside one row's context rounded out to 16-byte vectors (a hint on the GPU: nothing else would
+// catch a prefetch of the wrong bytes).
+inline const unsigned char* table_begin = nullptr;
+inline const unsigned char* table_end = nullptr;
+inline long long table_L = 0;
+inline int table_esize = 4;
+inline const int* table_lo = nullptr;
+inline const int* table_hi = nullptr;
+inline bool inside_context(long long row, long long e0, long long e1) {
+    const long long rows = (table_end - table_begin) / table_esize / table_L;
+    if (row < 0 || row >= rows) return false;
+    const long long P = 16 / table_esize, row0 = row * table_L;
+    const long long a = std::min(std::max<long long>(table_lo[row], 0), table_L);
+    const long long c = std::min(std::max<long long>(table_hi[row], a), table_L) - a;
+    return e0 >= (row0 + a) / P * P && e1 <= (row0 + a + c + P - 1) / P * P;
+}
+inline void check_prefetch(const void* p, unsigned bytes) {
+    if (!table_begin) return;
+    const auto* b = static_cast<const unsigned char*>(p);
+    const long long off = b - table_begin, e0 = off / table_esize, e1 = (off + bytes) / table_esize;
+    const bool ok = b >= table_begin && b + bytes <= table_end && reinterpret_cast<uintptr_t>(b) % 16 == 0 &&
+                    bytes % 16 == 0 && bytes > 0 &&
+                    (inside_context(e0 / table_L, e0, e1) || inside_context(e0 / table_L + 1, e0, e1));
+    if (!ok) {
+        std::fprintf(stderr, "prefetch_l2 of %u bytes at table byte %lld: unaligned, or outside every row's context\n",
+                     bytes, off);
+        std::abort();
+    }
+}
 
 inline Warp& warp() { return *block->warps[tidx.x / 32]; }
 inline unsigned lane() { return tidx.x & 31u; }

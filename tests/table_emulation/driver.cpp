@@ -131,6 +131,9 @@ static void run(std::ifstream& in, std::ofstream& out, int n, int L, int k, int 
     unsigned char* base = buf.data() + (16 - (reinterpret_cast<uintptr_t>(buf.data()) % 16)) % 16 + (size_t)offset * esize;
     in.read(reinterpret_cast<char*>(base), (size_t)n * L * esize);
     const void* table = base;
+    emu::table_begin = base;                    // every prefetch_l2 checked against its contexts
+    emu::table_end = base + (size_t)n * L * esize;
+    emu::table_L = L, emu::table_esize = esize, emu::table_lo = lo.data(), emu::table_hi = hi.data();
     const int aligned = reinterpret_cast<uintptr_t>(base) % 16 == 0;
     const long long LL = L;
     const int limit_words = 232448 / 4;
