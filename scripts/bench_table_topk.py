@@ -265,16 +265,6 @@ def main(argv=None):
                 with torch.cuda.graph(graph):
                     gi, _ = wt.topk(scores, lo, hi, k)
                 res["torch.ops.hytopk.topk[graph]"] = timed(graph.replay, args.repeats, torch)
-                # the same with the short rows' launch off (table_v2.FUSED_SHORT = (): every row on FUSED_LAUNCH's),
-                # so one run times the op at both launches
-                saved_short, tab_v2.FUSED_SHORT = tab_v2.FUSED_SHORT, ()
-                try:
-                    graph_long = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph_long):
-                        gi_long, _ = wt.topk(scores, lo, hi, k)
-                finally:
-                    tab_v2.FUSED_SHORT = saved_short
-                res["torch.ops.hytopk.topk[graph, no short]"] = timed(graph_long.replay, args.repeats, torch)
                 if not args.quick:
                     res["table_topk"] = timed(lambda: tab.table_topk(scores, lo, hi, k, host_check=False,
                                                                      method="radix", hist_atomics="match"),
@@ -406,8 +396,6 @@ def main(argv=None):
                 same_idx.update(i_runs)
                 graph.replay()
                 same_idx["torch.ops.hytopk.topk[graph]"] = gi
-                graph_long.replay()
-                same_idx["torch.ops.hytopk.topk[graph, no short]"] = gi_long
                 if not args.quick:
                     same_idx["match"] = tab.table_topk(scores, lo, hi, k, host_check=False, method="radix",
                                                        hist_atomics="match")[0]
