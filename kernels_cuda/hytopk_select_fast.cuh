@@ -250,6 +250,9 @@ __device__ __forceinline__ bool block_select_fast(const Entries& e, int m, int k
                                   float* out_val, const SelectHint& hint = SelectHint()) {
     FastStage st;
     if (!block_select_fast_stage<PBMAX>(e, m, k, scratch, words, st, hint)) return false;
+#ifdef HYTOPK_SELECT_STAGED_HOOK
+    HYTOPK_SELECT_STAGED_HOOK();                            // a probe build's timestamp (table_v2.cu)
+#endif
     block_select_fast_rank(e, scratch, st, 0, st.staged, out_idx, out_val);
     pad_row(st.kk, k, out_idx, out_val);
     __syncthreads();                                        // the scratch is free again

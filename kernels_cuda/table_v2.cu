@@ -18,6 +18,66 @@
 //                                count is < k or > cap are listed for hytopk_table_topk_listed
 //                                (table_topk.cu), launched right after on the device
 //   hytopk_select_smem           stage 8 with each row's candidates read once into shared memory
+// Probe builds (scripts/probe_fused_phases.py; both off in the shipped build):
+// HYTOPK_FUSED_TRACE=1: each row t of hytopk_table_fused (one block a row) records the %globaltimer
+// at its start (slot 0), samples in shared memory (1), threshold known (2), stream done (3), select
+// staged (4: hytopk_select_fast.cuh's HYTOPK_SELECT_STAGED_HOOK) and end (5), its SM (6) and count
+// (7) in hytopk_fused_trace[t * 8 + slot] (t < FUSED_TRACE_ROWS), read back by the host.
+// HYTOPK_FUSED_STAGGER_NS=X: in the first wave (blockIdx < blocks an SM x SMs) the j-th block of each SM
+// starts j X ns late, so that the blocks' fixed work (threshold, select) stops falling together.
+#ifndef HYTOPK_FUSED_TRACE
+#define HYTOPK_FUSED_TRACE 0
+#endif
+#ifndef HYTOPK_FUSED_STAGGER_NS
+#define HYTOPK_FUSED_STAGGER_NS 0
+#endif
+
+__device__ __forceinline__ unsigned fused_nsmid() {     // SMs (an upper bound on their ids)
+#if defined(HYTOPK_CPU_EMULATION)
+    return 1u;
+#else
+    unsigned n;
+    asm("mov.u32 %0, %%nsmid;" : "=r"(n));
+    return n;
+#endif
+}
+#if HYTOPK_FUSED_TRACE || HYTOPK_FUSED_STAGGER_NS
+__device__ __forceinline__ unsigned long long fused_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ unsigned fused_smid() {
+    unsigned s;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+    return s;
+}
+#endif
+#if HYTOPK_FUSED_TRACE
+constexpr int FUSED_TRACE_ROWS = 16384;
+extern "C" __device__ unsigned long long hytopk_fused_trace[FUSED_TRACE_ROWS * 8];   // C name: read by name
+__device__ __forceinline__ void fused_trace(int slot, unsigned long long v) {
+    if (threadIdx.x == 0 && blockIdx.x < FUSED_TRACE_ROWS) hytopk_fused_trace[blockIdx.x * 8 + slot] = v;
+}
+#define HYTOPK_TRACE(slot, v) fused_trace(slot, v)
+#define HYTOPK_SELECT_STAGED_HOOK() fused_trace(4, fused_now())
+#else
+#define HYTOPK_TRACE(slot, v) ((void)0)
+#endif
+#if HYTOPK_FUSED_STAGGER_NS
+extern "C" __device__ unsigned hytopk_sm_arrivals[1024];
+// The j-th block of an SM to arrive in the first wave (MINB blocks an SM) waits j x
+// HYTOPK_FUSED_STAGGER_NS (the arrivals are consecutive on the SM's counter, whatever it held before).
+__device__ __forceinline__ void fused_stagger(int minb) {
+    if (blockIdx.x >= minb * fused_nsmid()) return;   // uniform
+    if (threadIdx.x == 0) {
+        const unsigned j = atomicAdd(&hytopk_sm_arrivals[fused_smid() & 1023u], 1u) % (unsigned)minb;
+        const unsigned long long t0 = fused_now();
+        while (fused_now() - t0 < j * (unsigned long long)HYTOPK_FUSED_STAGGER_NS) __nanosleep(500);
+    }
+    __syncthreads();
+}
+#endif
 #include "hytopk_select_fast.cuh"
 #include "hytopk_cluster.cuh"
 using namespace hytopk;
@@ -49,6 +109,7 @@ __host__ __device__ constexpr int sort_slots_v2(int k, int threads = SAMPLE_BLOC
 #define HYTOPK_FUSED_FIXED 1
 #endif
 constexpr int FUSED_FIXED_CAP = HYTOPK_FUSED_FIXED ? 10752 : 0;
+constexpr int FUSED_FIXED_CAP_X3 = HYTOPK_FUSED_FIXED ? 6144 : 0;     // cap_for(2048, 512, 3): the short rows' launch
 // HYTOPK_SELECT_HINT=0 (the bench's "nohint" build): the fused kernel's select finds its candidates'
 // key range itself (fused_hint).
 #ifndef HYTOPK_SELECT_HINT
@@ -305,17 +366,32 @@ __device__ __forceinline__ SelectHint fused_hint(const FusedSmem& f, u32 kstar) 
 #ifndef HYTOPK_FUSED_U_F32
 #define HYTOPK_FUSED_U_F32 8
 #endif
-template <class Src> struct FusedStream {
+// HYTOPK_FUSED_HEAD_AFTER_SAMPLES=1: a row's head prefetch is issued once its sample loads are in
+// (fused_sample_key's after_gather), not before them: the samples' 256 runs do not queue behind it.
+// HYTOPK_FUSED_FIRST_HEAD=X: the first wave's rows prefetch X x ahead steps of their head (while the
+// first thresholds are selected, nothing else reads the DRAM).
+#ifndef HYTOPK_FUSED_HEAD_AFTER_SAMPLES
+#define HYTOPK_FUSED_HEAD_AFTER_SAMPLES 1
+#endif
+#ifndef HYTOPK_FUSED_FIRST_HEAD
+#define HYTOPK_FUSED_FIRST_HEAD 1
+#endif
+// LANES: threads an SM (threads x blocks of the launch). Past 1024 (the short rows' (512, 3): at most
+// 42 registers) the float32 stream takes 4 vectors a step (8 spill 580 bytes there) and its
+// immediate-offset appends sit at that launch's cap, 6144.
+template <class Src, int LANES = 1024> struct FusedStream {
     static constexpr int P = TableVec<Src>::PER_VEC;
-    static constexpr int U = P == 4 ? HYTOPK_FUSED_U_F32 : 2;
+    static constexpr bool WIDE = LANES <= 1024;
+    static constexpr int U = P == 4 ? (WIDE ? HYTOPK_FUSED_U_F32 : 4) : 2;
     static constexpr bool PF = P == 4;
+    static constexpr int FIXED_CAP = WIDE ? FUSED_FIXED_CAP : FUSED_FIXED_CAP_X3;
 };
 
 // The row's head to the L2 (ahead steps), fetched while a threshold is selected.
-template <class Src>
+template <class Src, int LANES = 1024>
 __device__ __forceinline__ void fused_head_prefetch(const void* table, long long L, int n, long long row0,
                                                     long long a, long long c, int aligned, int ahead) {
-    using S = FusedStream<Src>;
+    using S = FusedStream<Src, LANES>;
     constexpr int P = S::P;
     if (S::PF && ahead > 0 && aligned && threadIdx.x == 0)
         prefetch_vectors(table, (row0 + a) / P, (long long)ahead * S::U * blockDim.x, (row0 + a + c + P - 1) / P,
@@ -341,13 +417,18 @@ __device__ __noinline__ void fused_gather_samples(const void* __restrict__ table
 // K* of a row: the r-th best key of the contract's M samples (runs != 0: in runs where runs_apply)
 // (read into f.cpos: the candidates overwrite them next); the radix select starts from the best
 // sample's digit (HYTOPK_SELECT_HINT).
-template <class Src, int PER>
+struct NoAfterGather {
+    __device__ __forceinline__ void operator()() const {}
+};
+template <class Src, int PER, class AfterGather = NoAfterGather>
 __device__ __forceinline__ u32 fused_sample_key(const FusedSmem& f, const void* __restrict__ table, long long row0,
                                                 long long a, long long c, const SamplePlan& sp, int runs = 0,
-                                                int coarse = 0) {
+                                                int coarse = 0, const AfterGather& after_gather = AfterGather()) {
     u32* skeys = f.cpos;                        // M <= 2 * cap words: cpos, then cbits
     fused_gather_samples<Src, PER>(table, row0, a, c, sp.M, runs, skeys, f.wbits);
+    after_gather();
     __syncthreads();
+    HYTOPK_TRACE(1, fused_now());
     auto sample_key = [&](long long q, u32* out) { *out = skeys[q]; return true; };
     u32 top = 0u;                               // the best sample key: the select's first digit
     for (int q = 0; q < (int)(blockDim.x >> 5); ++q) top = max(top, f.wbits[q]);
@@ -356,21 +437,21 @@ __device__ __forceinline__ u32 fused_sample_key(const FusedSmem& f, const void* 
 
 // One streaming read of the row collecting every key >= key into shared memory (up to cap);
 // returns the true count.
-template <class Src>
+template <class Src, int LANES = 1024>
 __device__ __forceinline__ int fused_collect(const FusedSmem& f, const void* __restrict__ table, long long L, int n,
                                              long long row0, long long a, long long c, int cap, int aligned,
                                              int ahead, u32 key) {
-    using S = FusedStream<Src>;
+    using S = FusedStream<Src, LANES>;
     constexpr long long P = S::P;
     if (threadIdx.x == 0) *f.ncand = 0;
     __syncthreads();                            // the samples are dead: the candidates overwrite them
     const KeyAtLeast pass = KeyAtLeast::of(bits_of_key(key));
     bool fixed = false;
-    if constexpr (P == 4 && FUSED_FIXED_CAP > 0) {   // float32, T > 0, the op's layout (the bits at a fixed distance)
-        fixed = pass.single() && f.cbits == f.cpos + FUSED_FIXED_CAP;
+    if constexpr (P == 4 && S::FIXED_CAP > 0) {   // float32, T > 0, the op's layout (the bits at a fixed distance)
+        fixed = pass.single() && f.cbits == f.cpos + S::FIXED_CAP;
         if (fixed) {
-            SmemSinkT<FUSED_FIXED_CAP> sink = {f.cpos, f.cbits, f.ncand, cap, 0};
-            stream_row_pass<Src, S::U, SmemSinkT<FUSED_FIXED_CAP>, S::PF, true>(
+            SmemSinkT<S::FIXED_CAP> sink = {f.cpos, f.cbits, f.ncand, cap, 0};
+            stream_row_pass<Src, S::U, SmemSinkT<S::FIXED_CAP>, S::PF, true>(
                 table, (long long)n * L, aligned, row0, a, c, (row0 + a) / P, (row0 + a + c + P - 1) / P, pass, sink,
                 ahead);
         }
@@ -387,7 +468,7 @@ __device__ __forceinline__ int fused_collect(const FusedSmem& f, const void* __r
 // The two-read row of hytopk_table_fused: the contract's M samples (runs != 0: in runs where
 // runs_apply), K* = their r-th best key, one
 // streaming read collecting every key >= K* into shared memory, fused_finish.
-template <class Src, int THREADS>
+template <class Src, int THREADS, int MINB = 2>
 __device__ __forceinline__ void fused_sampled_row(const FusedSmem& f, const void* __restrict__ table, long long L,
                                                   int n, int t, long long row0, long long a, long long c, int k,
                                                   int cap, int aligned, int ahead, double oversample, int fast,
@@ -397,12 +478,29 @@ __device__ __forceinline__ void fused_sampled_row(const FusedSmem& f, const void
                                                   int* out_idx, float* out_val) {
     // sample loads in flight per thread: all of them at >= 512 threads, at most 16 (registers)
     constexpr int PER = MAX_SAMPLES / THREADS < 16 ? MAX_SAMPLES / THREADS : 16;
-    if (head_prefetch) fused_head_prefetch<Src>(table, L, n, row0, a, c, aligned, ahead);
+    HYTOPK_TRACE(0, fused_now());               // probe builds only (HYTOPK_FUSED_TRACE)
+    HYTOPK_TRACE(6, fused_smid());
     const SamplePlan sp = SamplePlan::of(c, k, oversample, min_rank);
-    const u32 kstar = fused_sample_key<Src, PER>(f, table, row0, a, c, sp, runs, coarse);
-    const int cnt = fused_collect<Src>(f, table, L, n, row0, a, c, cap, aligned, ahead, kstar);
+    // the first wave's rows (no row streams yet) prefetch HYTOPK_FUSED_FIRST_HEAD x ahead steps
+    const int head = HYTOPK_FUSED_FIRST_HEAD > 1 && (int)blockIdx.x < MINB * (int)fused_nsmid()
+                         ? HYTOPK_FUSED_FIRST_HEAD * ahead : ahead;
+    auto head_pf = [&]() {
+        if (head_prefetch) fused_head_prefetch<Src, THREADS * MINB>(table, L, n, row0, a, c, aligned, head);
+    };
+    if (!HYTOPK_FUSED_HEAD_AFTER_SAMPLES) head_pf();
+    const u32 kstar = HYTOPK_FUSED_HEAD_AFTER_SAMPLES
+                          ? fused_sample_key<Src, PER>(f, table, row0, a, c, sp, runs, coarse, head_pf)
+                          : fused_sample_key<Src, PER>(f, table, row0, a, c, sp, runs, coarse);
+    HYTOPK_TRACE(2, fused_now());
+    const int cnt = fused_collect<Src, THREADS * MINB>(f, table, L, n, row0, a, c, cap, aligned, ahead, kstar);
+    HYTOPK_TRACE(3, fused_now());
+    HYTOPK_TRACE(7, (u64)cnt);
     fused_finish<THREADS>(f, t, cnt, k, cap, fast, count_out, flagged, nflagged, out_idx, out_val,
                           fused_hint<THREADS>(f, kstar));
+#if HYTOPK_FUSED_TRACE
+    __syncthreads();
+    HYTOPK_TRACE(5, fused_now());
+#endif
 }
 }  // namespace hytopk
 
@@ -421,7 +519,7 @@ __device__ __forceinline__ void fused_sampled_row(const FusedSmem& f, const void
 // the count above that threshold, not the contract's). min_rank > 0: r at least min(M, min_rank);
 // coarse > 0: K* rounded down where the radix select's digit holds few samples (block_radix_select_keys;
 // table_topk's plan, table.py TOPK_*: counts above that threshold, reference.coarse_key).
-template <class Src, int THREADS>
+template <class Src, int THREADS, int MINB>
 __device__ __forceinline__ void table_fused_body(u32* smem, const void* __restrict__ table, long long L, int n,
                                                  const int* __restrict__ lo, const int* __restrict__ hi, int k,
                                                  int cap, int aligned, int ahead, double oversample, int fast,
@@ -430,6 +528,9 @@ __device__ __forceinline__ void table_fused_body(u32* smem, const void* __restri
                                                  int* __restrict__ idx, float* __restrict__ val) {
     const int t = blockIdx.x;
     if (t >= n) return;
+#if HYTOPK_FUSED_STAGGER_NS
+    fused_stagger(MINB);
+#endif
     const FusedSmem f = FusedSmem::of(smem, k, cap, THREADS);
     const long long row0 = (long long)t * L;
     const long long a = min(max((long long)lo[t], 0LL), L);            // clamped: never a read outside the row
@@ -439,7 +540,7 @@ __device__ __forceinline__ void table_fused_body(u32* smem, const void* __restri
     if (c <= k)
         fused_whole_row<Src>(f, table, t, row0, a, c, k, count_out, out_idx, out_val);
     else
-        fused_sampled_row<Src, THREADS>(f, table, L, n, t, row0, a, c, k, cap, aligned, ahead, oversample, fast, runs,
+        fused_sampled_row<Src, THREADS, MINB>(f, table, L, n, t, row0, a, c, k, cap, aligned, ahead, oversample, fast, runs,
                                         min_rank, coarse, true, count_out, flagged, nflagged, out_idx, out_val);
 }
 
@@ -591,7 +692,8 @@ __device__ __forceinline__ void table_fused1_body(u32* smem, const void* __restr
 }
 
 
-// The shipped configuration: 512 threads, two blocks per SM (64 registers).
+// 512 threads, two blocks per SM (64 registers): the launch of long rows and bf16 tables; 128K-key float32
+// rows take hytopk_table_fused_cfg<Src, 512, 3> (table_v2.py FUSED_SHORT).
 template <class Src>
 __global__ void __launch_bounds__(SAMPLE_BLOCK, 2)
 hytopk_table_fused(const void* __restrict__ table, long long L, int n, const int* __restrict__ lo,
@@ -600,7 +702,7 @@ hytopk_table_fused(const void* __restrict__ table, long long L, int n, const int
                    int* __restrict__ nflagged,
                    int* __restrict__ idx, float* __restrict__ val) {
     extern __shared__ __align__(16) u32 smem[];
-    table_fused_body<Src, SAMPLE_BLOCK>(smem, table, L, n, lo, hi, k, cap, aligned, ahead, oversample, fast, runs,
+    table_fused_body<Src, SAMPLE_BLOCK, 2>(smem, table, L, n, lo, hi, k, cap, aligned, ahead, oversample, fast, runs,
                                         min_rank, coarse, count_out, flagged, nflagged, idx, val);
 }
 
@@ -614,7 +716,7 @@ hytopk_table_fused_cfg(const void* __restrict__ table, long long L, int n, const
                        int* __restrict__ flagged,
                        int* __restrict__ nflagged, int* __restrict__ idx, float* __restrict__ val) {
     extern __shared__ __align__(16) u32 smem[];
-    table_fused_body<Src, THREADS>(smem, table, L, n, lo, hi, k, cap, aligned, ahead, oversample, fast, runs,
+    table_fused_body<Src, THREADS, MINB>(smem, table, L, n, lo, hi, k, cap, aligned, ahead, oversample, fast, runs,
                                    min_rank, coarse, count_out, flagged, nflagged, idx, val);
 }
 

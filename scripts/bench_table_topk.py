@@ -100,8 +100,8 @@ SWEEP_KEYS = ("FUSED_THREADS", "FUSED_MIN_BLOCKS", "FUSED_CAP", "FUSED_AHEAD", "
 # build of table_v2.cu (BUILDS: "general" = no immediate-offset appends, the general sink at (512, 2)
 # too; "nohint" = the fused select and threshold without the best sample's key)
 FUSED_SWEEP_RUNS = (
-    (512, 2, 0, 1, 1, 1.5, 48, 8), (512, 2, 0, 2, 1, 1.5, 48, 8), (512, 2, 0, 1, 1, 1.5, 48, 8, "general"),
-    (256, 3, 0, 1, 1, 1.5, 48, 8), (512, 2, 0, 1, 1, 1.5, 48, 8, "nohint"),
+    (512, 3, 0, 1, 1, 1.5, 48, 8), (512, 2, 0, 1, 1, 1.5, 48, 8), (512, 2, 0, 2, 1, 1.5, 48, 8),
+    (512, 2, 0, 1, 1, 1.5, 48, 8, "general"), (256, 3, 0, 1, 1, 1.5, 48, 8), (512, 2, 0, 1, 1, 1.5, 48, 8, "nohint"),
 )
 BUILDS = {"general": ("-DHYTOPK_FUSED_FIXED=0",),
           "nohint": ("-DHYTOPK_SELECT_HINT=0",)}

@@ -4,7 +4,7 @@
 #   bash scripts/h200_run.sh env tests:330 compare:150 bench-train ...
 # Phases: env ncu-kernels (NCU_CASES, NCU_KERNELS) ncu-bytes (the same: DRAM bytes read / written, L2 hit rate, time) tests-plan bench-pipeline (BENCH_PIPELINE_ARGS) probe sass ncu tests-wgmma tests-ws tests-dtypes tests-args prefill bench-core compile-check tests tests-gpu tests-cupy tests-variants tests-torch tests-app tests-new tests-mma-sync tests-numba bench-numba sweep-numba
 #         tests-attend bench-attend (BENCH_ATTEND_ARGS)
-#         tests-table bench-table (issue 21: the table top-k kernels)
+#         tests-table bench-table probe-phases (PROBE_PHASES_ARGS) (issue 21: the table top-k kernels)
 #         sanitize (JOBS=...) compare (PRESET, BUDGET, COMPARE_ARGS) bench-train cp-selftest cp-bench (WS, CP_ARGS)
 #         cp-selftest-shared (2 ranks on GPU 0 over gloo) cp-train (WS) tests-cp (tests/test_distributed.py)
 set -uo pipefail
@@ -54,6 +54,7 @@ for arg in "$@"; do      # NAME or NAME:SECONDS (time box for that phase)
     ncu-bytes) phase ncu-bytes ${CAP:-200} ncu --clock-control none -k "${NCU_KERNELS:-regex:hytopk_table_(fused|filter)}" --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,gpu__time_duration.sum python3 scripts/profile_kernels.py ${NCU_CASES:-table_runs} ;;
     ncu) phase ncu ${CAP:-240} ncu --clock-control none -k regex:"wgmma|_ws" --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy python3 scripts/profile_wgmma.py ;;
     tests-table) phase tests-table ${CAP:-300} $PYT --durations=10 tests/test_table_topk_gpu.py tests/test_table_topk.py tests/test_table_v2.py tests/test_variants.py -k "table or topk or auto or smem" ;;
+    probe-phases) phase probe-phases ${CAP:-240} python3 scripts/probe_fused_phases.py --json "$OUT/probe_phases.json" ${PROBE_PHASES_ARGS:-} ;;
     bench-table) phase bench-table ${CAP:-180} python3 scripts/bench_table_topk.py --json "$OUT/table_topk.json" ${BENCH_TABLE_ARGS:-} ;;
     tests-mma-sync) phase tests-mma-sync ${CAP:-120} $PYT tests/test_cupy_gpu.py tests/test_variants.py tests/test_mma_sync_layout.py -k "mma_sync" ;;
     tests-gpu) phase tests-gpu ${CAP:-300} $PYT --durations=15 tests/test_cupy_gpu.py tests/test_variants.py tests/test_torch_gpu.py tests/test_cli_gpu.py tests/test_example.py tests/test_distributed.py tests/test_loader.py tests/test_cupy_bf16.py tests/test_table_topk_gpu.py --junitxml="$OUT/logs/junit-gpu.xml" ;;

@@ -648,6 +648,44 @@ def test_ranges_ok_kernel_is_the_contexts_check(tab):
         tab.launch_ranges_ok(cp.zeros(3, cp.int32), cp.zeros(3, cp.int64), L, ok)
 
 
+@pytest.mark.parametrize("beside", [True, False])
+def test_torch_op_bad_ranges_fire_its_device_assert(beside):
+    """The op's range check (hytopk_table_ranges_ok, then torch._assert_async) beside the kernels on a
+    side stream (table_topk.RANGE_CHECK_BESIDE, joined back before the op returns) or first on the
+    caller's stream: good contexts run clean twice, a row with hi = L + 1 raises the device-side
+    assert at the next sync. In a subprocess: the assert ends its CUDA context."""
+    pytest.importorskip("torch")
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = (
+        "import sys, torch\n"
+        "import workbench.torch as wt\n"
+        "from workbench.torch import table_topk as op\n"
+        f"op.RANGE_CHECK_BESIDE = {beside}\n"
+        "s = torch.randn(4, 5000, device='cuda')\n"
+        "lo = torch.zeros(4, dtype=torch.int32, device='cuda')\n"
+        "hi = torch.full((4,), 5000, dtype=torch.int32, device='cuda')\n"
+        "for _ in range(2):\n"
+        "    i, v = wt.topk(s, lo, hi, 64)\n"
+        "    torch.cuda.synchronize()\n"
+        "assert torch.equal(v, torch.topk(s, 64, dim=1).values)\n"
+        "hi[2] = 5001\n"
+        "try:\n"
+        "    wt.topk(s, lo, hi, 64)\n"
+        "    torch.cuda.synchronize()\n"
+        "except RuntimeError as e:\n"
+        "    print('RAISED', 'assert' in str(e).lower())\n"
+        "    sys.exit(0)\n"
+        "print('NO ERROR')\n")
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([p for p in (env.get("PYTHONPATH"), str(root)) if p])
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=root, env=env)
+    assert "RAISED True" in r.stdout, r.stdout + r.stderr[-2000:]
+
+
 def test_torch_op_never_syncs_the_host():
     """torch.ops.hytopk.topk on CUDA tensors checks lo/hi on the device (no copy to the host, no wait for
     the GPU): it runs under torch.cuda.set_sync_debug_mode("error"), exact; bad ranges still never

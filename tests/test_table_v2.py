@@ -333,8 +333,8 @@ def test_sample_plan_min_rank():
 
 def test_fused_launch_takes_the_short_blocks_where_their_cap_holds_the_counts():
     """table_v2.fused_launch (NumPy standing in for CuPy, in a subprocess; 227 KiB of opt-in shared
-    memory): shipped with FUSED_SHORT off (every row of the samples in runs on (512, 2), the faster
-    launch since the select's hint: H200 2026-12-01 s7 run 3). Set to (256, 3): with the samples in
+    memory): shipped with FUSED_SHORT = (512, 3) (cap 6144) for float32 tables only: table_topk's plan
+    at 128K keys, k = 2048 takes it, a bf16 table (512, 2). Set to (256, 3): with the samples in
     runs, it where its cap holds a full row's expected count plus FUSED_SHORT_SIGMAS spreads
     (table_topk's plan at 128K keys, k = 2048), else (512, 2) (256K and 1M keys); the contract's
     samples keep (1024, 1); the sweep's override wins; the caps are the launch's."""
@@ -342,14 +342,15 @@ def test_fused_launch_takes_the_short_blocks_where_their_cap_holds_the_counts():
              (2048, 131072, 3.0, 0), (2048, 4096, 1.5, 48), (4096, 131072, 1.5, 48)]
     out, short, sigmas, shipped = table_v2_with_numpy(
         f"cases = {cases!r}\n"
-        "shipped = [list(v2.FUSED_SHORT), v2.fused_launch(1, *cases[0]), v2.fused_cap(2048, 1, *cases[0][1:])]\n"
+        "shipped = [list(v2.FUSED_SHORT), v2.fused_launch(1, *cases[0]), v2.fused_cap(2048, 1, *cases[0][1:]),\n"
+        "           v2.fused_launch(1, *cases[0], 'hytopk::TableBf16Source'), v2.fused_launch(1, *cases[2])]\n"
         "v2.FUSED_SHORT = (256, 3)\n"
         "out = [[c, v2.fused_launch(1, *c), v2.fused_cap(c[0], 1, *c[1:]), v2.fused_launch(0, *c),\n"
         "        v2.cap_for(c[0], *v2.FUSED_SHORT)] for c in cases]\n"
         "v2.FUSED_THREADS, v2.FUSED_MIN_BLOCKS = 1024, 1\n"
         "out.append(v2.fused_launch(1, *cases[0]))\n"
         "out = [out, v2.FUSED_SHORT, v2.FUSED_SHORT_SIGMAS, shipped]\n")
-    assert shipped == [[], [512, 2], 10752]
+    assert shipped == [[512, 3], [512, 3], 6144, [512, 2], [512, 2]]
     assert out.pop() == [1024, 1]
     got = {tuple(c): (tuple(runs), cap, tuple(contract), short_cap) for c, runs, cap, contract, short_cap in out}
     assert tuple(short) == (256, 3) and got[(2048, 131072, 1.5, 48)][:2] == ((256, 3), 6144)

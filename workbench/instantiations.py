@@ -18,7 +18,7 @@ TABLE_BF16 = "hytopk::TableBf16Source"       # a bf16 table (raw bits), widened 
 TABLES = (TABLE, TABLE_BF16)
 # (threads, blocks per SM) of table_v2.cu's hytopk_table_fused_cfg (table_v2.py FUSED_THREADS /
 # FUSED_MIN_BLOCKS, bench_table_topk.py --fused-sweep); (512, 2) is hytopk_table_fused itself
-FUSED_CONFIGS = ((256, 3), (256, 4), (1024, 1))
+FUSED_CONFIGS = ((256, 3), (256, 4), (512, 3), (1024, 1))
 # (threads, blocks per SM) of table_v2.cu's one-read hytopk_table_fused1 (table_v2.py FUSED_ONE_READ;
 # (512, 2) would spill 4 bytes for bf16)
 FUSED1_CONFIGS = ((1024, 1),)

@@ -118,6 +118,23 @@ static void run_runs(std::ofstream& out, const void* table, int n, long long L, 
         const std::vector<unsigned char> failed3 = listed_mask(flagged3, nflagged3, n);
         wr(out, idx3.data(), idx3.size()); wr(out, val3.data(), val3.size()); wr(out, count3.data(), n);
         wr(out, failed3.data(), n);
+        // the short rows' launch (table_v2.py FUSED_SHORT = (512, 3)): its cap 6144 (float32: the
+        // immediate-offset appends at that distance, 4 vectors a step), then the radix kernel on what
+        // it listed: every row and count equal to the (512, 2) launch's, bit for bit
+        std::vector<int> idx4((size_t)n * k, 9), count4(n, -5), flagged4(n, -3), nflagged4(1, 0);
+        std::vector<float> val4((size_t)n * k, 9.0f);
+        emu::launch({(unsigned)n, 1, 1}, 512, 4 * table_fused_smem_words(k, 6144), [&] {
+            hytopk_table_fused_cfg<Src, 512, 3>(table, L, n, lo.data(), hi.data(), k, 6144, aligned, 2, 1.5, 1, 1, 48, 8,
+                                                count4.data(), flagged4.data(), nflagged4.data(), idx4.data(),
+                                                val4.data());
+        });
+        emu::launch({(unsigned)std::min(n, 2), 1, 1}, 512, 4 * table_topk_smem_words(k, tcap), [&] {
+            hytopk_table_topk_listed<Src>(table, L, n, flagged4.data(), nflagged4.data(), lo.data(), hi.data(), k,
+                                          tcap, aligned, idx4.data(), val4.data());
+        });
+        const std::vector<unsigned char> none(n, 0);
+        const int t = first_row_differing(n, k, none, count4, idx4, val4, none, count3, idx3, val3);
+        if (t >= 0) { std::fprintf(stderr, "fused (512, 3): row %d differs from the (512, 2) launch\n", t); std::exit(1); }
     }
 }
 

@@ -28,6 +28,20 @@ from reference import validate as V
 from .ops import CALLS
 
 TABLE_DTYPES = (torch.float32, torch.bfloat16)
+# The CuPy path's range check (hytopk_table_ranges_ok, then torch._assert_async) on a side stream forked
+# from the caller's and joined back before the op returns, beside the top-k kernels instead of before
+# them: it only feeds the assert (the kernels clamp lo / hi whatever they hold). False: on the caller's
+# stream, first. scripts/probe_fused_phases.py times the op both ways.
+RANGE_CHECK_BESIDE = True
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _side_stream(dev: int) -> torch.cuda.Stream:
+    """One side stream per device for the range check (made once: a stream per call costs more than the check)."""
+    st = _SIDE_STREAMS.get(dev)
+    if st is None:
+        st = _SIDE_STREAMS[dev] = torch.cuda.Stream(device=dev)
+    return st
 
 
 def _check(scores, lo, hi, k, *, host, ranges=True):
@@ -95,16 +109,23 @@ def _topk_cuda(scores, lo, hi, k):
     import cupy
     from workbench.families import get_family
     dev = s.device.index if s.device.index is not None else torch.cuda.current_device()
+    fam = get_family("cupy")
     with torch.cuda.device(s.device):
-        ptr = torch.cuda.current_stream(s.device).cuda_stream
-        # PyTorch's stream, and scratch from torch's allocator (a CUDA-graph capture's private pool)
-        with get_family("cupy").stream_scope(ptr, dev):
-            if own_check:
-                ok = torch.empty((), dtype=torch.bool, device=s.device)
-                mod.launch_ranges_ok(cupy.from_dlpack(lo32), cupy.from_dlpack(hi32), L, ok.data_ptr())
-            mod.table_topk(s, lo32, hi32, k, out=(cupy.from_dlpack(idx), cupy.from_dlpack(val)), host_check=False)
+        cur = torch.cuda.current_stream(s.device)
+        side = _side_stream(dev) if own_check and RANGE_CHECK_BESIDE else None
         if own_check:
-            torch._assert_async(ok, RANGES_MSG)
+            ok = torch.empty((), dtype=torch.bool, device=s.device)
+            check = cur if side is None else side
+            if side is not None:
+                side.wait_stream(cur)               # lo / hi are ready; joined back below (graph capture: fork / join)
+            with torch.cuda.stream(check), fam.stream_scope(check.cuda_stream, dev):
+                mod.launch_ranges_ok(cupy.from_dlpack(lo32), cupy.from_dlpack(hi32), L, ok.data_ptr())
+                torch._assert_async(ok, RANGES_MSG)
+        # PyTorch's stream, and scratch from torch's allocator (a CUDA-graph capture's private pool)
+        with fam.stream_scope(cur.cuda_stream, dev):
+            mod.table_topk(s, lo32, hi32, k, out=(cupy.from_dlpack(idx), cupy.from_dlpack(val)), host_check=False)
+        if side is not None:
+            cur.wait_stream(side)                   # ok, lo and hi are the caller's stream's again after this
     return idx, val
 
 

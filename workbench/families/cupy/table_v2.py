@@ -54,14 +54,17 @@ FUSED_SMEM_TARGET = 110 * 1024   # two 512-thread blocks per SM (the register bo
 FUSED_THREADS = 0
 FUSED_MIN_BLOCKS = 0
 FUSED_LAUNCH = {0: (1024, 1), 1: (512, 2)}     # runs flag -> (threads, blocks per SM)
-# With the samples in runs, rows whose counts fit its cap: FUSED_SHORT (e.g. (256, 3), three blocks per
-# SM hiding more of each row's sample and select phases: 0.656 against 0.670 ms for (512, 2) at
-# 4096 x 131072 float32, k = 2048, H200 2026-12-01 s6 run 4). Fit: the cap holds the expected count of
-# a full row of L keys, L r / M rounded down by coarse (x 9/8), plus FUSED_SHORT_SIGMAS of its spread
-# (~1/sqrt(r) of it); (256, 3) takes 128K-key rows at k = 2048, not 256K. () (shipped): off, every row
-# on (512, 2): with the select's hint (fused_hint) and the radix select's first digit from the best
-# sample, (512, 2) runs the op at 0.633 ms against 0.646 for (256, 3) (s7 run 3).
-FUSED_SHORT = ()
+# With the samples in runs, rows whose counts fit its cap: FUSED_SHORT, (512, 3): three 512-thread
+# blocks an SM at 42 registers (4 vectors a thread a step, table_v2.cu FusedStream), cap 6144. A row
+# spends ~20 of its ~37 us on the threshold and the select (no DRAM read: the phase trace of
+# scripts/probe_fused_phases.py), so the DRAM rate follows the rows streaming at once: ~212 of 396 blocks
+# against ~121 of 264 at (512, 2); the fused kernel 0.615 against 0.631 ms, the op 0.622 against 0.634
+# at 4096 x 131072 float32, k = 2048 (results/h200-2026-12-02 run 2). Fit: the cap holds the expected
+# count of a full row of L keys, L r / M rounded down by coarse (x 9/8), plus FUSED_SHORT_SIGMAS of its
+# spread (~1/sqrt(r) of it): 128K-key rows at k = 2048, not 256K or 1M (those stay on (512, 2)).
+# float32 tables only (FUSED_SHORT_SOURCES): the bf16 build spills at 42 registers, not measured.
+FUSED_SHORT = (512, 3)
+FUSED_SHORT_SOURCES = ("hytopk::TableSource",)
 FUSED_SHORT_SIGMAS = 6.0
 FUSED_CAP = 0
 # 1: the v2 selects (select_smem, the fused kernel's select) rank the kept without a sort
@@ -131,14 +134,14 @@ def _limit() -> int:
 
 
 def fused_launch(runs: int = 0, k: int | None = None, L: int | None = None, oversample: float = 3.0,
-                 min_rank: int = 0) -> tuple[int, int]:
+                 min_rank: int = 0, cxx: str = "hytopk::TableSource") -> tuple[int, int]:
     """(threads, blocks per SM) of the fused kernel: FUSED_THREADS / FUSED_MIN_BLOCKS when set (the
-    bench's sweep), else FUSED_SHORT where the samples are in runs and a row of L keys fits its cap
-    (short_fits), else FUSED_LAUNCH for the sampling."""
+    bench's sweep), else FUSED_SHORT where the samples are in runs, the table source is one of
+    FUSED_SHORT_SOURCES and a row of L keys fits its cap (short_fits), else FUSED_LAUNCH for the sampling."""
     if FUSED_THREADS > 0 and FUSED_MIN_BLOCKS > 0:
         return int(FUSED_THREADS), int(FUSED_MIN_BLOCKS)
-    if runs and FUSED_SHORT and k is not None and L is not None and short_fits(int(k), int(L), float(oversample),
-                                                                                int(min_rank)):
+    if (runs and FUSED_SHORT and cxx in FUSED_SHORT_SOURCES and k is not None and L is not None
+            and short_fits(int(k), int(L), float(oversample), int(min_rank))):
         return FUSED_SHORT
     return FUSED_LAUNCH[int(bool(runs))]
 
@@ -161,9 +164,10 @@ def _full_row_plan(k: int, L: int, oversample: float, min_rank: int) -> tuple[in
     return int(M[0]), int(r[0])
 
 
-def fused_cap(k: int, runs: int = 0, L: int | None = None, oversample: float = 3.0, min_rank: int = 0) -> int:
+def fused_cap(k: int, runs: int = 0, L: int | None = None, oversample: float = 3.0, min_rank: int = 0,
+              cxx: str = "hytopk::TableSource") -> int:
     """Candidates the fused kernel collects in shared memory at its launch (fused_launch's arguments)."""
-    return cap_for(k, *fused_launch(runs, k, L, oversample, min_rank))
+    return cap_for(k, *fused_launch(runs, k, L, oversample, min_rank, cxx))
 
 
 def cap_for(k: int, threads: int, blocks: int) -> int:
@@ -239,7 +243,7 @@ def launch_fused(s, cxx, lo, hi, k, oversample, count, flagged, nflagged, idx, v
     (reference.sample_plan's min_rank; not the contract's); coarse > 0: the threshold rounded down at
     the first radix level whose digit holds at most max(1, r // coarse) samples (reference.coarse_key)."""
     n, L = s.shape
-    threads, blocks = fused_launch(runs, k, L, oversample, min_rank)
+    threads, blocks = fused_launch(runs, k, L, oversample, min_rank, cxx)
     cap = cap_for(k, threads, blocks)
     if (min_rank or coarse) and (FUSED_ONE_READ and not runs):
         raise ValueError("arguments 'min_rank' / 'coarse': not with table_v2.FUSED_ONE_READ = 1 (the contract's plan)")
