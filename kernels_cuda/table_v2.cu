@@ -488,9 +488,9 @@ __device__ __forceinline__ void fused_sampled_row(const FusedSmem& f, const void
         if (head_prefetch) fused_head_prefetch<Src, THREADS * MINB>(table, L, n, row0, a, c, aligned, head);
     };
     if (!HYTOPK_FUSED_HEAD_AFTER_SAMPLES) head_pf();
-    const u32 kstar = HYTOPK_FUSED_HEAD_AFTER_SAMPLES
-                          ? fused_sample_key<Src, PER>(f, table, row0, a, c, sp, runs, coarse, head_pf)
-                          : fused_sample_key<Src, PER>(f, table, row0, a, c, sp, runs, coarse);
+    const u32 kstar = fused_sample_key<Src, PER>(f, table, row0, a, c, sp, runs, coarse, [&]() {
+        if (HYTOPK_FUSED_HEAD_AFTER_SAMPLES) head_pf();
+    });
     HYTOPK_TRACE(2, fused_now());
     const int cnt = fused_collect<Src, THREADS * MINB>(f, table, L, n, row0, a, c, cap, aligned, ahead, kstar);
     HYTOPK_TRACE(3, fused_now());

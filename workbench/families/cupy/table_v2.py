@@ -55,7 +55,7 @@ FUSED_THREADS = 0
 FUSED_MIN_BLOCKS = 0
 FUSED_LAUNCH = {0: (1024, 1), 1: (512, 2)}     # runs flag -> (threads, blocks per SM)
 # With the samples in runs, rows whose counts fit its cap: FUSED_SHORT, (512, 3): three 512-thread
-# blocks an SM at 42 registers (4 vectors a thread a step, table_v2.cu FusedStream), cap 6144. A row
+# blocks an SM within 42 registers (4 vectors a thread a step, table_v2.cu FusedStream), cap 6144. A row
 # spends ~20 of its ~37 us on the threshold and the select (no DRAM read: the phase trace of
 # scripts/probe_fused_phases.py), so the DRAM rate follows the rows streaming at once: ~212 of 396 blocks
 # against ~121 of 264 at (512, 2); the fused kernel 0.615 against 0.631 ms, the op 0.622 against 0.634
