@@ -314,17 +314,22 @@ hytopk_attend_delta(const bf16_t* __restrict__ dout, const void* __restrict__ ou
 // launch order from the counter flags[0] (2h+1 waits only on a block that started before it), so
 // the pair runs side by side and 2h's rows are still in L2 when 2h+1 reads them: half the part
 // rows to write (and to read in the reduction) of BWD_PART, and no atomics.
-enum { BWD_PART = 0, BWD_ATOMIC = 1, BWD_PART_HB2 = 2 };
+// BWD_DQ: dq only (the key-major hytopk_attend_dkv_keys computes dK/dV apart).
+enum { BWD_PART = 0, BWD_ATOMIC = 1, BWD_PART_HB2 = 2, BWD_DQ = 3 };
 
-template <int MT, int NK, int DQK, int DV, bool SHARED, int MODE>
+// QPT 2 (BWD_DQ only): a tile is a query pair over its union (list = the union rows, lens, mult as
+// the forward's): each slot counts mult times for its query (dq += mult ds K), 0 masks it.
+template <int MT, int NK, int DQK, int DV, bool SHARED, int MODE, int QPT = 1>
 __device__ __forceinline__ void
 attend_bwd_body(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long long k_stride,
-                const bf16_t* __restrict__ v, long long v_stride, const int* __restrict__ idx, int U, int n, int t0,
+                const bf16_t* __restrict__ v, long long v_stride, const int* __restrict__ idx,
+                const int* __restrict__ lens, const int* __restrict__ mult, int U, int n, int t0,
                 long long L, int Hq, int Hkv, int hb_heads, float scale, float scale_log2,
                 const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
                 float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dv, float* __restrict__ part,
                 int* __restrict__ flags) {
-    using S = Shape<MT, NK, DQK, DV, 1, SHARED>;
+    static_assert(QPT == 1 || MODE == BWD_DQ, "attend_bwd: query pairs in the dq-only mode");
+    using S = Shape<MT, NK, DQK, DV, QPT, SHARED>;
     extern __shared__ __align__(16) unsigned char smem[];
     const int G = Hq / Hkv;
     const int nhb = (G + hb_heads - 1) / hb_heads;
@@ -342,7 +347,7 @@ attend_bwd_body(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long
     const bool lead = MODE == BWD_PART_HB2 && (hb & 1) == 0 && hb + 1 < nhb;   // raises the flag
     const bool follow = MODE == BWD_PART_HB2 && (hb & 1) == 1;                 // waits, adds
     int* const flag = MODE == BWD_PART_HB2 ? flags + 1 + ((long long)tl * Hkv + g) * nrow + (hb >> 1) : nullptr;
-    const RowMap rm{hb_heads, G, hb, t, n, 1};
+    const RowMap rm{hb_heads, G, hb, t * QPT, n, QPT};        // QPT 1: t * 1 = the query
     constexpr int W = DQK + (SHARED ? 0 : DV);
 
     const u32 sq = smem_addr(smem);
@@ -358,19 +363,21 @@ attend_bwd_body(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long
     unsigned char* pbase = smem + S::Q_BYTES + S::DO_BYTES + 2 * S::K_BYTES + 2 * S::V_BYTES;
 
     const int* lst = idx + (long long)t * U;
+    const int len = lens ? min(U, lens[t]) : U;
+    const int* mlt = mult ? mult + (long long)t * U * 2 : nullptr;
     const bf16_t* kg = k + (long long)g * DQK;
     const bf16_t* vg = SHARED ? kg : v + (long long)g * DV;
     const long long vstr = SHARED ? k_stride : v_stride;
-    const int ntiles = (U + NK - 1) / NK;
+    const int ntiles = (len + NK - 1) / NK;
 
     load_rows<S>(sq, S::QS, DQK, q, rm, Hq, g);
     load_rows<S>(sdo, S::OS, DV, dout, rm, Hq, g);
     if (ntiles > 0)
-        gather_tile<S>(sk0, sv0, mul0, lst, nullptr, 0, U, L, kg, k_stride, vg, vstr);
+        gather_tile<S>(sk0, sv0, mul0, lst, mlt, 0, len, L, kg, k_stride, vg, vstr);
     cp_async_commit();
     for (int r = threadIdx.x; r < S::ROWS; r += S::THREADS) {
         const bool ok = rm.real(r);
-        const long long row = (long long)t * Hq + (long long)g * G + rm.head(r);
+        const long long row = (long long)(rm.t0 + rm.query(r)) * Hq + (long long)g * G + rm.head(r);
         const float l = ok ? lse[row] : neg_inf();
         slse[r] = l * 1.4426950408889634f;                    // -inf: a row with no key (P = 0)
         sdelta[r] = ok ? delta[row] : 0.0f;
@@ -380,6 +387,7 @@ attend_bwd_body(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long
     const int mt = warp / S::NSPLIT, spl = warp - mt * S::NSPLIT;
     const int gq = lane >> 2, tig = lane & 3;
     const int r0 = mt * 16 + gq, r1 = r0 + 8;
+    const int j_r[2] = {rm.query(r0), rm.query(r1)};
     const u32 a_q = sq + (u32)(mt * 16 * S::QS * 2) + a_lane_off(S::QS);
     const u32 a_do = sdo + (u32)(mt * 16 * S::OS * 2) + a_lane_off(S::OS);
     const u32 a_ds = sds + (u32)(mt * 16 * S::PS * 2) + a_lane_off(S::PS);
@@ -399,11 +407,11 @@ attend_bwd_body(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long
         __syncthreads();
         if (it + 1 < ntiles)
             gather_tile<S>(sk0 + (u32)((st ^ 1) * S::K_BYTES), sv0 + (u32)((st ^ 1) * S::V_BYTES),
-                           mul0 + (st ^ 1) * S::NK, lst, nullptr, (it + 1) * NK, U, L, kg, k_stride, vg, vstr);
+                           mul0 + (st ^ 1) * S::NK * QPT, lst, mlt, (it + 1) * NK, len, L, kg, k_stride, vg, vstr);
         cp_async_commit();
         const u32 sk = sk0 + (u32)(st * S::K_BYTES);
         const u32 sv = SHARED ? sk : sv0 + (u32)(st * S::V_BYTES);
-        const float* mul = mul0 + st * S::NK;
+        const float* mul = mul0 + st * S::NK * QPT;
 
         float c[S::SNT][4], dpa[S::SNT][4];
 #pragma unroll
@@ -440,7 +448,8 @@ attend_bwd_body(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long
                 const int col = spl * S::SK + nt * 8 + tig * 2 + (e & 1);
                 const int r = (e >> 1) ? r1 : r0;
                 const float ls = slse[r];
-                p[e] = (mul[col] > 0.0f && ls != neg_inf()) ? exp2f(c[nt][e] * scale_log2 - ls) : 0.0f;
+                const float w = mul[col * QPT + j_r[e >> 1]];         // QPT 1: 0 or 1 (the same bits)
+                p[e] = (w > 0.0f && ls != neg_inf()) ? w * exp2f(c[nt][e] * scale_log2 - ls) : 0.0f;
                 ds[e] = p[e] * (dpa[nt][e] - sdelta[r]) * scale;
             }
             const int col = spl * S::SK + nt * 8 + tig * 2;
@@ -469,7 +478,7 @@ attend_bwd_body(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long
             }
         }
         // per-slot dK = dS^T . Q and dV = P^T . dO: units (16 keys, 8 columns) spread over the warps
-        constexpr int KMT = NK / 16, NCOL = W / 8, UNITS = KMT * NCOL;
+        constexpr int KMT = NK / 16, NCOL = W / 8, UNITS = MODE == BWD_DQ ? 0 : KMT * NCOL;
         for (int u = warp; u < UNITS; u += S::WARPS) {
             const int km = u / NCOL, nc = u - km * NCOL;
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -532,7 +541,7 @@ attend_bwd_body(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long
     for (int h = 0; h < 2; ++h) {
         const int r = h ? r1 : r0;
         if (!rm.real(r)) continue;
-        const long long row = (long long)t * Hq + (long long)g * G + rm.head(r);
+        const long long row = (long long)(rm.t0 + rm.query(r)) * Hq + (long long)g * G + rm.head(r);
 #pragma unroll
         for (int i = 0; i < S::QNT; ++i) {
             const int qt = spl * S::QNT + i;
@@ -550,8 +559,147 @@ hytopk_attend_bwd(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, lo
                   const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
                   float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dv, float* __restrict__ part) {
     attend_bwd_body<MT, NK, DQK, DV, SHARED, ATOMIC ? BWD_ATOMIC : BWD_PART>
-        (q, k, k_stride, v, v_stride, idx, U, n, t0, L, Hq, Hkv, hb_heads, scale, scale_log2, dout, lse, delta, dq, dk,
+        (q, k, k_stride, v, v_stride, idx, nullptr, nullptr, U, n, t0, L, Hq, Hkv, hb_heads, scale, scale_log2, dout, lse, delta, dq, dk,
          dv, part, nullptr);
+}
+
+// dq alone (BWD_DQ): the query-major half of the key-major backward (hytopk_attend_dkv_keys).
+// grid (tiles, Hkv * head blocks); QPT 1: list = idx [n, U], lens / mult null; QPT 2: list = the
+// pairs' union rows [tiles, U], lens [tiles], mult [tiles, U, 2] (pair_union), as the forward.
+template <int MT, int NK, int DQK, int DV, int QPT, bool SHARED>
+__global__ void __launch_bounds__(256, 1)
+hytopk_attend_bwd_dq(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long long k_stride,
+                     const bf16_t* __restrict__ v, long long v_stride, const int* __restrict__ list,
+                     const int* __restrict__ lens, const int* __restrict__ mult, int U, int n, long long L, int Hq,
+                     int Hkv, int hb_heads, float scale, float scale_log2, const bf16_t* __restrict__ dout,
+                     const float* __restrict__ lse, const float* __restrict__ delta, float* __restrict__ dq) {
+    attend_bwd_body<MT, NK, DQK, DV, SHARED, BWD_DQ, QPT>
+        (q, k, k_stride, v, v_stride, list, lens, mult, U, n, 0, L, Hq, Hkv, hb_heads, scale, scale_log2, dout, lse,
+         delta, dq, nullptr, nullptr, nullptr, nullptr);
+}
+
+// Key-major dK / dV (GQA / MHA with few query heads per kv head): one warp per (key j, kv head g)
+// walks the entries that selected j (entry = t * U + slot, ascending: `entry[starts[j] ..
+// starts[j + 1])`, a fixed order) and recomputes, per query head h of the group, p = exp2(s *
+// scale_log2 - lse log2e), dp = dO.V, ds = p (dp - delta) scale; dK[j, g] = sum ds Q[t, h],
+// dV[j, g] = sum p dO[t, h], in float32, written once (rows no entry selected: 0). No part rows, no
+// atomics: bitwise reproducible. Lanes: NG groups of LPG; group e takes entries e, e + NG, ...,
+// UNR at a time with their loads issued first; lane i of a group holds dims (c * LPG + i) * 8 .. + 8
+// of each chunk c, packed bf16 (widened at each use).
+// The groups' sums are added in one fixed pattern at the end.
+// (H200, MHA 128 / 128, n 1024, k 2048: LPG 8, UNR 1 3.35 ms; LPG 16, UNR 4 4.08 ms: the shuffles
+// and widenings per entry, not the rows in flight, set its rate)
+template <int DQK, int DV>
+struct KeysShape {
+    static constexpr int LPG = 8, NG = 32 / LPG;
+    static constexpr int CK = DQK / (8 * LPG), CV = DV / (8 * LPG);     // 16-byte chunks per lane
+    static constexpr int UNR = 1;
+    static constexpr int MINB = CK + CV <= 4 ? 2 : 1;                  // 128 / 128: 2 blocks an SM, 128 registers
+};
+
+template <int DQK, int DV>
+__global__ void __launch_bounds__(256, KeysShape<DQK, DV>::MINB)
+hytopk_attend_dkv_keys(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, long long k_stride,
+                       const bf16_t* __restrict__ v, long long v_stride, const bf16_t* __restrict__ dout,
+                       const float* __restrict__ lse, const float* __restrict__ delta, const int* __restrict__ entry,
+                       const long long* __restrict__ starts, int U, long long L, int Hq, int Hkv, float scale,
+                       float scale_log2, float* __restrict__ dk, float* __restrict__ dv) {
+    static_assert(DQK % 64 == 0 && DV % 64 == 0, "dkv_keys: head dims multiples of 64");
+    using KS = KeysShape<DQK, DV>;
+    constexpr int LPG = KS::LPG, NG = KS::NG, CK = KS::CK, CV = KS::CV, UNR = KS::UNR;
+    const long long w = (long long)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (w >= L * Hkv) return;
+    const long long j = w / Hkv;
+    const int g = (int)(w - j * Hkv), G = Hq / Hkv;
+    const int lane = (int)lane_id(), eg = lane / LPG, li = lane % LPG;
+    const u32 gmask = (LPG == 32 ? 0xffffffffu : ((1u << LPG) - 1u)) << (eg * LPG);
+    auto ld = [](const bf16_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); };
+    auto lo = [](u32 x) { return __uint_as_float(x << 16); };
+    auto hi = [](u32 x) { return __uint_as_float(x & 0xffff0000u); };
+    auto dot = [&](const uint4& x, const uint4& y, float acc) {
+        const u32 a[4] = {x.x, x.y, x.z, x.w}, b[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc = fmaf(hi(a[i]), hi(b[i]), fmaf(lo(a[i]), lo(b[i]), acc));
+        return acc;
+    };
+    auto axpy = [&](float* acc, float c, const uint4& x) {   // acc += c x
+        const u32 a[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            acc[2 * i] = fmaf(c, lo(a[i]), acc[2 * i]);
+            acc[2 * i + 1] = fmaf(c, hi(a[i]), acc[2 * i + 1]);
+        }
+    };
+    uint4 kr[CK], vr[CV];
+    float ak[CK * 8], av[CV * 8];
+#pragma unroll
+    for (int c = 0; c < CK; ++c) kr[c] = ld(k + j * k_stride + (long long)g * DQK + (c * LPG + li) * 8);
+#pragma unroll
+    for (int c = 0; c < CV; ++c) vr[c] = ld(v + j * v_stride + (long long)g * DV + (c * LPG + li) * 8);
+#pragma unroll
+    for (int i = 0; i < CK * 8; ++i) ak[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < CV * 8; ++i) av[i] = 0.0f;
+    const long long a = starts[j], b = starts[j + 1];
+    for (long long e0 = a + eg; e0 < b; e0 += NG * UNR) {     // entries e0 + NG u, u < UNR, of this group
+        long long t[UNR];
+#pragma unroll
+        for (int u = 0; u < UNR; ++u) t[u] = e0 + NG * u < b ? entry[e0 + NG * u] / U : -1;
+        for (int gg = 0; gg < G; ++gg) {
+            uint4 qr[UNR][CK], orr[UNR][CV];
+            float l[UNR], d[UNR];
+#pragma unroll
+            for (int u = 0; u < UNR; ++u) {
+                const long long r = (t[u] < 0 ? t[0] : t[u]) * Hq + (long long)g * G + gg;
+#pragma unroll
+                for (int c = 0; c < CK; ++c) qr[u][c] = ld(q + r * DQK + (c * LPG + li) * 8);
+#pragma unroll
+                for (int c = 0; c < CV; ++c) orr[u][c] = ld(dout + r * DV + (c * LPG + li) * 8);
+                l[u] = t[u] < 0 ? neg_inf() : __ldg(lse + r);   // past the list / no key: P = 0
+                d[u] = __ldg(delta + r);
+            }
+#pragma unroll
+            for (int u = 0; u < UNR; ++u) {
+                float s = 0.0f, dp = 0.0f;
+#pragma unroll
+                for (int c = 0; c < CK; ++c) s = dot(qr[u][c], kr[c], s);
+#pragma unroll
+                for (int c = 0; c < CV; ++c) dp = dot(orr[u][c], vr[c], dp);
+#pragma unroll
+                for (int o = 1; o < LPG; o <<= 1) {
+                    s += __shfl_xor_sync(gmask, s, o);
+                    dp += __shfl_xor_sync(gmask, dp, o);
+                }
+                if (l[u] == neg_inf()) continue;                 // group-uniform
+                const float p = exp2f(s * scale_log2 - l[u] * 1.4426950408889634f);
+                const float ds = p * (dp - d[u]) * scale;
+#pragma unroll
+                for (int c = 0; c < CK; ++c) axpy(ak + 8 * c, ds, qr[u][c]);
+#pragma unroll
+                for (int c = 0; c < CV; ++c) axpy(av + 8 * c, p, orr[u][c]);
+            }
+        }
+    }
+#pragma unroll
+    for (int o = LPG; o < 32; o <<= 1) {                       // the groups' sums, one fixed pattern
+#pragma unroll
+        for (int i = 0; i < CK * 8; ++i) ak[i] += __shfl_xor_sync(0xffffffffu, ak[i], o);
+#pragma unroll
+        for (int i = 0; i < CV * 8; ++i) av[i] += __shfl_xor_sync(0xffffffffu, av[i], o);
+    }
+    if (eg != 0) return;
+#pragma unroll
+    for (int c = 0; c < CK; ++c) {
+        float4* dst = reinterpret_cast<float4*>(dk + (j * Hkv + g) * DQK + (c * LPG + li) * 8);
+        dst[0] = make_float4(ak[8 * c], ak[8 * c + 1], ak[8 * c + 2], ak[8 * c + 3]);
+        dst[1] = make_float4(ak[8 * c + 4], ak[8 * c + 5], ak[8 * c + 6], ak[8 * c + 7]);
+    }
+#pragma unroll
+    for (int c = 0; c < CV; ++c) {
+        float4* dst = reinterpret_cast<float4*>(dv + (j * Hkv + g) * DV + (c * LPG + li) * 8);
+        dst[0] = make_float4(av[8 * c], av[8 * c + 1], av[8 * c + 2], av[8 * c + 3]);
+        dst[1] = make_float4(av[8 * c + 4], av[8 * c + 5], av[8 * c + 6], av[8 * c + 7]);
+    }
 }
 
 // The deterministic backward with head-block pairs sharing part rows (BWD_PART_HB2): a 1-D grid of
@@ -565,7 +713,7 @@ hytopk_attend_bwd_hb2(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k
                       float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dv, float* __restrict__ part,
                       int* __restrict__ flags) {
     attend_bwd_body<MT, NK, DQK, DV, SHARED, BWD_PART_HB2>
-        (q, k, k_stride, v, v_stride, idx, U, n, t0, L, Hq, Hkv, hb_heads, scale, scale_log2, dout, lse, delta, dq, dk,
+        (q, k, k_stride, v, v_stride, idx, nullptr, nullptr, U, n, t0, L, Hq, Hkv, hb_heads, scale, scale_log2, dout, lse, delta, dq, dk,
          dv, part, flags);
 }
 
@@ -645,14 +793,12 @@ hytopk_attend_dkv_reduce_warp(const float* __restrict__ part, int W, int DQK, in
 // shared memory: N = a power of two >= max(256, 2 kk) keys), then writes the distinct positions in
 // ascending order with how many slots of each query hold them; -1 / 0 past count[p].
 // Positions must be < 2^30 (the host checks L); -1 or out-of-range slots are dropped.
-__global__ void __launch_bounds__(256)
-hytopk_attend_pair_union(const int* __restrict__ idx, int n, int kk, long long L, int N, int* __restrict__ uidx,
-                         int* __restrict__ mult, int* __restrict__ count) {
-    extern __shared__ __align__(16) unsigned char smem[];
-    u32* key = reinterpret_cast<u32*>(smem);
+__device__ __forceinline__ void
+pair_union_sorted(const int* __restrict__ idx, int n, int kk, long long L, int N, int p, u32* key,
+                  int* __restrict__ uidx, int* __restrict__ mult, int* __restrict__ count) {
     __shared__ int wsum[8];
     constexpr u32 NONE = 0xffffffffu;
-    const int p = blockIdx.x, U = 2 * kk;
+    const int U = 2 * kk;
     for (int i = threadIdx.x; i < N; i += 256) {
         u32 kv = NONE;
         if (i < U) {
@@ -716,6 +862,102 @@ hytopk_attend_pair_union(const int* __restrict__ idx, int n, int kk, long long L
         mult[2 * (row + j) + 1] = 0;
     }
     if (threadIdx.x == 0) count[p] = total;
+}
+
+__global__ void __launch_bounds__(256)
+hytopk_attend_pair_union(const int* __restrict__ idx, int n, int kk, long long L, int N, int* __restrict__ uidx,
+                         int* __restrict__ mult, int* __restrict__ count) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    pair_union_sorted(idx, n, kk, L, N, (int)blockIdx.x, reinterpret_cast<u32*>(smem), uidx, mult, count);
+}
+
+// hytopk_attend_pair_union's output without a sort, for contexts of at most 32 W keys: each query
+// of the pair sets its keys' bits in its own W-word bitmap (atomicOr: the bitmaps do not depend on
+// the order), then the union's words are scanned in key order: the set bits are the distinct
+// positions, ascending. A key a query lists again (its bit already set) also sets a bit in the
+// repeat bitmap and goes to a list of at most UNION_REPEATS repeats; a position with that bit gets
+// its multiplicities counted from the list (counts do not depend on the list's order). The output
+// is exactly the sort's. A block with more repeats sorts instead (pair_union_sorted).
+// Shared memory: max(12 W + 4 UNION_REPEATS, 4 N) bytes.
+constexpr int UNION_REPEATS = 512;
+__global__ void __launch_bounds__(256)
+hytopk_attend_pair_union_bits(const int* __restrict__ idx, int n, int kk, long long L, int W, int N,
+                              int* __restrict__ uidx, int* __restrict__ mult, int* __restrict__ count) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    u32* bm = reinterpret_cast<u32*>(smem);                    // [3][W]: query 0, query 1, repeated
+    u32* rep = bm + 3 * W;                                     // [UNION_REPEATS]: (position << 1 | query)
+    __shared__ int nrep, wsum[8];
+    const int p = blockIdx.x, U = 2 * kk, tid = (int)threadIdx.x;
+    for (int i = tid; i < 3 * W; i += 256) bm[i] = 0u;
+    if (tid == 0) nrep = 0;
+    __syncthreads();
+    for (int i = tid; i < U; i += 256) {
+        const int tag = i >= kk ? 1 : 0;
+        const int t = 2 * p + tag;
+        if (t >= n) continue;
+        const long long s = __ldg(idx + (long long)t * kk + (i - tag * kk));
+        if (s < 0 || s >= L) continue;
+        const u32 bit = 1u << (s & 31);
+        if (atomicOr(bm + tag * W + (s >> 5), bit) & bit) {     // a repeat of this query's key
+            atomicOr(bm + 2 * W + (s >> 5), bit);
+            const int r = atomicAdd(&nrep, 1);
+            if (r < UNION_REPEATS) rep[r] = ((u32)s << 1) | (u32)tag;
+        }
+    }
+    __syncthreads();
+    const int nr = nrep;
+    if (nr > UNION_REPEATS) {                                   // uniform: read after the barrier
+        __syncthreads();
+        pair_union_sorted(idx, n, kk, L, N, p, bm, uidx, mult, count);
+        return;
+    }
+    // warp wp scans words [wp * WPW, ...): lane l takes word base + l, so the union's entries go out
+    // nearly consecutive across the lanes (coalesced stores), in key order
+    const int lane = (int)lane_id(), wp = tid >> 5, WPW = (W + 7) / 8;
+    const int ws = min(W, wp * WPW), we = min(W, ws + WPW);
+    int c = 0;
+    for (int w = ws + lane; w < we; w += 32) c += __popc(bm[w] | bm[W + w]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+    if (lane == 0) wsum[wp] = c;
+    __syncthreads();
+    int slot0 = 0, total = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        slot0 += j < wp ? wsum[j] : 0;
+        total += wsum[j];
+    }
+    const long long row = (long long)p * U;
+    for (int wb = ws; wb < we; wb += 32) {
+        const int w = wb + lane;
+        const u32 b0 = w < we ? bm[w] : 0u, b1 = w < we ? bm[W + w] : 0u, br = w < we ? bm[2 * W + w] : 0u;
+        const int cw = __popc(b0 | b1);
+        int incl = cw;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += y;
+        }
+        int slot = slot0 + incl - cw;
+        slot0 += __shfl_sync(0xffffffffu, incl, 31);
+        for (u32 u = b0 | b1; u; u &= u - 1) {
+            const int bit = __ffs(u) - 1;
+            int c0 = (b0 >> bit) & 1, c1 = (b1 >> bit) & 1;
+            if ((br >> bit) & 1) {                              // repeated: count the list's copies
+                const u32 pos = (u32)(w * 32 + bit);
+                for (int r = 0; r < nr; ++r)
+                    if ((rep[r] >> 1) == pos) (rep[r] & 1u) ? ++c1 : ++c0;
+            }
+            uidx[row + slot] = w * 32 + bit;
+            *reinterpret_cast<int2*>(mult + 2 * (row + slot)) = make_int2(c0, c1);
+            ++slot;
+        }
+    }
+    for (int j = total + tid; j < U; j += 256) {
+        uidx[row + j] = -1;
+        *reinterpret_cast<int2*>(mult + 2 * (row + j)) = make_int2(0, 0);
+    }
+    if (tid == 0) count[p] = total;
 }
 
 // hytopk_attend_pair_union's output, sorted in registers: thread t holds entries t*R .. t*R+R-1 of the

@@ -195,12 +195,30 @@ def check_indexer_inputs(q, w, keys, *, dtypes=INPUT_DTYPES):
     return n, H, D, L
 
 
+def _size(x) -> int:
+    """Element count of any array kind (torch: numel)."""
+    return int(x.numel()) if hasattr(x, "numel") and callable(x.numel) else int(np.size(x) if isinstance(x, (list, tuple)) else x.size)
+
+
+def _min_max(x):
+    """(min, max) of a non-empty integer array: reduced where it lives (torch / CuPy: two scalars
+    come back, not the array: a selection of 8192 x 2048 is 64 MB), else on the host."""
+    if hasattr(x, "aminmax") and getattr(x, "is_cuda", False):     # torch CUDA
+        lo, hi = x.detach().aminmax()
+        return int(lo), int(hi)
+    if hasattr(x, "get") and hasattr(x, "min"):                      # cupy
+        return int(x.min()), int(x.max())
+    h = _host_ints(x)
+    return int(h.min()), int(h.max())
+
+
 def check_idx(idx, n: int, L: int):
     """Selected indices [n, k] int32 in [-1, L). Returns k."""
     _, k = check_array("idx", idx, ndim=2, dtypes=("int32",), shape=(n, None))
-    h = _host_ints(idx)
-    if h.size and (h.min() < -1 or h.max() >= L):
-        raise ValueError(f"argument 'idx': entries must lie in [-1, L = {L}), got range [{h.min()}, {h.max()}]")
+    if _size(idx):
+        lo, hi = _min_max(idx)
+        if lo < -1 or hi >= L:
+            raise ValueError(f"argument 'idx': entries must lie in [-1, L = {L}), got range [{lo}, {hi}]")
     return k
 
 

@@ -3,7 +3,7 @@
 # logs under $OUT (tarred at the end so they fit the device tool's file limits).
 #   bash scripts/h200_run.sh env tests:330 compare:150 bench-train ...
 # Phases: env ncu-kernels (NCU_CASES, NCU_KERNELS) ncu-bytes (the same: DRAM bytes read / written, L2 hit rate, time) tests-plan bench-pipeline (BENCH_PIPELINE_ARGS) probe sass ncu tests-wgmma tests-ws tests-dtypes tests-args prefill bench-core compile-check tests tests-gpu tests-cupy tests-variants tests-torch tests-app tests-new tests-mma-sync tests-numba bench-numba sweep-numba
-#         tests-attend bench-attend (BENCH_ATTEND_ARGS)
+#         tests-attend bench-attend (BENCH_ATTEND_ARGS) probe-attend (PROBE_ATTEND_ARGS: the op's time split, MHA / MLA)
 #         tests-table bench-table probe-phases (PROBE_PHASES_ARGS) (issue 21: the table top-k kernels)
 #         sanitize (JOBS=...) compare (PRESET, BUDGET, COMPARE_ARGS) bench-train cp-selftest cp-bench (WS, CP_ARGS)
 #         cp-selftest-shared (2 ranks on GPU 0 over gloo) cp-train (WS) tests-cp (tests/test_distributed.py)
@@ -60,6 +60,7 @@ for arg in "$@"; do      # NAME or NAME:SECONDS (time box for that phase)
     tests-gpu) phase tests-gpu ${CAP:-300} $PYT --durations=15 tests/test_cupy_gpu.py tests/test_variants.py tests/test_torch_gpu.py tests/test_cli_gpu.py tests/test_example.py tests/test_distributed.py tests/test_loader.py tests/test_cupy_bf16.py tests/test_table_topk_gpu.py --junitxml="$OUT/logs/junit-gpu.xml" ;;
     tests-attend) phase tests-attend ${CAP:-420} $PYT --durations=10 tests/test_attention*.py ${ATTEND_K:+-k "$ATTEND_K"} ;;
     tests-attend-swap) phase tests-attend-swap ${CAP:-150} env HYTOPK_ATTW2_V_SWAP=1 $PYT tests/test_attention_wgmma_gpu.py -k "wgmma2s and (exact or reference)" ;;
+    probe-attend) phase probe-attend ${CAP:-240} python3 scripts/probe_attention_split.py --json "$OUT/probe_attention_split.json" ${PROBE_ATTEND_ARGS:-} ;;
     bench-attend) phase bench-attend ${CAP:-240} python3 scripts/bench_attention.py ${BENCH_ATTEND_ARGS:-} --json "$OUT/bench_attention.json" ;;
     tests-app) phase tests-app ${CAP:-240} $PYT --durations=10 tests/test_cli_gpu.py tests/test_example.py tests/test_distributed.py ;;
     cp-selftest) phase cp-selftest ${CAP:-120} python3 -m workbench.distributed selftest --backend nccl --world-size "${WS:-2}" ;;

@@ -30,11 +30,16 @@ WGMMA=("$W[8-bf16]" "$W[64-fp8]")
 WS=tests/test_wgmma_ws.py
 WSJOB=("$WS::test_ws_stages_agree_bitwise_on_random_inputs[8-bf16]" "$WS::test_ws_stages_agree_bitwise_on_random_inputs[64-fp8]"
        "$WS::test_ws_filter_flushes_full_staging_buffers")
-# sparse attention (attend.cu): forward one/pair at MLA 16 heads and padded GQA, the deterministic backward
+# sparse attention (attend.cu): forward one/pair at MLA 16 heads and padded GQA, the deterministic backward,
+# the key-major backward (MHA, GQA 192/128), the bitmap union (its sorting fallback too)
 A=tests/test_attention_gpu.py
-ATTEND=("$A::test_random_inputs_match_reference[empty-1-mla16]" "$A::test_random_inputs_match_reference[shared-2-mla16]"
-        "$A::test_random_inputs_match_reference[dups-2-gqa_pad]" "$A::test_backward_matches_reference[dups-True-mla8]"
-        "$A::test_backward_matches_reference[empty-False-gqa_pad]")
+ATTEND=("$A::test_random_inputs_match_reference[empty-base-1-mla16]" "$A::test_random_inputs_match_reference[shared-base-2-mla16]"
+        "$A::test_random_inputs_match_reference[dups-base-2-gqa_pad]" "$A::test_backward_matches_reference[dups-det-mla8]"
+        "$A::test_backward_matches_reference[empty-atomic-gqa_pad]"
+        "$A::test_key_major_backward_matches_reference[dups-mha4_d128]"
+        "$A::test_key_major_backward_matches_reference[empty-gqa2x1_d192_128]"
+        "$A::test_pair_union_bits_at_the_bench_size_with_repeats"
+        "$A::test_pair_union_kernel_equals_reference[7-100-shared-bits]")
 # the table top-k kernels (issue 21): radix top-k (collect and >cap-ties paths, unaligned bases), streaming
 # filters (v1, v2: pieces, every threshold kind, the stage's spill), plans (v1, v2), fused v2, select_smem
 TT=tests/test_table_topk_gpu.py

@@ -373,7 +373,7 @@ def test_cupy_wrappers_against_emulated_kernels():
     run = Path(__file__).resolve().parent / "attend_emulation" / "run.py"
     res = subprocess.run([sys.executable, str(run)], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
-    assert res.stdout.count("ok ") == 5
+    assert res.stdout.count("ok ") == 6
 
 
 def test_wrapper_and_lse_is_not_differentiable():

@@ -226,6 +226,71 @@ def test_deterministic_backward_is_bitwise_reproducible(CA, shape, version):
             np.testing.assert_array_equal(a, b)
 
 
+KEY_SHAPES = [(False, 4, 4, 128, 128), (False, 8, 2, 64, 64), (False, 2, 1, 192, 128), (False, 3, 3, 128, 128)]
+KEY_IDS = ["mha4_d128", "gqa4x2_d64", "gqa2x1_d192_128", "mha3_d128"]
+
+
+@pytest.mark.parametrize("shape", KEY_SHAPES, ids=KEY_IDS)
+@pytest.mark.parametrize("kind", ["shared", "dups", "empty", "disjoint", "pad_only"])
+def test_key_major_backward_matches_reference(CA, shape, kind):
+    """Version 3 (dq query-major, dK/dV key-major) against the float64 reference; keys no query
+    selected get exact zeros, queries with no key a zero dq."""
+    mla, Hq, Hkv, Dqk, Dv = shape
+    rng = np.random.default_rng(seed("keys", shape, kind))
+    n, L, kk = 9, 300, 130
+    k, v, kh, vh = layout(mla, L, Hkv, Dqk, Dv, rng)
+    qd, qh = bf16(rng.standard_normal((n, Hq, Dqk)))
+    dod, doh = bf16(rng.standard_normal((n, Hq, Dv)))
+    idx = make_idx(rng, n, L, kk, kind)
+    out, lse = CA.attend_forward(qd, k, v, cp.asarray(idx), None, out_dtype="float32")
+    dq, dk, dv = CA.attend_backward(dod, qd, k, v, cp.asarray(idx), out, lse, None, version=3)
+    rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)
+    _rel_close(cp.asnumpy(dq), rq)
+    _rel_close(cp.asnumpy(dk), rk)
+    _rel_close(cp.asnumpy(dv), rv)
+    untouched = np.setdiff1d(np.arange(L), idx[idx >= 0])
+    assert np.all(cp.asnumpy(dk)[untouched] == 0) and np.all(cp.asnumpy(dv)[untouched] == 0)
+    assert np.all(cp.asnumpy(dq)[(idx < 0).all(1)] == 0)
+
+
+@pytest.mark.parametrize("shape", KEY_SHAPES[:2], ids=KEY_IDS[:2])
+def test_key_major_backward_is_bitwise_reproducible_and_the_default(CA, shape):
+    """20 runs of version 3 give identical bits, with hot keys that many queries selected (long
+    entry lists: every lane group and both halves of the final sum busy); version None takes it for
+    these shapes, whatever `deterministic` says, and gives the same bits."""
+    mla, Hq, Hkv, Dqk, Dv = shape
+    rng = np.random.default_rng(seed("keys-repro", shape))
+    n, L, kk = 96, 400, 200
+    k, v, _, _ = layout(mla, L, Hkv, Dqk, Dv, rng)
+    qd, _ = bf16(rng.standard_normal((n, Hq, Dqk)))
+    dod, _ = bf16(rng.standard_normal((n, Hq, Dv)))
+    idx = make_idx(rng, n, L, kk, "shared")
+    idx[:, :5] = np.arange(5)                                   # keys 0..4: every query selected them
+    idx = cp.asarray(idx)
+    out, lse = CA.attend_forward(qd, k, v, idx, None)
+    first = [bits(x) for x in CA.attend_backward(dod, qd, k, v, idx, out, lse, None, version=3)]
+    for _ in range(19):
+        for a, b in zip(first, [bits(x) for x in CA.attend_backward(dod, qd, k, v, idx, out, lse, None, version=3)]):
+            np.testing.assert_array_equal(a, b)
+    for det in (True, False):
+        for a, b in zip(first, [bits(x) for x in CA.attend_backward(dod, qd, k, v, idx, out, lse, None,
+                                                                     deterministic=det)]):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_key_major_backward_refuses_other_layouts(CA):
+    """MLA's shared rows, many heads per kv head or dims off multiples of 64: a clear error."""
+    rng = np.random.default_rng(12)
+    for mla, Hq, Hkv, Dqk, Dv in ((True, 8, 1, 576, 512), (False, 16, 2, 64, 64), (False, 2, 2, 24, 8)):
+        k, v, _, _ = layout(mla, 50, Hkv, Dqk, Dv, rng)
+        qd, _ = bf16(rng.standard_normal((3, Hq, Dqk)))
+        dod, _ = bf16(rng.standard_normal((3, Hq, Dv)))
+        idx = cp.asarray(make_idx(rng, 3, 50, 20, "dups"))
+        out, lse = CA.attend_forward(qd, k, v, idx, None)
+        with pytest.raises(ValueError, match="'version'"):
+            CA.attend_backward(dod, qd, k, v, idx, out, lse, None, version=3)
+
+
 # ------------------------------------------------------------------ arguments, torch
 def test_bad_arguments(CA):
     rng = np.random.default_rng(8)
@@ -307,7 +372,7 @@ def test_registered_forward_variants(name):
 
 
 @pytest.mark.parametrize("name", ["cupy.attend_backward.deterministic", "cupy.attend_backward.deterministic_v2",
-                                  "cupy.attend_backward.atomic"])
+                                  "cupy.attend_backward.atomic", "cupy.attend_backward.key_major"])
 def test_registered_backward_variants(name):
     from workbench import registry
     assert name in _registered("attend_backward")
@@ -322,18 +387,41 @@ def test_registered_backward_variants(name):
         _rel_close(cp.asnumpy(a), b)
 
 
-@pytest.mark.parametrize("kernel", ["reg", "smem"])
+@pytest.mark.parametrize("kernel", ["bits", "reg", "smem"])
 @pytest.mark.parametrize("kind", ["random", "dups", "shared", "disjoint", "empty", "pad_only"])
 @pytest.mark.parametrize("n,kk", [(7, 100), (6, 2048), (1, 1), (4, 129), (5, 300), (3, 700), (9, 1500), (2, 2049)])
 def test_pair_union_kernel_equals_reference(CA, kernel, kind, n, kk):
-    """Both union kernels (2 kk = 2 .. 4098: 1 .. 16 entries per thread of the register sort, and
-    the shared-memory fallback past 4096) give the reference's arrays exactly."""
+    """Every union kernel (2 kk = 2 .. 4098: 1 .. 16 entries per thread of the register sort, and
+    the shared-memory fallback past 4096; the bitmap kernel where union_bits_fit, its blocks with a
+    duplicate sorting) gives the reference's arrays exactly."""
     rng = np.random.default_rng(seed(kind, n, kk))
     L = 5000
     idx = make_idx(rng, n, L, kk, kind)
     got = CA.pair_union(cp.asarray(idx), L, kernel=kernel)
     for a, b in zip(got, RA.pair_union(idx)):
         np.testing.assert_array_equal(cp.asnumpy(a), b)
+
+
+def test_pair_union_bits_at_the_bench_size_with_repeats(CA):
+    """The bitmap kernel at L = 65536, kk = 2048 (2048-word bitmaps): keys on word edges (0, 31, 32,
+    L - 1), pairs sharing most keys, repeats counted from the block's list (a key three times in
+    one query and once in the other), a block with more repeats than the list holds (it sorts):
+    the reference's arrays exactly, and the default ('auto') takes it."""
+    rng = np.random.default_rng(13)
+    n, L, kk = 9, 65536, 2048
+    assert CA.union_bits_fit(L, kk)
+    idx = np.stack([rng.choice(L, kk, replace=False) for _ in range(n)]).astype(np.int32)
+    idx[1::2, : kk // 2] = idx[0:-1:2, : kk // 2]
+    idx[0, :4] = [0, 31, 32, L - 1]
+    idx[3, 7] = idx[3, 9]                                       # pair 1: a duplicate
+    idx[2, 10:12] = idx[2, 12]                                  # ... a key three times in query 2
+    idx[3, 100] = idx[2, 12]                                    # ... and once in query 3
+    idx[4, 5] = -1
+    idx[6, :600] = 77                                           # pair 3: 599 repeats (> the list's 512)
+    for kernel in ("bits", "auto"):
+        got = CA.pair_union(cp.asarray(idx), L, kernel=kernel)
+        for a, b in zip(got, RA.pair_union(idx)):
+            np.testing.assert_array_equal(cp.asnumpy(a), b)
 
 
 @pytest.mark.parametrize("kernel", ["reg", "smem"])

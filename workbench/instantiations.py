@@ -64,7 +64,8 @@ KERNELS = {
     "attend.cu": (("hytopk_attend_fwd", "attend"), ("hytopk_attend_bwd", "attend"), ("hytopk_attend_delta", "attend"), ("hytopk_attend_pair_union", "attend"),
                   ("hytopk_attend_dkv_reduce", "attend"), ("hytopk_attend_pair_union_reg", "attend"),
                   ("hytopk_attend_bwd_hb2", "attend"), ("hytopk_attend_dkv_reduce_warp", "attend"),
-                  ("hytopk_attend_fwd_acc2", "attend")),
+                  ("hytopk_attend_fwd_acc2", "attend"), ("hytopk_attend_bwd_dq", "attend"),
+                  ("hytopk_attend_dkv_keys", "attend"), ("hytopk_attend_pair_union_bits", "attend")),
     "attend_wgmma2.cu": (("hytopk_attend_fwd_wgmma2", "attend_wgmma"), ("hytopk_attend_fwd_wgmma2c", "attend_wgmma")),
     "attend_wgmma3.cu": (("hytopk_attend_fwd_wgmma3", "attend_wgmma"),),
 }
@@ -115,7 +116,7 @@ def attend_smem(mt, dqk, dv, qpt, shared, backward=False, nk=None) -> int:
     pb = rows * (nk + 8) * 2
     if not backward:
         return rows * qs * 2 + 2 * kb + 2 * vb + pb + 2 * nsplit * rows * 4 + 2 * nk * qpt * 4
-    return rows * qs * 2 + rows * (dv + 8) * 2 + 2 * kb + 2 * vb + 2 * pb + 2 * rows * 4 + 2 * nk * 4
+    return rows * qs * 2 + rows * (dv + 8) * 2 + 2 * kb + 2 * vb + 2 * pb + 2 * rows * 4 + 2 * nk * qpt * 4
 
 
 def attend_static_asserts() -> list[str]:
@@ -126,8 +127,6 @@ def attend_static_asserts() -> list[str]:
             for qpt in (1, 2):
                 S = f"hytopk::attend::Shape<{mt}, {attend_nk(mt)}, {dqk}, {dv}, {qpt}, {_b(shared)}>"
                 for field, bwd in (("FWD_SMEM", False), ("BWD_SMEM", True)):
-                    if bwd and qpt == 2:
-                        continue
                     want = attend_smem(mt, dqk, dv, qpt, shared, bwd)
                     out.append(f'static_assert({S}::{field} == {want}, "instantiations.attend_smem drifted from '
                                f'hytopk_attend.cuh {field}");')
@@ -157,6 +156,17 @@ def attend_wide_nk(mt, dqk, dv, qpt, shared):
 
 def attend_bwd_name(mt, dqk, dv, shared, atomic) -> str:
     return f"hytopk_attend_bwd<{int(mt)}, {attend_nk(mt)}, {int(dqk)}, {int(dv)}, {_b(shared)}, {_b(atomic)}>"
+
+
+def attend_bwd_dq_name(mt, dqk, dv, qpt, shared) -> str:
+    """hytopk_attend_bwd_dq: dq alone (the query-major half of the key-major backward); qpt 2: a
+    query pair over its union, as the forward's `pair`."""
+    return f"hytopk_attend_bwd_dq<{int(mt)}, {attend_nk(mt)}, {int(dqk)}, {int(dv)}, {int(qpt)}, {_b(shared)}>"
+
+
+def attend_dkv_keys_name(dqk, dv) -> str:
+    """hytopk_attend_dkv_keys: key-major dK / dV (head dims multiples of 64)."""
+    return f"hytopk_attend_dkv_keys<{int(dqk)}, {int(dv)}>"
 
 
 def attend_bwd_hb2_name(mt, dqk, dv, shared) -> str:
@@ -214,7 +224,9 @@ def attend_names() -> tuple:
                 for mt in (2, 4) if attend_wide_nk(mt, dqk, dv, 2, shared) != attend_nk(mt)]
         out += [attend_bwd_hb2_name(mt, dqk, dv, shared) for mt in (2, 4)]
         out.append(attend_reduce_warp_name(shared, dqk if shared else dqk + dv))
-    out += ["hytopk_attend_pair_union", "hytopk_attend_delta<true>", "hytopk_attend_delta<false>",
+        if not shared:                                          # the key-major backward (GQA / MHA)
+            out += [attend_bwd_dq_name(1, dqk, dv, qpt, shared) for qpt in (1, 2)] + [attend_dkv_keys_name(dqk, dv)]
+    out += ["hytopk_attend_pair_union", "hytopk_attend_pair_union_bits", "hytopk_attend_delta<true>", "hytopk_attend_delta<false>",
             "hytopk_attend_dkv_reduce<true>", "hytopk_attend_dkv_reduce<false>"]
     return tuple(out)
 

@@ -46,9 +46,11 @@ def rows_of(arr, stride, H, D, L):
     return np.lib.stride_tricks.as_strided(base, shape=(L, H, D), strides=(stride * 2, D * 2, 2)) if L else np.zeros((0, H, D), np.uint16)
 
 class Fn:
+    calls = {}                                                   # kernel name -> launches
     def __init__(self, name): self.name = name; self.max_dynamic_shared_size_bytes = 0
     def __call__(self, grid, block, args, shared_mem=0):
         kern = self.name.split("<")[0]
+        Fn.calls[kern] = Fn.calls.get(kern, 0) + 1
         check(kern, args)
         tp = [x.strip() for x in self.name.split("<")[1].rstrip(">").split(",")] if "<" in self.name else []
         if kern.startswith("hytopk_attend_fwd"):                 # the launch's shared memory = the Shape's
@@ -90,6 +92,10 @@ class Fn:
         assert N >= 2 * kk and N >= 256 and N & (N - 1) == 0 and grid[0] == (n + 1) // 2
         u, m, c = RA.pair_union(np.where((idx >= 0) & (idx < L), idx, -1).astype(np.int32))
         uidx[:], mult[:], count[:] = u, m, c
+    def hytopk_attend_pair_union_bits(self, tp, grid, a):
+        idx, n, kk, L, W, N, uidx, mult, count = a
+        assert int(W) == -(-int(L) // 32) and CA.union_bits_fit(int(L), int(kk))
+        self.hytopk_attend_pair_union([], grid, (idx, n, kk, L, N, uidx, mult, count))
     def hytopk_attend_fwd_acc2(self, tp, grid, a):
         self.hytopk_attend_fwd(tp, grid, a)
     def hytopk_attend_pair_union_reg(self, tp, grid, a):
@@ -141,6 +147,49 @@ class Fn:
                         part[r] = part[r] + c if hbi % 2 else c
                     else:
                         part[((tl * Hkv + g) * nhb + hbi) * U + j] = c
+    def hytopk_attend_bwd_dq(self, tp, grid, a):
+        MT, NK, DQK, DV, QPT = map(int, tp[:5]); SH = tp[5] == "true"
+        q, k, ks, v, vs, lst, lens, mult, U, n, L, Hq, Hkv, hb, scale, sl2, do, lse, delta, dq = a
+        Kr = f(rows_of(k, int(ks), Hkv, DQK, int(L))); Vr = f(rows_of(k if SH else v, int(ks if SH else vs), Hkv, DV, int(L)))
+        qf, dof = f(q), f(do); G = int(Hq) // int(Hkv); nhb = -(-G // int(hb))
+        assert grid[1] == int(Hkv) * nhb and 16 * MT >= QPT * int(hb)
+        assert (QPT == 1) == (not isinstance(mult, np.ndarray)) and grid[0] == -(-int(n) // QPT)
+        for x in range(grid[0]):
+            ln = min(int(U), int(lens[x])) if isinstance(lens, np.ndarray) else int(U)
+            for y in range(grid[1]):
+                g, hbi = divmod(y, nhb)
+                for r in range(QPT * int(hb)):
+                    t = x * QPT + r // int(hb); hh = hbi * int(hb) + r % int(hb)
+                    if hh >= G or t >= int(n): continue
+                    h = g * G + hh; i = r // int(hb)
+                    for j in range(ln):
+                        s = lst.reshape(-1, int(U))[x, j]
+                        w = mult[x, j, i] if isinstance(mult, np.ndarray) else 1
+                        if s < 0 or s >= L or w == 0 or lse[t, h] == -np.inf: continue
+                        p = np.exp2(Kr[s, g] @ qf[t, h] * float(sl2) - lse[t, h] * 1.4426950408889634)
+                        ds = w * p * (dof[t, h] @ Vr[s, g] - delta[t * int(Hq) + h]) * float(scale)
+                        dq[t, h] += ds * Kr[s, g]
+    def hytopk_attend_dkv_keys(self, tp, grid, a):
+        DQK, DV = map(int, tp)
+        q, k, ks, v, vs, do, lse, delta, entry, starts, U, L, Hq, Hkv, scale, sl2, dk, dv = a
+        assert DQK % 64 == 0 and DV % 64 == 0 and grid[0] == -(-(int(L) * int(Hkv)) // 8)
+        assert entry.dtype == np.int32 and starts.dtype == np.int64 and starts.size == int(L) + 1
+        Kr = f(rows_of(k, int(ks), Hkv, DQK, int(L))); Vr = f(rows_of(v, int(vs), Hkv, DV, int(L)))
+        qf, dof = f(q).reshape(-1, DQK), f(do).reshape(-1, DV); G = int(Hq) // int(Hkv)
+        for j in range(int(L)):
+            es = entry[starts[j]:starts[j + 1]]
+            assert np.all(np.diff(es) > 0)                      # ascending entry ids: the fixed order
+            for g in range(int(Hkv)):
+                ak, av = np.zeros(DQK), np.zeros(DV)
+                for e in es:
+                    t = int(e) // int(U)
+                    for gg in range(G):
+                        r = t * int(Hq) + g * G + gg
+                        if lse.ravel()[r] == -np.inf: continue
+                        p = np.exp2(Kr[j, g] @ qf[r] * float(sl2) - lse.ravel()[r] * 1.4426950408889634)
+                        ds = p * (dof[r] @ Vr[j, g] - delta[r]) * float(scale)
+                        ak += ds * qf[r]; av += p * dof[r]
+                dk.reshape(-1, DQK)[j * int(Hkv) + g] = ak; dv.reshape(-1, DV)[j * int(Hkv) + g] = av
     def hytopk_attend_dkv_reduce_warp(self, tp, grid, a):
         W, nseg = int(a[1]), int(a[7])
         assert grid[0] == -(-nseg // 8) and 0 < W <= 128 * int(tp[1]) and W % 4 == 0
@@ -171,7 +220,8 @@ def close(a, b, tol=1e-4):
 rng = np.random.default_rng(0)
 for (mla, Hq, Hkv, Dqk, Dv, n, L, kk, kind_) in [(True, 8, 1, 32, 16, 5, 40, 13, "shared"), (True, 80, 1, 48, 32, 3, 30, 9, "dups"),
                                                  (False, 6, 2, 24, 8, 7, 25, 10, "empty"), (False, 4, 4, 16, 16, 4, 20, 6, "disjoint"),
-                                                 (True, 3, 1, 16, 16, 3, 0, 4, "pad_only")]:
+                                                 (True, 3, 1, 16, 16, 3, 0, 4, "pad_only"),
+                                                 (False, 4, 2, 64, 64, 5, 30, 9, "dups")]:
     qb, qh = bf(rng.standard_normal((n, Hq, Dqk)))
     if mla:
         kvb, kvh = bf(rng.standard_normal((L, Dqk)))
@@ -187,7 +237,11 @@ for (mla, Hq, Hkv, Dqk, Dv, n, L, kk, kind_) in [(True, 8, 1, 32, 16, 5, 40, 13,
     dob, doh = bf(rng.standard_normal((n, Hq, Dv)))
     rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)
     out, lse = CA.attend_forward(qb, k, v, idx, None, out_dtype="float32")
-    for det, ver in ((True, 1), (False, 1), (True, 2)):
+    modes = ((True, 1), (False, 1), (True, 2))
+    if not mla and Dqk % 64 == 0 and Dv % 64 == 0 and Hq // Hkv <= CA.KEY_MAJOR_MAX_G:
+        modes += ((True, 3), (False, None))                  # key-major: explicit, and the default here
+    keys_before = Fn.calls.get("hytopk_attend_dkv_keys", 0)
+    for det, ver in modes:
         for sb in (None, 1):
             dq, dk, dv = CA.attend_backward(dob, qb, k, v, idx, out, lse, None, deterministic=det, scratch_bytes=sb,
                                             version=ver)
@@ -195,4 +249,5 @@ for (mla, Hq, Hkv, Dqk, Dv, n, L, kk, kind_) in [(True, 8, 1, 32, 16, 5, 40, 13,
             if mla and L: assert dv is None; close(dk[:, 0], RA.mla_dkv(rk, rv), 1e-4)
             elif mla: assert dk.shape[0] == 0
             else: close(dk, rk, 1e-4); close(dv, rv, 1e-4)
+    assert Fn.calls.get("hytopk_attend_dkv_keys", 0) - keys_before == (4 if len(modes) > 3 else 0)   # 3 and None, 2 scratch sizes
     print("ok", mla, Hq, Hkv, Dqk, Dv, kind_)

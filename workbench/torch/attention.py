@@ -159,12 +159,13 @@ def sparse_attention_op(q: Tensor, kv: Tensor, v: Optional[Tensor], idx: Tensor,
                         scale: Optional[float] = None, deterministic: Optional[bool] = None) -> tuple[Tensor, Tensor]:
     """softmax(scale q.k) v over each query's valid selected slots: (out [n, Hq, Dv] in q's dtype, lse float32)."""
     capturing = q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    k, vv, mla = _check(q, kv, v, idx, d_v, scale, values=not capturing)
+    kernels = _use_kernels(q)          # the CuPy wrapper checks idx's range on the device itself
+    k, vv, mla = _check(q, kv, v, idx, d_v, scale, values=not capturing and not kernels)
     sc = RA.check_scale(scale, q.shape[2])
     if q.device.type == "cpu":
         out, lse = RA.attend(_np(q), _np(k), _np(vv), idx.numpy(), sc)
         return torch.from_numpy(out).to(q.dtype), torch.from_numpy(lse).to(torch.float32)
-    if _use_kernels(q):
+    if kernels:
         out, lse = _kernel_forward(q.detach(), k.detach(), vv.detach(), idx.contiguous(), sc)
         return _torch_tensor(out, q).contiguous(), _torch_tensor(lse, q).contiguous()
     out, lse = torch_forward(q.detach(), k.detach(), vv.detach(), idx, sc)

@@ -12,6 +12,10 @@ and of `attend_backward`:
   cupy.attend_backward.deterministic_v2  the same with head-block pairs sharing scratch rows (in a
                                       fixed order) and a warp-per-key reduction (reproducible)
   cupy.attend_backward.atomic         dK/dV by float atomics (fast, not reproducible)
+  cupy.attend_backward.key_major      GQA / MHA with few query heads per kv head: dQ query-major,
+                                      dK/dV key-major (each key's entries in a fixed order, no part
+                                      rows, no atomics): bitwise reproducible; attend_backward's
+                                      default where it applies (key_major_applies)
 
 Inputs: bf16 (uint16 bits, torch.bfloat16) or float32 (rounded to bf16 here). MLA's shared kv is
 passed as k = kv[:, None, :], v = kv[:, None, :d_v] (reference.attention.mla_kv): one gathered row
@@ -94,7 +98,7 @@ class Bound:
         self.scale = RA.check_scale(scale, self.d_qk)
         self.G = self.Hq // self.Hkv
         if self.L > 0:
-            lo, hi = (int(x) for x in (idx.min(), idx.max())) if idx.size else (0, 0)
+            lo, hi = (int(x) for x in cp.asnumpy(cp.stack((idx.min(), idx.max())))) if idx.size else (0, 0)  # one sync
             if lo < -1 or hi >= self.L:
                 raise ValueError(f"argument 'idx': entries must lie in [-1, L = {self.L}), got [{lo}, {hi}]")
         self.idx = cp.ascontiguousarray(idx)
@@ -127,14 +131,30 @@ class Bound:
 
 UNION_MAX_L = 1 << 30            # the union kernel packs (position << 1 | query) into 32 bits
 UNION_REG_MAX = 16 * THREADS     # hytopk_attend_pair_union_reg: at most 16 entries per thread
+UNION_BITS_SMEM = 96 << 10       # hytopk_attend_pair_union_bits: three L-bit bitmaps in at most this
+UNION_BITS_SCAN = 8              # ... and at most this many bitmap words per entry of the pair to scan
+UNION_REPEATS = 512              # attend.cu's list of repeated keys per pair (more: the block sorts)
 
 
-def pair_union(idx, L, *, kernel="reg"):
-    """reference.attention.pair_union on the GPU, one block per pair: kernel 'reg' sorts the pair's
-    2 kk entries in registers (hytopk_attend_pair_union_reg, 2 kk <= 4096), 'smem' in shared memory
-    (hytopk_attend_pair_union, the first version; the same output); CuPy's sort where neither fits."""
-    if kernel not in ("reg", "smem"):
-        raise ValueError(f"argument 'kernel' must be 'reg' or 'smem', got {kernel!r}")
+def union_bits_fit(L, kk) -> bool:
+    """The bitmap union takes contexts whose three L-bit bitmaps fit UNION_BITS_SMEM and whose
+    scan (L / 32 words) is at most UNION_BITS_SCAN words per entry of the pair."""
+    W = -(-L // 32)
+    return 0 < W and 12 * W <= UNION_BITS_SMEM and W <= UNION_BITS_SCAN * 2 * kk
+
+
+def _union_bits_smem(W, N) -> int:
+    return max(12 * W + 4 * UNION_REPEATS, 4 * N)
+
+
+def pair_union(idx, L, *, kernel="auto"):
+    """reference.attention.pair_union on the GPU, one block per pair: kernel 'bits' sets each
+    query's keys in a bitmap and scans it (hytopk_attend_pair_union_bits: no sort; union_bits_fit),
+    'reg' sorts the pair's 2 kk entries in registers (hytopk_attend_pair_union_reg, 2 kk <= 4096),
+    'smem' in shared memory (hytopk_attend_pair_union, the first version); all give the same
+    output; 'auto' the first that fits; CuPy's sort where none fits."""
+    if kernel not in ("auto", "bits", "reg", "smem"):
+        raise ValueError(f"argument 'kernel' must be 'auto', 'bits', 'reg' or 'smem', got {kernel!r}")
     n, kk = idx.shape
     P = (n + 1) // 2
     N = max(256, 1 << max(0, 2 * kk - 1).bit_length())
@@ -144,7 +164,14 @@ def pair_union(idx, L, *, kernel="reg"):
     mult = cp.empty((P, 2 * kk, 2), cp.int32)
     count = cp.empty(P, cp.int32)
     idx = cp.ascontiguousarray(idx)
-    if kernel == "reg" and N <= UNION_REG_MAX:
+    if kernel == "auto":
+        kernel = "bits" if union_bits_fit(L, kk) else "reg"
+    if kernel == "bits" and union_bits_fit(L, kk):
+        W = -(-L // 32)
+        _launch(_fn("hytopk_attend_pair_union_bits"), (P, 1),
+                (idx, np.int32(n), np.int32(kk), np.int64(L), np.int32(W), np.int32(N), uidx, mult, count),
+                _union_bits_smem(W, N))
+    elif kernel in ("bits", "reg") and N <= UNION_REG_MAX:
         _launch(_fn(f"hytopk_attend_pair_union_reg<{N // THREADS}>"), (P, 1),
                 (idx, np.int32(n), np.int32(kk), np.int64(L), uidx, mult, count), 0)
     else:
@@ -186,17 +213,50 @@ def attend_forward(q, k, v, idx, scale=None, *, qpt=1, out_dtype="bfloat16", acc
         return out, lse
 
 
+KEY_MAJOR_MAX_G = 4      # query heads per kv head up to which dK/dV go key-major (version 3)
+PAIR_MAX_G = 32          # ... and up to which its dq pass takes query pairs (torch.attention.PAIR_MAX_HEADS)
+
+
+def key_major_applies(b: "Bound") -> bool:
+    """Version 3 (key-major dK/dV) fits: separate k / v (not MLA's shared rows: a key's entries
+    would each read all of a query's heads), at most KEY_MAJOR_MAX_G query heads per kv head (each
+    (key, entry) pair reads G rows of q and dout: past a few heads the per-slot part rows of
+    version 1 move fewer bytes), padded head dims multiples of 64, entry ids (t * kk + slot) in int32."""
+    return (not b.shared and b.G <= KEY_MAJOR_MAX_G and b.DQK % 64 == 0 and b.DV % 64 == 0
+            and b.n * b.kk < 2 ** 31)
+
+
+def key_entries(idx, L):
+    """(entry int32 [valid slots], starts int64 [L + 1]): the slots t * kk + slot sorted by key, then
+    by slot id (unique sort keys: a fixed order whatever the sort), and each key's first entry."""
+    flat = idx.ravel().astype(cp.int64)
+    comp = cp.sort((flat << 32) | cp.arange(flat.size, dtype=cp.int64))   # padding (-1) sorts first
+    keys = comp >> 32
+    entry = (comp & 0xFFFFFFFF).astype(cp.int32)
+    return entry, cp.searchsorted(keys, cp.arange(L + 1, dtype=cp.int64)).astype(cp.int64)
+
+
 def attend_backward(dout, q, k, v, idx, out, lse, scale=None, *, deterministic=True, scratch_bytes=None,
-                    version=1):
+                    version=None):
     """(dq float32 [n, Hq, d_qk], dk float32, dv float32 or None for shared kv) of attend_forward's
     out (as returned: bf16 or float32) for the upstream gradient dout; lse from the forward.
+    version 1: per-slot part rows (deterministic) or atomics (deterministic False).
     version 2 (deterministic only): head blocks 2h, 2h+1 share one part row (2h+1 adds 2h's value,
     read back from L2: half the scratch traffic, a fixed order), a warp-per-key float4 reduction,
-    and a larger default scratch (fewer chunks); other bits than version 1's past one head block."""
-    if version not in (1, 2):
-        raise ValueError(f"argument 'version' must be 1 or 2, got {version!r}")
+    and a larger default scratch (fewer chunks); other bits than version 1's past one head block.
+    version 3 (key_major_applies only): dq by hytopk_attend_bwd_dq, dK/dV key-major by
+    hytopk_attend_dkv_keys: bitwise reproducible whatever ``deterministic`` says, no scratch.
+    None: 3 where it applies, else 1."""
+    if version not in (None, 1, 2, 3):
+        raise ValueError(f"argument 'version' must be None, 1, 2 or 3, got {version!r}")
     with launch_stream():
         b = Bound(q, k, v, idx, scale)
+        if version is None:
+            version = 3 if key_major_applies(b) else 1
+        if version == 3 and not key_major_applies(b):
+            raise ValueError(f"argument 'version': 3 (key-major) needs separate k / v, at most {KEY_MAJOR_MAX_G} "
+                             f"query heads per kv head and head dims multiples of 64 (got shared={b.shared}, "
+                             f"G={b.G}, d_qk={b.d_qk}, d_v={b.d_v})")
         out, lse = as_device(out), as_device(lse)
         if tuple(lse.shape) != (b.n, b.Hq) or lse.dtype != cp.float32:
             raise ValueError(f"argument 'lse' must be float32 [{b.n}, {b.Hq}], got {lse.dtype} {tuple(lse.shape)}")
@@ -224,7 +284,28 @@ def attend_backward(dout, q, k, v, idx, out, lse, scale=None, *, deterministic=T
         common = (b.q, b.k, np.int64(b.k_stride), b.v, np.int64(b.v_stride), b.idx, np.int32(b.kk), np.int32(b.n))
         tail = (np.int64(b.L), np.int32(b.Hq), np.int32(b.Hkv), np.int32(hb), np.float32(b.scale), b.scale_log2,
                 do, lse, delta, dq, dk, dv if dv is not None else dk)
-        if not deterministic:
+        if version == 3:
+            if b.kk and b.n:
+                # dq query-major; query pairs over their union where the forward pairs too (fewer rows read)
+                qpt = 2 if b.G <= PAIR_MAX_G else 1
+                qmt, qhb = b.rows(qpt)
+                if qpt == 2:
+                    lst, mult, lens = pair_union(b.idx, b.L)
+                    U, tiles = lst.shape[1], lst.shape[0]
+                else:
+                    lst, lens, mult, U, tiles = b.idx, NULL, NULL, b.kk, b.n
+                _launch(_fn(INST.attend_bwd_dq_name(qmt, b.DQK, b.DV, qpt, b.shared)),
+                        (tiles, b.Hkv * -(-b.G // qhb)),
+                        (b.q, b.k, np.int64(b.k_stride), b.v, np.int64(b.v_stride), lst, lens, mult, np.int32(U),
+                         np.int32(b.n), np.int64(b.L), np.int32(b.Hq), np.int32(b.Hkv), np.int32(qhb),
+                         np.float32(b.scale), b.scale_log2, do, lse, delta, dq),
+                        b.smem(qmt, qpt, backward=True))
+                entry, starts = key_entries(b.idx, b.L)
+                _launch(_fn(INST.attend_dkv_keys_name(b.DQK, b.DV)), (-(-(b.L * b.Hkv) // 8), 1),
+                        (b.q, b.k, np.int64(b.k_stride), b.v, np.int64(b.v_stride), do, lse, delta, entry, starts,
+                         np.int32(b.kk), np.int64(b.L), np.int32(b.Hq), np.int32(b.Hkv), np.float32(b.scale),
+                         b.scale_log2, dk, dv), 0)
+        elif not deterministic:
             _launch(fn, (b.n, b.Hkv * nhb), common + (np.int32(0),) + tail + (dk,), smem)
         elif b.kk and b.n and version == 1:
             per_query = b.Hkv * nhb * b.kk * W * 4
@@ -331,7 +412,7 @@ def attend_pair_nk64(q, k, v, idx, scale=None):
 def attend_backward_deterministic(dout, q, k, v, idx, scale=None):
     """Fixed-order dK/dV (per-slot scratch summed per key in entry order): bitwise reproducible."""
     out, lse = attend_forward(q, k, v, idx, scale, qpt=1, out_dtype="float32")
-    return attend_backward(dout, q, k, v, idx, out, lse, scale, deterministic=True)
+    return attend_backward(dout, q, k, v, idx, out, lse, scale, deterministic=True, version=1)
 
 
 @register("attend_backward", "cupy.attend_backward.deterministic_v2", gpu_only=True)
@@ -342,8 +423,16 @@ def attend_backward_deterministic_v2(dout, q, k, v, idx, scale=None):
     return attend_backward(dout, q, k, v, idx, out, lse, scale, deterministic=True, version=2)
 
 
+@register("attend_backward", "cupy.attend_backward.key_major", gpu_only=True)
+def attend_backward_key_major(dout, q, k, v, idx, scale=None):
+    """dQ query-major, dK/dV key-major (each key's entries in a fixed order): bitwise
+    reproducible, no scratch; GQA / MHA with at most KEY_MAJOR_MAX_G query heads per kv head."""
+    out, lse = attend_forward(q, k, v, idx, scale, qpt=1, out_dtype="float32")
+    return attend_backward(dout, q, k, v, idx, out, lse, scale, version=3)
+
+
 @register("attend_backward", "cupy.attend_backward.atomic", gpu_only=True)
 def attend_backward_atomic(dout, q, k, v, idx, scale=None):
     """dK/dV by float atomics: fastest, not bitwise reproducible."""
     out, lse = attend_forward(q, k, v, idx, scale, qpt=1, out_dtype="float32")
-    return attend_backward(dout, q, k, v, idx, out, lse, scale, deterministic=False)
+    return attend_backward(dout, q, k, v, idx, out, lse, scale, deterministic=False, version=1)
