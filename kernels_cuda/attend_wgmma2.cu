@@ -60,7 +60,7 @@ constexpr int Q_OFF = 0;
 constexpr int K_OFF = Q_OFF + Q_BYTES;
 constexpr int P_OFF = K_OFF + 2 * TILE_BYTES;
 constexpr int RED_OFF = P_OFF + 2 * P_BYTES;      // float [2][64] tile row maxima, then [2][64] row sums
-constexpr int MASK_OFF = RED_OFF + 4 * ROWS * 4;  // float [2 stages][64] slot valid 1/0
+constexpr int MASK_OFF = RED_OFF + 4 * ROWS * 4;  // u32 [2 stages][64] slot weights: query 0's in bits 0-15, query 1's in 16-31
 constexpr int BAR_OFF = MASK_OFF + 2 * NK * 4;    // full[2], empty[2]
 constexpr int SMEM = BAR_OFF + 4 * 8;
 constexpr int LAUNCH_SMEM = SMEM + 1024;          // the base is rounded up to 1024 B (swizzle atoms)
@@ -102,22 +102,40 @@ __device__ __forceinline__ void wait_or_trap(u32 bar, u32 parity) {
 // out [n, Hq, 512] float or bf16 bits; lse [n, Hq] float. grid n * nhb (nhb = head blocks per query,
 // even for CLUSTER: a cluster is the head blocks 2j, 2j+1 of one query; blocks whose heads are all
 // past Hq gather and compute but write nothing).
-template <bool OUT_BF16, bool CLUSTER, bool SWZ>
+// QPT 2 (`pair`, no cluster, Hq <= 32, nhb 1): block x serves queries 2x, 2x+1 (rows 0 .. Hq-1 and
+// Hq .. 2Hq-1; the rest zero rows) over their union: idx = the union rows [pairs, kk] (kk = its
+// width), lens [pairs] the union sizes, mult [pairs, kk, 2] how many slots of each query hold the
+// key (0 masks it for that query; the softmax counts a key mult times, as attend.cu's pair).
+template <bool OUT_BF16, bool CLUSTER, bool SWZ, int QPT>
 __device__ __forceinline__ void attend_fwd_wgmma2(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv,
-                                                  long long kv_stride, const int* __restrict__ idx, int kk, int n,
-                                                  long long L, int Hq, int nhb, float scale_log2,
+                                                  long long kv_stride, const int* __restrict__ idx,
+                                                  const int* __restrict__ lens, const int* __restrict__ mult, int kk,
+                                                  int n, long long L, int Hq, int nhb, float scale_log2,
                                                   void* __restrict__ out, float* __restrict__ lse) {
+    static_assert(QPT == 1 || (QPT == 2 && !CLUSTER), "attend_wgmma2: query pairs without the cluster");
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const int t = (int)(blockIdx.x / (unsigned)nhb), h0 = (int)(blockIdx.x % (unsigned)nhb) * ROWS;
-    if (!CLUSTER && t >= n) return;                 // (the whole block; the launch never has t >= n)
+    if (!CLUSTER && t * QPT >= n) return;           // (the whole block; the launch never has t >= n)
+    // row r of the block: its query (QPT 2: r / Hq) and its row of q / out / lse, or false (a zero row)
+    auto row_of = [&](int r, long long& row) {
+        if (QPT == 1) {
+            row = (long long)t * Hq + h0 + r;
+            return h0 + r < Hq;
+        }
+        const int j = r / Hq, tq = 2 * t + j;
+        row = (long long)tq * Hq + (r - j * Hq);
+        return j < 2 && tq < n;
+    };
     const u32 raw = smem_addr(smem_raw), base = (raw + 1023u) & ~1023u;   // the same in both cluster blocks
     unsigned char* smem = smem_raw + (base - raw);
     const u32 sq = base + Q_OFF, sk0 = base + K_OFF, sp0 = base + P_OFF;
     float* red = reinterpret_cast<float*>(smem + RED_OFF);
-    float* smask = reinterpret_cast<float*>(smem + MASK_OFF);
+    u32* smask = reinterpret_cast<u32*>(smem + MASK_OFF);
     const u32 full0 = base + BAR_OFF, empty0 = full0 + 16;
-    const int ntiles = (kk + NK - 1) / NK;
+    const int len = QPT == 2 ? min(kk, lens[t]) : kk;     // slots of this block's list
+    const int ntiles = (len + NK - 1) / NK;
     const int* lst = idx + (long long)t * kk;
+    const int* mlt = QPT == 2 ? mult + (long long)t * kk * 2 : nullptr;
     const u32 rank = CLUSTER ? cluster_ctarank() : 0u, peer = rank ^ 1u;
     constexpr u32 EMPTY_COUNT = CLUSTER ? 16 : 8;   // one arrival per consumer warp (of both blocks)
 
@@ -142,14 +160,21 @@ __device__ __forceinline__ void attend_fwd_wgmma2(const bf16_t* __restrict__ q, 
         const int gbeg = CLUSTER ? (int)rank * (NK / 16) : 0;         // first row group of this block's share (no SWZ)
         const int row0 = CLUSTER ? (int)rank * 32 : 0;                // first row of this block's share (SWZ)
         int nx[GN], nm = -1;                                          // the next tile's slots (nm: mask slot tid)
+        u32 nw = 0;                                                   // QPT 2: its two weights (mult)
         auto load_slots = [&](int it) {
             const int j0 = it * NK;
 #pragma unroll
             for (int g = 0; g < GN; ++g) {
                 const int j = j0 + (SWZ ? row0 + cq + 16 * g : (gbeg + g) * 8 + r8);
-                nx[g] = j < kk ? __ldg(lst + j) : -1;
+                nx[g] = j < len ? __ldg(lst + j) : -1;
             }
-            if (tid < NK) nm = j0 + tid < kk ? __ldg(lst + j0 + tid) : -1;
+            if (tid < NK) {
+                nm = j0 + tid < len ? __ldg(lst + j0 + tid) : -1;
+                if (QPT == 2 && nm >= 0) {
+                    const int w0 = __ldg(mlt + 2 * (j0 + tid)), w1 = __ldg(mlt + 2 * (j0 + tid) + 1);
+                    nw = (u32)min(w0, 0xffff) | ((u32)min(w1, 0xffff) << 16);
+                }
+            }
         };
         // tile it-1 published (its copies landed: fence, [cluster: push this block's half to the
         // peer], arrive), then stage it & 1 awaited and tile it's copies issued
@@ -201,7 +226,7 @@ __device__ __forceinline__ void attend_fwd_wgmma2(const bf16_t* __restrict__ q, 
                 }
             }
             }
-            if (tid < NK) smask[st * NK + tid] = (nm >= 0 && (long long)nm < L) ? 1.0f : 0.0f;
+            if (tid < NK) smask[st * NK + tid] = (nm >= 0 && (long long)nm < L) ? (QPT == 2 ? nw : 1u) : 0u;
             cp_async_commit();
             if (it + 1 < ntiles) load_slots(it + 1);                  // in flight under the next waits
         }
@@ -212,13 +237,15 @@ __device__ __forceinline__ void attend_fwd_wgmma2(const bf16_t* __restrict__ q, 
         const int c = wg;                                             // key half (S) and column half (O)
         const int warp = tid >> 5, lane = tid & 31, g8 = lane >> 2, tig = lane & 3;
         const int r0 = warp * 16 + g8, r1 = r0 + 8;                   // this thread's two rows
+        // the weight of a slot for row r: its query's 16 bits (QPT 1: 1 / 0; a zero row: query 0's)
+        const int wsh[2] = {QPT == 2 && r0 < 2 * Hq ? 16 * (r0 / Hq) : 0, QPT == 2 && r1 < 2 * Hq ? 16 * (r1 / Hq) : 0};
 
         // Q rows h0 .. h0+63 (zero rows past Hq) into the core-matrix layout
         for (int i = (int)threadIdx.x; i < ROWS * CH; i += 256) {
             const int r = (i & 7) + ((i >> 3) / CH) * 8, ch = (i >> 3) % CH;
-            const bool ok = h0 + r < Hq;
-            const long long row = ok ? (long long)t * Hq + h0 + r : 0;
-            cp_async16(sq + (u32)((r >> 3) * GROUP + ch * 128 + (r & 7) * 16), q + row * DQK + ch * 8, ok);
+            long long row;
+            const bool ok = row_of(r, row);
+            cp_async16(sq + (u32)((r >> 3) * GROUP + ch * 128 + (r & 7) * 16), q + (ok ? row : 0) * DQK + ch * 8, ok);
         }
         cp_async_commit();
         cp_async_wait<0>();
@@ -253,14 +280,14 @@ __device__ __forceinline__ void attend_fwd_wgmma2(const bf16_t* __restrict__ q, 
                 wgmma_wait_all();
             }
             // logits (base 2) of this thread's 8 keys per row: s[4nb + e], key 32c + 8nb + 2tig + (e & 1)
-            const float* msk = smask + st * NK + c * 32;
+            const u32* msk = smask + st * NK + c * 32;
             float mx[2] = {neg_inf(), neg_inf()};
 #pragma unroll
             for (int nb = 0; nb < 4; ++nb)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    const float w = msk[nb * 8 + tig * 2 + (e & 1)];
-                    s[4 * nb + e] = w > 0.0f ? s[4 * nb + e] * scale_log2 : neg_inf();
+                    const u32 w = (msk[nb * 8 + tig * 2 + (e & 1)] >> wsh[e >> 1]) & 0xffffu;
+                    s[4 * nb + e] = w ? s[4 * nb + e] * scale_log2 : neg_inf();
                     mx[e >> 1] = fmaxf(mx[e >> 1], s[4 * nb + e]);
                 }
 #pragma unroll
@@ -292,8 +319,9 @@ __device__ __forceinline__ void attend_fwd_wgmma2(const bf16_t* __restrict__ q, 
                 float p[4];
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    const float w = msk[nb * 8 + tig * 2 + (e & 1)];
-                    p[e] = w > 0.0f ? exp2f(s[4 * nb + e] - muse[e >> 1]) : 0.0f;
+                    const u32 w = (msk[nb * 8 + tig * 2 + (e & 1)] >> wsh[e >> 1]) & 0xffffu;
+                    p[e] = w ? (QPT == 2 ? (float)w * exp2f(s[4 * nb + e] - muse[e >> 1])   // mult copies
+                                         : exp2f(s[4 * nb + e] - muse[e >> 1])) : 0.0f;
                     ps[e >> 1] += p[e];
                 }
                 const u32 lo = pack_bf16x2(p[0], p[1]), hi = pack_bf16x2(p[2], p[3]);
@@ -368,9 +396,9 @@ __device__ __forceinline__ void attend_fwd_wgmma2(const bf16_t* __restrict__ q, 
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int r = h ? r1 : r0;
-            if (h0 + r >= Hq) continue;
+            long long row;
+            if (!row_of(r, row)) continue;
             const float l = red[2 * ROWS + r] + red[3 * ROWS + r];
-            const long long row = (long long)t * Hq + h0 + r;
 #pragma unroll
             for (int nb = 0; nb < 32; ++nb) {
                 const float x0 = l > 0.0f ? __fdiv_rn(o[4 * nb + 2 * h], l) : 0.0f;
@@ -397,13 +425,16 @@ __device__ __forceinline__ void attend_fwd_wgmma2(const bf16_t* __restrict__ q, 
 
 using namespace hytopk::attw2;
 
-// one head block per CTA (grid n * nhb); SWZ: the swizzled key tile (full-sector gather)
-template <bool OUT_BF16, bool SWZ>
+// one head block per CTA (grid n * nhb); SWZ: the swizzled key tile (full-sector gather); QPT 2:
+// a query pair per CTA over its union (grid ceil(n / 2), nhb 1, Hq <= 32; lens / mult as above)
+template <bool OUT_BF16, bool SWZ, int QPT>
 __global__ void __launch_bounds__(384, 1)
 hytopk_attend_fwd_wgmma2(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv, long long kv_stride,
-                         const int* __restrict__ idx, int kk, int n, long long L, int Hq, int nhb,
-                         float scale_log2, void* __restrict__ out, float* __restrict__ lse) {
-    attend_fwd_wgmma2<OUT_BF16, false, SWZ>(q, kv, kv_stride, idx, kk, n, L, Hq, nhb, scale_log2, out, lse);
+                         const int* __restrict__ idx, const int* __restrict__ lens, const int* __restrict__ mult,
+                         int kk, int n, long long L, int Hq, int nhb, float scale_log2, void* __restrict__ out,
+                         float* __restrict__ lse) {
+    attend_fwd_wgmma2<OUT_BF16, false, SWZ, QPT>(q, kv, kv_stride, idx, lens, mult, kk, n, L, Hq, nhb, scale_log2,
+                                                  out, lse);
 }
 
 // head blocks 2j, 2j+1 of a query as a 2-CTA cluster sharing the gather (nhb even)
@@ -412,5 +443,6 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1)
 hytopk_attend_fwd_wgmma2c(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv, long long kv_stride,
                           const int* __restrict__ idx, int kk, int n, long long L, int Hq, int nhb,
                           float scale_log2, void* __restrict__ out, float* __restrict__ lse) {
-    attend_fwd_wgmma2<OUT_BF16, true, SWZ>(q, kv, kv_stride, idx, kk, n, L, Hq, nhb, scale_log2, out, lse);
+    attend_fwd_wgmma2<OUT_BF16, true, SWZ, 1>(q, kv, kv_stride, idx, nullptr, nullptr, kk, n, L, Hq, nhb, scale_log2,
+                                              out, lse);
 }

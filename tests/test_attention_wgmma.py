@@ -7,7 +7,8 @@ from workbench import instantiations as INST
 
 def test_instantiations():
     assert INST.name_expressions("attend_wgmma2.cu") == [
-        f"hytopk_attend_fwd_wgmma2{c}<{b}, {z}>" for z in ("false", "true") for c in ("", "c") for b in ("true", "false")]
+        f"hytopk_attend_fwd_wgmma2{c}<{b}, {z}{'' if c else ', 1'}>" for z in ("false", "true") for c in ("", "c")
+        for b in ("true", "false")] + [f"hytopk_attend_fwd_wgmma2<{b}, true, 2>" for b in ("true", "false")]
     assert INST.FILE_OPTIONS["attend_wgmma2.cu"] == ("-arch=sm_90a",)
     assert len(INST.geometry_asserts("attend_wgmma2.cu")) == 2
 

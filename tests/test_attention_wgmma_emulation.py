@@ -112,6 +112,52 @@ def test_random_inputs_match_reference(driver, version, n, Hq, kk, kind):
     assert np.all(out[empty] == 0) and np.all(np.isneginf(lse[empty]))
 
 
+@pytest.mark.parametrize("Hq,kind,n", [(8, "shared", 3), (16, "dups", 4), (32, "empty", 3), (8, "disjoint", 2)])
+def test_pair_exact_hot_cold_logits_bit_for_bit(driver, Hq, kind, n):
+    """wgmma2sp (a query pair per block over its union, the rows of query 2p+1 after those of 2p):
+    the exact mean of each query's hot keys, bit for bit, duplicates counted per slot."""
+    rng = np.random.default_rng(seed("wgmma-pair", Hq, kind, n))
+    L, kk = 300, 100
+    kvv = np.zeros((L, 576))
+    kvv[:, 0] = np.where(rng.random(L) < 0.4, -128.0, 0.0)
+    kvv[:, 1:512] = rng.integers(-4, 5, (L, 511))
+    kv, kh = bf16(kvv)
+    q = np.zeros((n, Hq, 576))
+    q[:, :, 0] = np.where(rng.random((n, Hq)) < 0.8, 2.0, 0.0)
+    qd, qh = bf16(q)
+    idx = make_idx(rng, n, L, kk, kind)
+    out, lse = E.forward(driver, qd, kv, idx, 1.0, version="wgmma2sp")
+    want = np.zeros((n, Hq, 512), np.float32)
+    for t in range(n):
+        sl = idx[t][idx[t] >= 0]                                   # slots: a duplicate counts twice
+        if len(sl) == 0:
+            continue
+        for h in range(Hq):
+            logit = kh[sl] @ qh[t, h]
+            use = sl[logit == logit.max()]
+            want[t, h] = kh[use, :512].sum(0).astype(np.float32) / np.float32(len(use))
+    np.testing.assert_array_equal(bits(out), bits(want))
+    assert np.all(np.isneginf(lse[(idx < 0).all(1)]))
+
+
+@pytest.mark.parametrize("n,Hq,kk,kind", [(3, 8, 100, "shared"), (2, 16, 130, "dups"), (1, 32, 64, "empty"),
+                                          (4, 8, 257, "disjoint"), (2, 16, 64, "pad_only"), (5, 32, 40, "random")])
+def test_pair_random_inputs_match_reference(driver, n, Hq, kk, kind):
+    """wgmma2sp on random bf16 inputs: the reference's tolerance, odd n (the last block's second
+    query absent), unions of one to several key tiles, queries without a key (out 0, lse -inf)."""
+    rng = np.random.default_rng(seed("wgmma-pair-rand", n, Hq, kk, kind))
+    L = 300
+    kv, kh = bf16(rng.standard_normal((L, 576)))
+    qd, qh = bf16(rng.standard_normal((n, Hq, 576)))
+    idx = make_idx(rng, n, L, kk, kind)
+    out, lse = E.forward(driver, qd, kv, idx, None, version="wgmma2sp")
+    ro, rl = reference(qh, kh, idx)
+    np.testing.assert_allclose(out, ro, rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(lse, rl, rtol=1e-4, atol=1e-3)
+    empty = ~((idx >= 0) & (idx < L)).any(1)
+    assert np.all(out[empty] == 0) and np.all(np.isneginf(lse[empty]))
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_bf16_output_is_the_rounded_float32_one(driver, version):
     rng = np.random.default_rng(6)

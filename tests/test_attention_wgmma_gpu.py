@@ -234,6 +234,116 @@ def test_torch_op_takes_wgmma2s_for_mla_at_many_heads():
         assert float((a[fin] - b[fin]).abs().max()) <= 3e-2 * scale
 
 
+# ------------------------------------------------------------ wgmma2sp: a query pair per block
+def _pair():
+    from workbench.families.cupy import attend_wgmma2
+    _forward("wgmma2s")                                      # skips off Hopper
+    return lambda *a, **kw: attend_wgmma2.attend_forward_wgmma2(*a, swz=True, qpt=2, **kw)
+
+
+@pytest.mark.parametrize("Hq", [8, 16, 32, 5])
+@pytest.mark.parametrize("kind", ["random", "dups", "shared", "disjoint", "empty"])
+def test_pair_exact_hot_cold_logits_bit_for_bit(Hq, kind):
+    """wgmma2sp: each query's exact mean of its hot keys over the pair's union (duplicates count per
+    slot, keys only the other query selected masked), bit for bit; odd n (a lone last query)."""
+    FWD = _pair()
+    Dqk, Dv = 576, 512
+    rng = np.random.default_rng(seed("wgmma-pair", Hq, kind))
+    n, L, kk = 7, 300, 100
+    kvv = np.zeros((L, Dqk))
+    kvv[:, 0] = np.where(rng.random(L) < 0.4, -128.0, 0.0)
+    kvv[:, 1:Dv] = rng.integers(-4, 5, (L, Dv - 1))
+    k, v, kh, vh = layout(True, L, 1, Dqk, Dv, rng, values=kvv)
+    q = np.zeros((n, Hq, Dqk))
+    q[:, :, 0] = np.where(rng.random((n, Hq)) < 0.8, 2.0, 0.0)
+    qd, qh = bf16(q)
+    idx = make_idx(rng, n, L, kk, kind)
+    out, lse = FWD(qd, k, v, cp.asarray(idx), 1.0, out_dtype="float32")
+    want = np.zeros((n, Hq, Dv), np.float32)
+    for t in range(n):
+        sl = idx[t][idx[t] >= 0]
+        if len(sl) == 0:
+            continue
+        for h in range(Hq):
+            logit = kh[sl, 0] @ qh[t, h]
+            use = sl[logit == logit.max()]
+            want[t, h] = kh[use, 0, :Dv].sum(0).astype(np.float32) / np.float32(len(use))
+    np.testing.assert_array_equal(bits(out), bits(want))
+    assert np.all(np.isneginf(cp.asnumpy(lse)[(idx < 0).all(1)]))
+
+
+@pytest.mark.parametrize("Hq", [8, 16, 32])
+@pytest.mark.parametrize("kk", [64, 100, 300, 2048])
+@pytest.mark.parametrize("kind", KINDS)
+def test_pair_random_inputs_match_reference(Hq, kk, kind):
+    FWD = _pair()
+    rng = np.random.default_rng(seed("wgmma-pair", Hq, kk, kind, 1))
+    n, L = 7, 5000
+    k, v, kh, vh = layout(True, L, 1, 576, 512, rng)
+    qd, qh = bf16(rng.standard_normal((n, Hq, 576)))
+    idx = make_idx(rng, n, L, kk, kind)
+    out, lse = FWD(qd, k, v, cp.asarray(idx), None, out_dtype="float32")
+    ro, rl = RA.attend(qh, kh, vh, idx)
+    np.testing.assert_allclose(cp.asnumpy(out), ro, rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(cp.asnumpy(lse), rl, rtol=1e-4, atol=1e-3)
+    empty = (idx < 0).all(1)
+    assert np.all(cp.asnumpy(out)[empty] == 0) and np.all(np.isneginf(cp.asnumpy(lse)[empty]))
+
+
+def test_pair_close_to_the_mma_sync_pair_and_bf16_out(CA):
+    """wgmma2sp within tolerance of cupy.attend.pair (the same union, other MMA order) over many
+    pairs at k 2048; its bf16 out is the rounded float32 out; more than 32 heads refused."""
+    FWD = _pair()
+    rng = np.random.default_rng(12)
+    n, L, kk, Hq = 301, 20000, 2048, 16
+    k, v, _, _ = layout(True, L, 1, 576, 512, rng)
+    qd, _ = bf16(rng.standard_normal((n, Hq, 576)))
+    idx = cp.asarray(make_idx(rng, n, L, kk, "shared"))
+    o1, l1 = CA.attend_forward(qd, k, v, idx, None, qpt=2, out_dtype="float32")
+    ow, lw = FWD(qd, k, v, idx, None, out_dtype="float32")
+    np.testing.assert_allclose(cp.asnumpy(ow), cp.asnumpy(o1), rtol=1e-2, atol=1e-2)
+    np.testing.assert_allclose(cp.asnumpy(lw), cp.asnumpy(l1), rtol=1e-5, atol=1e-4)
+    o16, l16 = FWD(qd, k, v, idx, None, out_dtype="bfloat16")
+    np.testing.assert_array_equal(cp.asnumpy(o16), float32_to_bf16_bits(cp.asnumpy(ow)))
+    np.testing.assert_array_equal(bits(l16), bits(lw))
+    q48, _ = bf16(rng.standard_normal((4, 48, 576)))
+    with pytest.raises(ValueError, match="at most 32"):
+        FWD(q48, k, v, idx[:4], None)
+
+
+def test_torch_op_takes_wgmma2sp_for_mla_at_few_heads():
+    """torch.ops.hytopk.sparse_attention at 16 MLA heads on Hopper: the forward is wgmma2sp's, bit for bit."""
+    torch = pytest.importorskip("torch")
+    import workbench.torch  # noqa: F401
+    from workbench.torch import attention as TA
+    FWD = _pair()
+    if not TA.WGMMA_FORWARD:
+        pytest.skip("HYTOPK_ATTEND_WGMMA=0")
+    g = torch.Generator().manual_seed(5)
+    n, L, kk, Hq = 9, 400, 150, 16
+    q = torch.randn(n, Hq, 576, generator=g).bfloat16().cuda()
+    kv = torch.randn(L, 576, generator=g).bfloat16().cuda()
+    idx = torch.from_numpy(make_idx(np.random.default_rng(6), n, L, kk, "shared")).cuda()
+    out, lse = torch.ops.hytopk.sparse_attention(q, kv, None, idx, 512, None, True)
+    want, want_lse = FWD(q, kv[:, None, :], kv[:, None, :512], idx, None)
+    assert torch.equal(out.view(torch.int16).cpu(), torch.from_dlpack(want).view(torch.int16).cpu())
+    assert torch.equal(lse.cpu(), torch.from_dlpack(want_lse).cpu())
+
+
+def test_pair_registered_variant():
+    from workbench import registry
+    _pair()
+    assert "cupy.attend.wgmma2sp" in [v.name for v in registry.variants("attend", "cupy")]
+    rng = np.random.default_rng(9)
+    k, v, kh, vh = layout(True, 500, 1, 576, 512, rng)
+    qd, qh = bf16(rng.standard_normal((5, 16, 576)))
+    idx = make_idx(rng, 5, 500, 200, "shared")
+    out, lse = registry.get("cupy.attend.wgmma2sp")(qd, k, v, cp.asarray(idx), None)
+    ro, rl = registry.get("reference.attend")(qh, kh, vh, idx, None)
+    np.testing.assert_allclose(cp.asnumpy(out), ro, rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(cp.asnumpy(lse), rl, rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize("Hq, kk", [(128, 2048), (128, 300), (64, 1000), (192, 130), (16, 64), (128, 1)])
 def test_version_3_close_to_version_2(Hq, kk):
     """Version 3 (other rounding: chained max, S k-steps reordered) within tolerance of wgmma2 over

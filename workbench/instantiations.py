@@ -193,8 +193,11 @@ ATTEND_WGMMA_THREADS = 384
 ATTEND_WGMMA2_SMEM = 73728 * 3 + 2 * 4096 + 4 * 64 * 4 + 2 * 64 * 4 + 32 + 1024   # attw2::LAUNCH_SMEM (static_assert)
 
 
-def attend_wgmma2_name(out_bf16, cluster, swz) -> str:
-    return f"hytopk_attend_fwd_wgmma2{'c' if cluster else ''}<{_b(out_bf16)}, {_b(swz)}>"
+def attend_wgmma2_name(out_bf16, cluster, swz, qpt=1) -> str:
+    """qpt 2: a query pair per block over its union (the plain kernel only)."""
+    if cluster:
+        return f"hytopk_attend_fwd_wgmma2c<{_b(out_bf16)}, {_b(swz)}>"
+    return f"hytopk_attend_fwd_wgmma2<{_b(out_bf16)}, {_b(swz)}, {int(qpt)}>"
 
 
 # attend_wgmma3.cu: version 3 (per-warpgroup 64-key tiles, chained max, P in the rope column tile):
@@ -300,7 +303,8 @@ def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
     if file == "attend.cu":
         return attend_names()
     if file == "attend_wgmma2.cu":
-        return tuple(attend_wgmma2_name(b, c, z) for z in (False, True) for c in (False, True) for b in (True, False))
+        return tuple(attend_wgmma2_name(b, c, z) for z in (False, True) for c in (False, True) for b in (True, False)) \
+            + tuple(attend_wgmma2_name(b, False, True, 2) for b in (True, False))
     if file == "attend_wgmma3.cu":
         return tuple(attend_wgmma3_name(b) for b in (True, False))
     for kernel, over in KERNELS[file]:

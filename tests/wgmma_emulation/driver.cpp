@@ -10,8 +10,9 @@
 
 typedef unsigned short bf16_t;
 // the kernel translation units (emulate.py): one per source file
-void emu_attend_wgmma2(bool out_bf16, bool swz, const bf16_t* q, const bf16_t* kv, long long kv_stride, const int* idx,
-                       int kk, int n, long long L, int Hq, float scale_log2, void* out, float* lse);
+void emu_attend_wgmma2(bool out_bf16, bool swz, int qpt, const bf16_t* q, const bf16_t* kv, long long kv_stride,
+                       const int* idx, const int* lens, const int* mult, int kk, int n, long long L, int Hq,
+                       float scale_log2, void* out, float* lse);
 void emu_attend_wgmma3(bool out_bf16, const bf16_t* q, const bf16_t* kv, long long kv_stride, const int* idx, int kk,
                        int n, long long L, int Hq, float scale_log2, void* out, float* lse);
 
@@ -26,9 +27,10 @@ static unsigned char* buffer(std::vector<unsigned char>& store, size_t n, const 
 int main(int argc, char** argv) {
     if (argc != 3) { std::fprintf(stderr, "usage: %s IN OUT\n", argv[0]); return 2; }
     std::ifstream in(argv[1], std::ios::binary);
-    int h[10];
+    int h[11];
     in.read(reinterpret_cast<char*>(h), sizeof h);
     const int version = h[0], swz = h[1], out_bf16 = h[2], n = h[3], Hq = h[4], kk = h[5], L = h[6], stride = h[7];
+    const int qpt = h[10];                          // 2: the pairs' union rows [P, 2 kk], counts [P], mult [P, 2 kk, 2] follow
     emu::wg::smem_off = (unsigned)h[8];
     float scale_log2;
     std::memcpy(&scale_log2, &h[9], 4);
@@ -40,6 +42,18 @@ int main(int argc, char** argv) {
     in.read(reinterpret_cast<char*>(q), (std::streamsize)qb);
     in.read(reinterpret_cast<char*>(kv), (std::streamsize)kvb);
     in.read(reinterpret_cast<char*>(idx), (std::streamsize)ib);
+    std::vector<unsigned char> su, sc, sm;
+    const int P = (n + 1) / 2, U = 2 * kk;
+    const int *up = nullptr, *cp = nullptr, *mp = nullptr;
+    if (qpt == 2) {
+        unsigned char* u = buffer(su, (size_t)P * U * 4, "uidx");
+        unsigned char* c = buffer(sc, (size_t)P * 4, "count");
+        unsigned char* m = buffer(sm, (size_t)P * U * 8, "mult");
+        in.read(reinterpret_cast<char*>(u), (std::streamsize)((size_t)P * U * 4));
+        in.read(reinterpret_cast<char*>(c), (std::streamsize)((size_t)P * 4));
+        in.read(reinterpret_cast<char*>(m), (std::streamsize)((size_t)P * U * 8));
+        up = reinterpret_cast<const int*>(u), cp = reinterpret_cast<const int*>(c), mp = reinterpret_cast<const int*>(m);
+    }
     if (!in) { std::fprintf(stderr, "driver: short input\n"); return 2; }
     const size_t ob = (size_t)n * Hq * 512 * (out_bf16 ? 2 : 4);
     unsigned char* out = buffer(sout, ob, "out");
@@ -47,7 +61,8 @@ int main(int argc, char** argv) {
     const bf16_t* qp = reinterpret_cast<const bf16_t*>(q);
     const bf16_t* kvp = reinterpret_cast<const bf16_t*>(kv);
     const int* ip = reinterpret_cast<const int*>(idx);
-    if (version == 2) emu_attend_wgmma2(out_bf16, swz, qp, kvp, stride, ip, kk, n, L, Hq, scale_log2, out, lse);
+    if (version == 2 && qpt == 2) emu_attend_wgmma2(out_bf16, true, 2, qp, kvp, stride, up, cp, mp, U, n, L, Hq, scale_log2, out, lse);
+    else if (version == 2) emu_attend_wgmma2(out_bf16, swz, 1, qp, kvp, stride, ip, nullptr, nullptr, kk, n, L, Hq, scale_log2, out, lse);
     else if (version == 3) emu_attend_wgmma3(out_bf16, qp, kvp, stride, ip, kk, n, L, Hq, scale_log2, out, lse);
     else { std::fprintf(stderr, "driver: version %d\n", version); return 2; }
     std::ofstream of(argv[2], std::ios::binary);

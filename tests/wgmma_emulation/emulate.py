@@ -36,7 +36,7 @@ from table_emulation.emulate import _inline, inline_text
 HERE = Path(__file__).resolve().parent
 CORE = HERE.parent / "table_emulation"
 KERNELS = HERE.parent.parent / "kernels_cuda"
-VERSIONS = ("wgmma2", "wgmma2s", "wgmma3")
+VERSIONS = ("wgmma2", "wgmma2s", "wgmma2sp", "wgmma3")     # wgmma2sp: wgmma2s with a query pair per block
 DQK, DV = 576, 512
 
 
@@ -46,14 +46,18 @@ class EmulationError(RuntimeError):
 
 _ENTRY = {
     "attend_wgmma2.cu": """
-void emu_attend_wgmma2(bool ob, bool swz, const bf16_t* q, const bf16_t* kv, long long ks, const int* idx, int kk,
-                       int n, long long L, int Hq, float sl2, void* out, float* lse) {
+void emu_attend_wgmma2(bool ob, bool swz, int qpt, const bf16_t* q, const bf16_t* kv, long long ks, const int* idx,
+                       const int* lens, const int* mult, int kk, int n, long long L, int Hq, float sl2, void* out,
+                       float* lse) {
     const int nhb = (Hq + ROWS - 1) / ROWS;
-    emu::wg::launch((unsigned)(n * nhb), THREADS, LAUNCH_SMEM, [&] {
-        if (ob && swz) hytopk_attend_fwd_wgmma2<true, true>(q, kv, ks, idx, kk, n, L, Hq, nhb, sl2, out, lse);
-        else if (ob) hytopk_attend_fwd_wgmma2<true, false>(q, kv, ks, idx, kk, n, L, Hq, nhb, sl2, out, lse);
-        else if (swz) hytopk_attend_fwd_wgmma2<false, true>(q, kv, ks, idx, kk, n, L, Hq, nhb, sl2, out, lse);
-        else hytopk_attend_fwd_wgmma2<false, false>(q, kv, ks, idx, kk, n, L, Hq, nhb, sl2, out, lse);
+    const unsigned blocks = qpt == 2 ? (unsigned)((n + 1) / 2) : (unsigned)(n * nhb);
+    emu::wg::launch(blocks, THREADS, LAUNCH_SMEM, [&] {
+        if (qpt == 2 && ob) hytopk_attend_fwd_wgmma2<true, true, 2>(q, kv, ks, idx, lens, mult, kk, n, L, Hq, nhb, sl2, out, lse);
+        else if (qpt == 2) hytopk_attend_fwd_wgmma2<false, true, 2>(q, kv, ks, idx, lens, mult, kk, n, L, Hq, nhb, sl2, out, lse);
+        else if (ob && swz) hytopk_attend_fwd_wgmma2<true, true, 1>(q, kv, ks, idx, lens, mult, kk, n, L, Hq, nhb, sl2, out, lse);
+        else if (ob) hytopk_attend_fwd_wgmma2<true, false, 1>(q, kv, ks, idx, lens, mult, kk, n, L, Hq, nhb, sl2, out, lse);
+        else if (swz) hytopk_attend_fwd_wgmma2<false, true, 1>(q, kv, ks, idx, lens, mult, kk, n, L, Hq, nhb, sl2, out, lse);
+        else hytopk_attend_fwd_wgmma2<false, false, 1>(q, kv, ks, idx, lens, mult, kk, n, L, Hq, nhb, sl2, out, lse);
     });
 }
 """,
@@ -123,12 +127,18 @@ def forward(driver, q, kv, idx, scale=None, *, version="wgmma2", out_dtype="floa
     scale_log2 = np.float32(RA.check_scale(scale, DQK) / math.log(2.0))
     out_bf16 = out_dtype == "bfloat16"
     vnum = 3 if version == "wgmma3" else 2
-    swz = int(version == "wgmma2s")
-    head = np.array([vnum, swz, int(out_bf16), n, Hq, kk, L, stride, smem_off, 0], np.int32)
+    swz = int(version in ("wgmma2s", "wgmma2sp"))
+    qpt = 2 if version == "wgmma2sp" else 1
+    head = np.array([vnum, swz, int(out_bf16), n, Hq, kk, L, stride, smem_off, 0, qpt], np.int32)
     head[9] = scale_log2.view(np.int32)
+    tail = b""
+    if qpt == 2:                                  # the pairs' union (the wrapper's pair_union; its GPU tests)
+        uidx, mult, count = RA.pair_union(np.where((idx >= 0) & (idx < L), idx, -1).astype(np.int32))
+        tail = (np.ascontiguousarray(uidx, np.int32).tobytes() + np.ascontiguousarray(count, np.int32).tobytes()
+                + np.ascontiguousarray(mult, np.int32).tobytes())
     with tempfile.TemporaryDirectory() as tmp:
         fin, fout = Path(tmp) / "in", Path(tmp) / "out"
-        fin.write_bytes(head.tobytes() + q.tobytes() + kv.tobytes() + idx.tobytes())
+        fin.write_bytes(head.tobytes() + q.tobytes() + kv.tobytes() + idx.tobytes() + tail)
         run_env = dict(os.environ, **(env or {}))
         try:
             r = subprocess.run([str(driver), str(fin), str(fout)], capture_output=True, text=True, timeout=timeout,

@@ -9,10 +9,11 @@ idx [n, kk] int32, -1 = padding; the selection is replayed as given, never recom
 q's dtype, lse (natural log of the softmax denominator, -inf for a query with no key) float32.
 
 CPU: the float64 reference (reference.attention), rounded. CUDA: bf16 inputs run the CuPy
-kernels on PyTorch's current stream: `pair` (kernels_cuda/attend.cu) when a kv head has at most
-PAIR_MAX_HEADS query heads; above that, MLA rows of d_qk 576 / d_v 512 on Hopper take the wgmma
-forward `wgmma2s` (attend_wgmma2.cu; HYTOPK_ATTEND_WGMMA=0 turns it off), everything else `one`; other dtypes, graph capture or no CuPy take a chunked
-pure-torch path. ``deterministic`` (None = torch.are_deterministic_algorithms_enabled()) picks
+kernels on PyTorch's current stream: MLA rows of d_qk 576 / d_v 512 on Hopper take the wgmma
+forward (attend_wgmma2.cu; HYTOPK_ATTEND_WGMMA=0 turns it off): `wgmma2sp` (a query pair per block)
+up to PAIR_MAX_HEADS heads, `wgmma2s` above; everything else `pair` (kernels_cuda/attend.cu) when
+a kv head has at most PAIR_MAX_HEADS query heads, else `one`; other dtypes, graph capture or no CuPy
+take a chunked pure-torch path. ``deterministic`` (None = torch.are_deterministic_algorithms_enabled()) picks
 the fixed-order dK/dV reduction of the backward (bitwise reproducible) over float atomics.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from torch import Tensor
 
 from reference import attention as RA
 
-PAIR_MAX_HEADS = 32          # query heads per kv head up to which two queries share a block
+PAIR_MAX_HEADS = 32          # query heads per kv head up to which two queries share a block (wgmma2sp: 2 x 32 rows)
 # the sm_90a forward for MLA (run 6 of results/h200-2026-12-01: 10.8 ms against one's 41.2 ms at
 # 128 heads, n 8192, k 2048); its backward is the mma.sync kernel's (out and lse are all it reads)
 WGMMA_FORWARD = os.environ.get("HYTOPK_ATTEND_WGMMA", "1") != "0"
@@ -84,9 +85,9 @@ def _kernel_forward(q, k, vv, idx, sc):
     """The CuPy forward for this layout (module docstring): (out, lse) as CuPy arrays."""
     from workbench.families.cupy import attend as CA
     heads = q.shape[1] // k.shape[1]
-    if heads > PAIR_MAX_HEADS and _wgmma_applies(q, k, vv):
+    if _wgmma_applies(q, k, vv):                  # MLA on Hopper: wgmma2s, a query pair per block up to 32 heads
         from workbench.families.cupy import attend_wgmma2 as AW2
-        return AW2.attend_forward_wgmma2(q, k, vv, idx, sc, swz=True)
+        return AW2.attend_forward_wgmma2(q, k, vv, idx, sc, swz=True, qpt=2 if heads <= PAIR_MAX_HEADS else 1)
     return CA.attend_forward(q, k, vv, idx, sc, qpt=2 if heads <= PAIR_MAX_HEADS else 1)
 
 
