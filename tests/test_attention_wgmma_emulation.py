@@ -58,13 +58,12 @@ def reference(qh, kvh, idx):
     return RA.attend(qh, kvh[:, None, :], kvh[:, None, :512], idx)
 
 
-@pytest.mark.parametrize("version", VERSIONS)
-@pytest.mark.parametrize("Hq,kind", [(128, "random"), (64, "dups"), (16, "empty")])
-def test_exact_hot_cold_logits_bit_for_bit(driver, version, Hq, kind):
+def check_hot_cold(driver, version, Hq, kind, n, tag="wgmma"):
     """tests/test_attention_wgmma_gpu.py's case: hot keys (logit 0) and cold keys (exp2 underflows to
-    exactly 0): out = the exact mean of the hot keys' small-integer values (the float32 quotient)."""
-    rng = np.random.default_rng(seed("wgmma", Hq, kind))
-    n, L, kk = 3, 300, 100
+    exactly 0): out = the exact mean of the hot keys' small-integer values (the float32 quotient; a
+    key listed twice counts twice)."""
+    rng = np.random.default_rng(seed(tag, Hq, kind) if tag == "wgmma" else seed(tag, Hq, kind, n))
+    L, kk = 300, 100
     kvv = np.zeros((L, 576))
     kvv[:, 0] = np.where(rng.random(L) < 0.4, -128.0, 0.0)
     kvv[:, 1:512] = rng.integers(-4, 5, (L, 511))
@@ -85,6 +84,12 @@ def test_exact_hot_cold_logits_bit_for_bit(driver, version, Hq, kind):
             want[t, h] = kh[use, :512].sum(0).astype(np.float32) / np.float32(len(use))
     np.testing.assert_array_equal(bits(out), bits(want))
     assert np.all(np.isneginf(lse[(idx < 0).all(1)]))
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("Hq,kind", [(128, "random"), (64, "dups"), (16, "empty")])
+def test_exact_hot_cold_logits_bit_for_bit(driver, version, Hq, kind):
+    check_hot_cold(driver, version, Hq, kind, 3)
 
 
 # (n, Hq, kk, kind): odd / even tile counts, a partial last tile, one slot, a partial head block
@@ -114,30 +119,8 @@ def test_random_inputs_match_reference(driver, version, n, Hq, kk, kind):
 
 @pytest.mark.parametrize("Hq,kind,n", [(8, "shared", 3), (16, "dups", 4), (32, "empty", 3), (8, "disjoint", 2)])
 def test_pair_exact_hot_cold_logits_bit_for_bit(driver, Hq, kind, n):
-    """wgmma2sp (a query pair per block over its union, the rows of query 2p+1 after those of 2p):
-    the exact mean of each query's hot keys, bit for bit, duplicates counted per slot."""
-    rng = np.random.default_rng(seed("wgmma-pair", Hq, kind, n))
-    L, kk = 300, 100
-    kvv = np.zeros((L, 576))
-    kvv[:, 0] = np.where(rng.random(L) < 0.4, -128.0, 0.0)
-    kvv[:, 1:512] = rng.integers(-4, 5, (L, 511))
-    kv, kh = bf16(kvv)
-    q = np.zeros((n, Hq, 576))
-    q[:, :, 0] = np.where(rng.random((n, Hq)) < 0.8, 2.0, 0.0)
-    qd, qh = bf16(q)
-    idx = make_idx(rng, n, L, kk, kind)
-    out, lse = E.forward(driver, qd, kv, idx, 1.0, version="wgmma2sp")
-    want = np.zeros((n, Hq, 512), np.float32)
-    for t in range(n):
-        sl = idx[t][idx[t] >= 0]                                   # slots: a duplicate counts twice
-        if len(sl) == 0:
-            continue
-        for h in range(Hq):
-            logit = kh[sl] @ qh[t, h]
-            use = sl[logit == logit.max()]
-            want[t, h] = kh[use, :512].sum(0).astype(np.float32) / np.float32(len(use))
-    np.testing.assert_array_equal(bits(out), bits(want))
-    assert np.all(np.isneginf(lse[(idx < 0).all(1)]))
+    """wgmma2sp (a query pair per block over its union, the rows of query 2p+1 after those of 2p)."""
+    check_hot_cold(driver, "wgmma2sp", Hq, kind, n, tag="wgmma-pair")
 
 
 @pytest.mark.parametrize("n,Hq,kk,kind", [(3, 8, 100, "shared"), (2, 16, 130, "dups"), (1, 32, 64, "empty"),

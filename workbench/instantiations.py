@@ -228,7 +228,7 @@ def attend_names() -> tuple:
         out += [attend_bwd_hb2_name(mt, dqk, dv, shared) for mt in (2, 4)]
         out.append(attend_reduce_warp_name(shared, dqk if shared else dqk + dv))
         if not shared:                                          # the key-major backward (GQA / MHA)
-            out += [attend_bwd_dq_name(1, dqk, dv, qpt, shared) for qpt in (1, 2)] + [attend_dkv_keys_name(dqk, dv)]
+            out += [attend_bwd_dq_name(1, dqk, dv, 2, shared), attend_dkv_keys_name(dqk, dv)]
     out += ["hytopk_attend_pair_union", "hytopk_attend_pair_union_bits", "hytopk_attend_delta<true>", "hytopk_attend_delta<false>",
             "hytopk_attend_dkv_reduce<true>", "hytopk_attend_dkv_reduce<false>"]
     return tuple(out)

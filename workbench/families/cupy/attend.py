@@ -214,7 +214,6 @@ def attend_forward(q, k, v, idx, scale=None, *, qpt=1, out_dtype="bfloat16", acc
 
 
 KEY_MAJOR_MAX_G = 4      # query heads per kv head up to which dK/dV go key-major (version 3)
-PAIR_MAX_G = 32          # ... and up to which its dq pass takes query pairs (torch.attention.PAIR_MAX_HEADS)
 
 
 def key_major_applies(b: "Bound") -> bool:
@@ -244,8 +243,9 @@ def attend_backward(dout, q, k, v, idx, out, lse, scale=None, *, deterministic=T
     version 2 (deterministic only): head blocks 2h, 2h+1 share one part row (2h+1 adds 2h's value,
     read back from L2: half the scratch traffic, a fixed order), a warp-per-key float4 reduction,
     and a larger default scratch (fewer chunks); other bits than version 1's past one head block.
-    version 3 (key_major_applies only): dq by hytopk_attend_bwd_dq, dK/dV key-major by
-    hytopk_attend_dkv_keys: bitwise reproducible whatever ``deterministic`` says, no scratch.
+    version 3 (key_major_applies only): dq by hytopk_attend_bwd_dq (query pairs over their union),
+    dK/dV key-major by hytopk_attend_dkv_keys: bitwise reproducible whatever ``deterministic``
+    says, no scratch.
     None: 3 where it applies, else 1."""
     if version not in (None, 1, 2, 3):
         raise ValueError(f"argument 'version' must be None, 1, 2 or 3, got {version!r}")
@@ -286,20 +286,15 @@ def attend_backward(dout, q, k, v, idx, out, lse, scale=None, *, deterministic=T
                 do, lse, delta, dq, dk, dv if dv is not None else dk)
         if version == 3:
             if b.kk and b.n:
-                # dq query-major; query pairs over their union where the forward pairs too (fewer rows read)
-                qpt = 2 if b.G <= PAIR_MAX_G else 1
-                qmt, qhb = b.rows(qpt)
-                if qpt == 2:
-                    lst, mult, lens = pair_union(b.idx, b.L)
-                    U, tiles = lst.shape[1], lst.shape[0]
-                else:
-                    lst, lens, mult, U, tiles = b.idx, NULL, NULL, b.kk, b.n
-                _launch(_fn(INST.attend_bwd_dq_name(qmt, b.DQK, b.DV, qpt, b.shared)),
-                        (tiles, b.Hkv * -(-b.G // qhb)),
-                        (b.q, b.k, np.int64(b.k_stride), b.v, np.int64(b.v_stride), lst, lens, mult, np.int32(U),
-                         np.int32(b.n), np.int64(b.L), np.int32(b.Hq), np.int32(b.Hkv), np.int32(qhb),
-                         np.float32(b.scale), b.scale_log2, do, lse, delta, dq),
-                        b.smem(qmt, qpt, backward=True))
+                # dq query-major, a query pair per block over its union as the forward's `pair` (G <= 4:
+                # every head of both queries in one block): the pair's shared keys are read once
+                qmt, qhb = b.rows(2)
+                lst, mult, lens = pair_union(b.idx, b.L)
+                _launch(_fn(INST.attend_bwd_dq_name(qmt, b.DQK, b.DV, 2, b.shared)), (lst.shape[0], b.Hkv),
+                        (b.q, b.k, np.int64(b.k_stride), b.v, np.int64(b.v_stride), lst, lens, mult,
+                         np.int32(lst.shape[1]), np.int32(b.n), np.int64(b.L), np.int32(b.Hq), np.int32(b.Hkv),
+                         np.int32(qhb), np.float32(b.scale), b.scale_log2, do, lse, delta, dq),
+                        b.smem(qmt, 2, backward=True))
                 entry, starts = key_entries(b.idx, b.L)
                 _launch(_fn(INST.attend_dkv_keys_name(b.DQK, b.DV)), (-(-(b.L * b.Hkv) // 8), 1),
                         (b.q, b.k, np.int64(b.k_stride), b.v, np.int64(b.v_stride), do, lse, delta, entry, starts,
