@@ -87,7 +87,8 @@ def _kernel_forward(q, k, vv, idx, sc):
     heads = q.shape[1] // k.shape[1]
     if _wgmma_applies(q, k, vv):                  # MLA on Hopper: wgmma2s, a query pair per block up to 32 heads
         from workbench.families.cupy import attend_wgmma2 as AW2
-        return AW2.attend_forward_wgmma2(q, k, vv, idx, sc, swz=True, qpt=2 if heads <= PAIR_MAX_HEADS else 1)
+        pair = heads <= PAIR_MAX_HEADS and idx.shape[1] < AW2.PAIR_MAX_K
+        return AW2.attend_forward_wgmma2(q, k, vv, idx, sc, swz=True, qpt=2 if pair else 1)
     return CA.attend_forward(q, k, vv, idx, sc, qpt=2 if heads <= PAIR_MAX_HEADS else 1)
 
 

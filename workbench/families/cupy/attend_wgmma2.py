@@ -32,6 +32,7 @@ from .attend import NULL, Bound, pair_union
 from .wgmma import require_sm90
 
 FILE = "attend_wgmma2.cu"
+PAIR_MAX_K = 1 << 15         # qpt 2: a slot's two counts are 16-bit fields (kk < 2^15 keeps them exact)
 
 
 def _fn(name: str):
@@ -90,8 +91,8 @@ def attend_forward_wgmma2(q, k, v, idx, scale=None, *, out_dtype="bfloat16", clu
         if b.n * nhb >= 2 ** 31:
             raise ValueError(f"argument 'q': {b.n} queries x {nhb} head blocks exceed one launch's 2^31 - 1 blocks")
         if qpt == 2:                                         # the pairs' union rows (their widths: 2 kk)
-            if b.kk >= 1 << 15:
-                raise ValueError(f"argument 'idx': a query pair per block takes kk < 32768, got {b.kk}")
+            if b.kk >= PAIR_MAX_K:
+                raise ValueError(f"argument 'idx': a query pair per block takes kk < {PAIR_MAX_K}, got {b.kk}")
             lst, mult, lens = pair_union(b.idx, b.L)
             blocks, width = lst.shape[0], lst.shape[1]
         else:
