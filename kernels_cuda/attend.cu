@@ -13,6 +13,10 @@
 // (query, kv head, head block, slot): hytopk_attend_dkv_reduce sums them per key in a fixed
 // order: bitwise reproducible) or, ATOMIC, straight into dk/dv with float atomics;
 // hytopk_attend_bwd_hb2 lets two head blocks share one part row (the second adds the first's value).
+// The key-major backward (GQA / MHA, few heads per kv head): hytopk_attend_bwd_dq (dq only, a query
+// pair per block over its union) and hytopk_attend_dkv_keys (dK / dV one warp per key over the
+// entries that selected it, in a fixed order: no part rows, no atomics).
+// The pair's union: hytopk_attend_pair_union_bits (bitmaps, no sort), _reg / the first version (sorts).
 #include "hytopk_attend.cuh"
 using namespace hytopk;
 using namespace hytopk::attend;
