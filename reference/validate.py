@@ -195,11 +195,6 @@ def check_indexer_inputs(q, w, keys, *, dtypes=INPUT_DTYPES):
     return n, H, D, L
 
 
-def _size(x) -> int:
-    """Element count of any array kind (torch: numel)."""
-    return int(x.numel()) if hasattr(x, "numel") and callable(x.numel) else int(np.size(x) if isinstance(x, (list, tuple)) else x.size)
-
-
 def _min_max(x):
     """(min, max) of a non-empty integer array: reduced where it lives (torch / CuPy: two scalars
     come back, not the array: a selection of 8192 x 2048 is 64 MB), else on the host."""
@@ -215,7 +210,7 @@ def _min_max(x):
 def check_idx(idx, n: int, L: int):
     """Selected indices [n, k] int32 in [-1, L). Returns k."""
     _, k = check_array("idx", idx, ndim=2, dtypes=("int32",), shape=(n, None))
-    if _size(idx):
+    if n * k:
         lo, hi = _min_max(idx)
         if lo < -1 or hi >= L:
             raise ValueError(f"argument 'idx': entries must lie in [-1, L = {L}), got range [{lo}, {hi}]")

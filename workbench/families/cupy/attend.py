@@ -274,68 +274,79 @@ def attend_backward(dout, q, k, v, idx, out, lse, scale=None, *, deterministic=T
         _launch(_fn(f"hytopk_attend_delta<{'true' if out_bf16 else 'false'}>"), (-(-rows // 8), 1),
                 (do, o, np.int64(rows), np.int32(b.DV), delta), 0)
         dq = cp.zeros((b.n, b.Hq, b.DQK), cp.float32)
-        W = b.DQK if b.shared else b.DQK + b.DV
         dk = cp.zeros((b.L, b.Hkv, b.DQK), cp.float32)
         dv = None if b.shared else cp.zeros((b.L, b.Hkv, b.DV), cp.float32)
-        mt, hb = b.rows(1)
-        nhb = -(-b.G // hb)
-        fn = _fn(INST.attend_bwd_name(mt, b.DQK, b.DV, b.shared, not deterministic))
-        smem = b.smem(mt, 1, backward=True)
-        common = (b.q, b.k, np.int64(b.k_stride), b.v, np.int64(b.v_stride), b.idx, np.int32(b.kk), np.int32(b.n))
-        tail = (np.int64(b.L), np.int32(b.Hq), np.int32(b.Hkv), np.int32(hb), np.float32(b.scale), b.scale_log2,
-                do, lse, delta, dq, dk, dv if dv is not None else dk)
-        if version == 3:
-            if b.kk and b.n:
-                # dq query-major, a query pair per block over its union as the forward's `pair` (G <= 4:
-                # every head of both queries in one block): the pair's shared keys are read once
-                qmt, qhb = b.rows(2)
-                lst, mult, lens = pair_union(b.idx, b.L)
-                _launch(_fn(INST.attend_bwd_dq_name(qmt, b.DQK, b.DV, 2, b.shared)), (lst.shape[0], b.Hkv),
-                        (b.q, b.k, np.int64(b.k_stride), b.v, np.int64(b.v_stride), lst, lens, mult,
-                         np.int32(lst.shape[1]), np.int32(b.n), np.int64(b.L), np.int32(b.Hq), np.int32(b.Hkv),
-                         np.int32(qhb), np.float32(b.scale), b.scale_log2, do, lse, delta, dq),
-                        b.smem(qmt, 2, backward=True))
-                entry, starts = key_entries(b.idx, b.L)
-                _launch(_fn(INST.attend_dkv_keys_name(b.DQK, b.DV)), (-(-(b.L * b.Hkv) // 8), 1),
-                        (b.q, b.k, np.int64(b.k_stride), b.v, np.int64(b.v_stride), do, lse, delta, entry, starts,
-                         np.int32(b.kk), np.int64(b.L), np.int32(b.Hq), np.int32(b.Hkv), np.float32(b.scale),
-                         b.scale_log2, dk, dv), 0)
-        elif not deterministic:
-            _launch(fn, (b.n, b.Hkv * nhb), common + (np.int32(0),) + tail + (dk,), smem)
-        elif b.kk and b.n and version == 1:
-            per_query = b.Hkv * nhb * b.kk * W * 4
-            chunk = max(1, min(b.n, (scratch_bytes or SCRATCH_BYTES) // max(1, per_query)))
-            part = cp.empty((chunk * b.Hkv * nhb * b.kk, W), cp.float32) if b.kk and b.n else None
-            red = _fn(f"hytopk_attend_dkv_reduce<{'true' if b.shared else 'false'}>")
-            for t0 in range(0, b.n, chunk):
-                c = min(chunk, b.n - t0)
-                _launch(fn, (c, b.Hkv * nhb), common + (np.int32(t0),) + tail + (part,), smem)
-                _reduce_chunk(red, part, b, t0, c, nhb, W, dk, dv)
+        if b.kk and b.n and version == 3:
+            _backward_key_major(b, do, lse, delta, dq, dk, dv)
         elif b.kk and b.n:
-            # one part row per head-block pair (one head block: the plain kernel, the same bits)
-            nrow = -(-nhb // 2)
-            per_query = b.Hkv * nrow * b.kk * W * 4
-            chunk = max(1, min(b.n, (scratch_bytes or _scratch_v2()) // max(1, per_query)))
-            part = cp.empty((chunk * b.Hkv * nrow * b.kk, W), cp.float32)
-            if nhb > 1:
-                fn = _fn(INST.attend_bwd_hb2_name(mt, b.DQK, b.DV, b.shared))
-                flags = cp.empty(1 + chunk * b.Hkv * nrow, cp.int32)   # [0]: the work counter
-            wname = INST.attend_reduce_warp_name(b.shared, W)
-            red = _fn(wname or f"hytopk_attend_dkv_reduce<{'true' if b.shared else 'false'}>")
-            for t0 in range(0, b.n, chunk):
-                c = min(chunk, b.n - t0)
-                if nhb > 1:
-                    flags.fill(0)
-                    _launch(fn, (c * b.Hkv * nhb, 1), common + (np.int32(t0),) + tail + (part, flags), smem)
-                else:
-                    _launch(fn, (c, b.Hkv * nhb), common + (np.int32(t0),) + tail + (part,), smem)
-                _reduce_chunk(red, part, b, t0, c, nrow, W, dk, dv, warp=wname is not None)
+            _backward_slots(b, version, deterministic, scratch_bytes, do, lse, delta, dq, dk, dv)
         if b.DQK != b.d_qk:
             dq = cp.ascontiguousarray(dq[:, :, :b.d_qk])
             dk = cp.ascontiguousarray(dk[:, :, :b.d_qk])
         if dv is not None and b.DV != b.d_v:
             dv = cp.ascontiguousarray(dv[:, :, :b.d_v])
         return dq, dk, dv
+
+
+def _backward_key_major(b, do, lse, delta, dq, dk, dv):
+    """Version 3: dq per query pair (hytopk_attend_bwd_dq), dK / dV per key (hytopk_attend_dkv_keys)."""
+    # dq query-major, a query pair per block over its union as the forward's `pair` (G <= 4:
+    # every head of both queries in one block): the pair's shared keys are read once
+    qmt, qhb = b.rows(2)
+    lst, mult, lens = pair_union(b.idx, b.L)
+    _launch(_fn(INST.attend_bwd_dq_name(qmt, b.DQK, b.DV, 2, b.shared)), (lst.shape[0], b.Hkv),
+            (b.q, b.k, np.int64(b.k_stride), b.v, np.int64(b.v_stride), lst, lens, mult,
+             np.int32(lst.shape[1]), np.int32(b.n), np.int64(b.L), np.int32(b.Hq), np.int32(b.Hkv),
+             np.int32(qhb), np.float32(b.scale), b.scale_log2, do, lse, delta, dq),
+            b.smem(qmt, 2, backward=True))
+    entry, starts = key_entries(b.idx, b.L)
+    _launch(_fn(INST.attend_dkv_keys_name(b.DQK, b.DV)), (-(-(b.L * b.Hkv) // 8), 1),
+            (b.q, b.k, np.int64(b.k_stride), b.v, np.int64(b.v_stride), do, lse, delta, entry, starts,
+             np.int32(b.kk), np.int64(b.L), np.int32(b.Hq), np.int32(b.Hkv), np.float32(b.scale),
+             b.scale_log2, dk, dv), 0)
+
+
+def _backward_slots(b, version, deterministic, scratch_bytes, do, lse, delta, dq, dk, dv):
+    """Versions 1 and 2: the mma.sync backward's per-slot dK / dV, by atomics or part rows summed
+    per key in a fixed order (attend_backward's docstring)."""
+    W = b.DQK if b.shared else b.DQK + b.DV
+    mt, hb = b.rows(1)
+    nhb = -(-b.G // hb)
+    fn = _fn(INST.attend_bwd_name(mt, b.DQK, b.DV, b.shared, not deterministic))
+    smem = b.smem(mt, 1, backward=True)
+    common = (b.q, b.k, np.int64(b.k_stride), b.v, np.int64(b.v_stride), b.idx, np.int32(b.kk), np.int32(b.n))
+    tail = (np.int64(b.L), np.int32(b.Hq), np.int32(b.Hkv), np.int32(hb), np.float32(b.scale), b.scale_log2,
+            do, lse, delta, dq, dk, dv if dv is not None else dk)
+    if not deterministic:
+        _launch(fn, (b.n, b.Hkv * nhb), common + (np.int32(0),) + tail + (dk,), smem)
+    elif version == 1:
+        per_query = b.Hkv * nhb * b.kk * W * 4
+        chunk = max(1, min(b.n, (scratch_bytes or SCRATCH_BYTES) // max(1, per_query)))
+        part = cp.empty((chunk * b.Hkv * nhb * b.kk, W), cp.float32)
+        red = _fn(f"hytopk_attend_dkv_reduce<{'true' if b.shared else 'false'}>")
+        for t0 in range(0, b.n, chunk):
+            c = min(chunk, b.n - t0)
+            _launch(fn, (c, b.Hkv * nhb), common + (np.int32(t0),) + tail + (part,), smem)
+            _reduce_chunk(red, part, b, t0, c, nhb, W, dk, dv)
+    else:
+        # one part row per head-block pair (one head block: the plain kernel, the same bits)
+        nrow = -(-nhb // 2)
+        per_query = b.Hkv * nrow * b.kk * W * 4
+        chunk = max(1, min(b.n, (scratch_bytes or _scratch_v2()) // max(1, per_query)))
+        part = cp.empty((chunk * b.Hkv * nrow * b.kk, W), cp.float32)
+        if nhb > 1:
+            fn = _fn(INST.attend_bwd_hb2_name(mt, b.DQK, b.DV, b.shared))
+            flags = cp.empty(1 + chunk * b.Hkv * nrow, cp.int32)   # [0]: the work counter
+        wname = INST.attend_reduce_warp_name(b.shared, W)
+        red = _fn(wname or f"hytopk_attend_dkv_reduce<{'true' if b.shared else 'false'}>")
+        for t0 in range(0, b.n, chunk):
+            c = min(chunk, b.n - t0)
+            if nhb > 1:
+                flags.fill(0)
+                _launch(fn, (c * b.Hkv * nhb, 1), common + (np.int32(t0),) + tail + (part, flags), smem)
+            else:
+                _launch(fn, (c, b.Hkv * nhb), common + (np.int32(t0),) + tail + (part,), smem)
+            _reduce_chunk(red, part, b, t0, c, nrow, W, dk, dv, warp=wname is not None)
 
 
 def _scratch_v2() -> int:
