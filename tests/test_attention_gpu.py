@@ -11,7 +11,6 @@ chunking), the atomic mode within tolerance; the torch op and the DSA layer on C
 from __future__ import annotations
 
 import math
-import zlib
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ import pytest
 from reference import attention as RA
 from workbench.bf16 import bf16_bits_to_float32, float32_to_bf16_bits
 from tests.test_attention import make_idx
+from tests.strategies import stable_seed as seed
 
 from tests._cupy_gpu import GPU_MARKS, cp  # noqa: E402  (skips the module without CuPy)
 
@@ -35,11 +35,6 @@ def bf16(x):
     """(bf16 bits on the device, the float64 values they hold)."""
     b = float32_to_bf16_bits(np.ascontiguousarray(x, np.float32))
     return cp.asarray(b), bf16_bits_to_float32(b).astype(np.float64)
-
-
-def seed(*parts):
-    """A seed fixed across processes (hash() of a str is salted per process)."""
-    return zlib.crc32(repr(parts).encode())
 
 
 def bits(x):

@@ -14,13 +14,13 @@ kernels (wgmma2c / wgmma2sc) are not emulated."""
 from __future__ import annotations
 
 import os
-import zlib
 
 import numpy as np
 import pytest
 
 from reference import attention as RA
 from tests.test_attention import make_idx
+from tests.strategies import stable_seed as seed
 from workbench.bf16 import bf16_bits_to_float32, float32_to_bf16_bits
 
 from wgmma_emulation import emulate as E
@@ -36,10 +36,6 @@ VERSIONS = ["wgmma2", "wgmma2s", "wgmma3"]      # wgmma2 first: the GPU-verified
 def driver(tmp_path_factory):
     # compiler() is None (the module skips) without a C++20 g++; with one, a build error is a failure
     return E.build(tmp_path_factory.mktemp("wgmma_emulation"))
-
-
-def seed(*parts):
-    return zlib.crc32(repr(parts).encode())
 
 
 def bf16(x):
