@@ -79,20 +79,6 @@ __device__ __forceinline__ u64 desc_sw128(u32 addr, u32 lead, u32 stride) {
 }
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
-// mbarrier wait that traps (a launch error) instead of hanging when a phase never completes (2 s);
-// CLUSTER_ACQ: acquire at cluster scope (the empty barriers also get the peer block's arrivals)
-template <bool CLUSTER_ACQ>
-__device__ __forceinline__ void wait_or_trap(u32 bar, u32 parity) {
-    u32 done, t0 = 0;
-    bool timed = false;
-    do {
-        done = CLUSTER_ACQ ? mbar_try_wait_cluster(bar, parity) : mbar_try_wait(bar, parity);
-        if (!done) {                                   // the clock is read only once the first poll failed
-            if (!timed) { t0 = globaltimer_lo(); timed = true; }
-            else if (globaltimer_lo() - t0 > 2000000000u) device_trap();
-        }
-    } while (!done);
-}
 
 // cluster primitives (cluster_ctarank, cluster_sync, map_peer, mbar_arrive_remote, bulk_s2peer):
 // hytopk_wgmma_common.cuh
@@ -199,7 +185,7 @@ __device__ __forceinline__ void attend_fwd_wgmma2(const bf16_t* __restrict__ q, 
         for (int it = 0; it < ntiles; ++it) {
             const int st = it & 1;
             if (it >= 1) publish(it - 1);
-            if (it >= 2) wait_or_trap<CLUSTER>(empty0 + 8 * st, (u32)(((it >> 1) - 1) & 1));
+            if (it >= 2) mbar_wait_or_trap<CLUSTER>(empty0 + 8 * st, (u32)(((it >> 1) - 1) & 1));
             const u32 dst = sk0 + (u32)(st * TILE_BYTES + gbeg * GROUP + r8 * 16);
             if (SWZ) {
 #pragma unroll
@@ -260,7 +246,7 @@ __device__ __forceinline__ void attend_fwd_wgmma2(const bf16_t* __restrict__ q, 
         for (int it = 0; it < ntiles; ++it) {
             const int st = it & 1;
             const u32 sk = sk0 + (u32)(st * TILE_BYTES);
-            wait_or_trap<false>(full0 + 8 * st, (u32)((it >> 1) & 1));
+            mbar_wait_or_trap<false>(full0 + 8 * st, (u32)((it >> 1) & 1));
 
             // S_c = Q K_c^T: 64 rows x 32 keys, 36 k-steps of 16
             float s[16];

@@ -71,18 +71,6 @@ __device__ __forceinline__ u64 desc_sw128(u32 addr, u32 lead, u32 stride) {
     return (u64)((addr >> 4) & 0x3fffu) | ((u64)((lead >> 4) & 0x3fffu) << 16) | ((u64)((stride >> 4) & 0x3fffu) << 32) | (1ull << 62);
 }
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
-// mbarrier wait that traps (a launch error) instead of hanging when a phase never completes (2 s)
-__device__ __forceinline__ void wait_or_trap(u32 bar, u32 parity) {
-    u32 done, t0 = 0;
-    bool timed = false;
-    do {
-        done = mbar_try_wait(bar, parity);
-        if (!done) {
-            if (!timed) { t0 = globaltimer_lo(); timed = true; }
-            else if (globaltimer_lo() - t0 > 2000000000u) device_trap();
-        }
-    } while (!done);
-}
 // column tile i (0..8) of region Y_s (i < 4) or X_s (i >= 4) of stage s: S's k-step order too
 __device__ __forceinline__ int region_ct(int s, int i) {
     return i < 4 ? 4 * (s ^ 1) + i : (i < 8 ? 4 * s + (i - 4) : 8);
@@ -153,12 +141,12 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
             const int s = it & 1;
             const u32 par = (u32)(((it >> 1) - 1) & 1);
             const u32 stage = sk0 + (u32)(s * TILE_BYTES);
-            if (it >= 2) wait_or_trap(emptyY + 8 * s, par);             // the other warpgroup's P.V of tile it-2 done
+            if (it >= 2) mbar_wait_or_trap(emptyY + 8 * s, par);             // the other warpgroup's P.V of tile it-2 done
             if (tid < NK) smask[s * NK + tid] = (nm >= 0 && (long long)nm < L) ? 1.0f : 0.0f;
             copy(stage, s, 0, 4);
             mbar_arrive(fullY + 8 * s);                                  // (release: the mask store)
             cp_async_arrive_noinc(fullY + 8 * s);
-            if (it >= 2) wait_or_trap(emptyX + 8 * s, par);             // both P.V of tile it-2 done
+            if (it >= 2) mbar_wait_or_trap(emptyX + 8 * s, par);             // both P.V of tile it-2 done
             copy(stage, s, 4, NCT);
             cp_async_arrive_noinc(fullX + 8 * s);
             if (it + 1 < ntiles) load_slots(it + 1);                     // in flight under the next waits
@@ -216,7 +204,7 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
             float s[32];
             if (own) {
                 // S_t = Q K_t^T (64 x 64): region Y first (released early), then X
-                wait_or_trap(fullY + 8 * w, u);
+                mbar_wait_or_trap(fullY + 8 * w, u);
                 fence_proxy_async();
                 wgmma_fence();
 #pragma unroll
@@ -233,7 +221,7 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
                     __syncwarp();
                     if (lane == 0) mbar_arrive(emptyX + 8 * w);
                 }
-                wait_or_trap(fullX + 8 * w, u);
+                mbar_wait_or_trap(fullX + 8 * w, u);
                 fence_proxy_async();
                 wgmma_fence();
 #pragma unroll

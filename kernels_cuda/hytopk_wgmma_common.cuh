@@ -127,6 +127,21 @@ __device__ __forceinline__ void bulk_s2peer(u32 dst, u32 src, u32 bytes, u32 bar
 __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
     while (!mbar_try_wait(bar, parity)) {}
 }
+// the same, but a trap (a launch error) instead of a hang when the phase never completes (2 s;
+// the clock is read only once the first poll failed); CLUSTER_ACQ: acquire at cluster scope (a
+// barrier that also gets a peer block's arrivals)
+template <bool CLUSTER_ACQ = false>
+__device__ __forceinline__ void mbar_wait_or_trap(u32 bar, u32 parity) {
+    u32 done, t0 = 0;
+    bool timed = false;
+    do {
+        done = CLUSTER_ACQ ? mbar_try_wait_cluster(bar, parity) : mbar_try_wait(bar, parity);
+        if (!done) {
+            if (!timed) { t0 = globaltimer_lo(); timed = true; }
+            else if (globaltimer_lo() - t0 > 2000000000u) device_trap();
+        }
+    } while (!done);
+}
 
 }  // namespace wgp
 }  // namespace hytopk

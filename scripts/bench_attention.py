@@ -8,8 +8,9 @@
             their _acc2 kernels (two logit accumulators), pair_nk64 (64-key tiles at 16 heads), and
             on wgmma wgmma2sp (a pair per block) vs wgmma2s (one query); best_pair_vs_best_one: the
             fastest two-query kernel against the fastest one-query kernel
-  backward  deterministic, atomic and deterministic_v2, effective TFLOP/s 2 n H k (3 d_qk + 2 d_v) / t
-            (the logits are recomputed), and its ratio to the forward rate
+  backward  deterministic, atomic and deterministic_v2 (attend.cu's mma.sync backward), wgmma and
+            wgmma_atomic (attend_wgmma_bwd.cu, sm_90a: version 4), effective TFLOP/s
+            2 n H k (3 d_qk + 2 d_v) / t (the logits are recomputed), and its ratio to the forward rate
   baseline  dsa.py's gather + einsum vs torch.ops.hytopk.sparse_attention, forward + backward, time
             and peak memory (MHA layout of the DSA layer and the MLA layout, where the gather fits)
   step      the DSA sparse stage at dsv32-128k-like sizes with selection replay: select once, then
@@ -173,14 +174,17 @@ def backward_rows(n, H, L, k, fwd_rate, op_rate=None):
     out, lse = CA.attend_forward(q, kk, vv, idx, None)
     dout = torch.randn(n, H, 512, device="cuda").bfloat16()
     rows = {}
-    for name, kw in (("deterministic", dict(deterministic=True)), ("atomic", dict(deterministic=False)),
-                     ("deterministic_v2", dict(deterministic=True, version=2))):
+    variants = [("deterministic", dict(deterministic=True)), ("atomic", dict(deterministic=False)),
+                ("deterministic_v2", dict(deterministic=True, version=2))]
+    if torch.cuda.get_device_capability() == (9, 0):    # attend_wgmma_bwd.cu (sm_90a)
+        variants += [("wgmma", dict(deterministic=True, version=4)), ("wgmma_atomic", dict(deterministic=False, version=4))]
+    for name, kw in variants:
         t = timed(lambda: CA.attend_backward(dout, q, kk, vv, idx, out, lse, None, **kw), reps=3)
         r = rate(bwd_flops(n, H, k), t)
         rows[name] = dict(t, tflops=r, vs_forward=r / fwd_rate if fwd_rate else None,
                           vs_op_forward=r / op_rate if op_rate else None)
         vs, vo = rows[name]["vs_forward"], rows[name]["vs_op_forward"]
-        print(f"  bwd H={H} n={n} {name:<13} {t['median_ms']:8.3f} ms  {r:6.1f} TFLOP/s "
+        print(f"  bwd H={H} n={n} {name:<16} {t['median_ms']:8.3f} ms  {r:6.1f} TFLOP/s "
               + (f"({vs:.2f} of one's forward rate)" if vs else "")
               + (f" ({vo:.2f} of wgmma2s's)" if vo else ""), flush=True)
     return rows

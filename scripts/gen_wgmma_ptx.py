@@ -32,9 +32,10 @@ def wrapper(n: int, kind: str, k: str, types: str, transposable: bool) -> str:
         f"}}\n")
 
 
-def wrapper_vt(n: int, rs: bool) -> str:
+def wrapper_vt(n: int, rs: bool, ta: bool = False) -> str:
     """bf16 m64n{n}k16 with B transposed (MN-major: the attention's V = [keys][d] rows) and A
-    either from shared memory (descriptor) or from registers (4 x bf16x2: P as the MMA's A fragment)."""
+    either from shared memory (descriptor; ta: MN-major too, the backward's Q^T / dO^T) or from
+    registers (4 x bf16x2: P as the MMA's A fragment)."""
     acc = n // 2
     regs = ", ".join(f"%{i}" for i in range(acc))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(acc))
@@ -47,8 +48,8 @@ def wrapper_vt(n: int, rs: bool) -> str:
     else:
         a_ops, a_args, a_sig, nb = f"%{acc}", '"l"(da), ', "u64 da", acc + 1
         imms = ", %{}, %{}, %{}, %{}".format(nb + 2, nb + 3, nb + 4, nb + 5)
-        imm_args = '"n"(1), "n"(1), "n"(0), "n"(1)'
-        name = f"wgmma_m64n{n}k16_bf16_tb"
+        imm_args = '"n"(1), "n"(1), "n"({}), "n"(1)'.format(int(ta))
+        name = f"wgmma_m64n{n}k16_bf16_{'ta_' if ta else ''}tb"
     return (
         f"__device__ __forceinline__ void {name}(float (&d)[{acc}], {a_sig}, u64 db, int scale_d) {{\n"
         f"    asm volatile(\n"
@@ -73,6 +74,9 @@ def render() -> str:
             parts.append(wrapper(n, kind, k, types, tr))
     parts.append(wrapper_vt(256, False))
     parts.append(wrapper_vt(256, True))
+    parts.append(wrapper_vt(144, False))             # the MLA backward's dQ = dS K (K MN-major)
+    parts.append(wrapper_vt(32, False, ta=True))     # ... and its dKV^T = Q^T dS + dO^T P
+    parts.append(wrapper_vt(16, False, ta=True))
     parts.append("#endif  // HYTOPK_EMU_PTX\n}  // namespace wgp\n}  // namespace hytopk\n")
     return "\n".join(parts)
 

@@ -28,3 +28,14 @@ def test_version_3_instantiations():
     assert INST.ATTEND_WGMMA3_SMEM == 3 * 64 * 576 * 2 + 4 * 64 * 4 + 2 * 64 * 4 + 8 * 8 + 1024 <= INST.ATTEND_SMEM_LIMIT
     assert INST.ATTEND_WGMMA3_THREADS == 384          # 2 consumer warpgroups + a producer warpgroup (setmaxnreg)
     assert len(INST.geometry_asserts("attend_wgmma3.cu")) == 2
+
+
+def test_backward_instantiations_and_launch_figures():
+    assert INST.name_expressions("attend_wgmma_bwd.cu") == ["hytopk_attend_bwd_wgmma<false>",
+                                                             "hytopk_attend_bwd_wgmma<true>"]
+    assert INST.FILE_OPTIONS["attend_wgmma_bwd.cu"] == ("-arch=sm_90a",)
+    assert len(INST.geometry_asserts("attend_wgmma_bwd.cu")) == 2
+    # Q + dO + two 32-key stages + P and dS (64 x 32 bf16) + the stages' slot keys + 4 mbarriers + 128 B alignment
+    assert INST.ATTEND_WGMMA_BWD_SMEM == (64 * 576 * 2 + 64 * 512 * 2 + 2 * 32 * 576 * 2 + 2 * 64 * 32 * 2
+                                          + 2 * 32 * 4 + 4 * 8 + 128) <= INST.ATTEND_SMEM_LIMIT
+    assert INST.ATTEND_WGMMA_BWD_THREADS == 384

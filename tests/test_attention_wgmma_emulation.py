@@ -10,7 +10,12 @@ validate the emulator; then the same tests on wgmma3. The emulator also fails a 
 on a deadlock (its watchdog), an out-of-bounds shared or global access, an mbarrier misuse, or a
 wgmma whose shared-memory operands change between the warps' issues or before its wait_group.
 Skips without g++ (C++20); the longer sweeps only with HYTOPK_EMULATION_SWEEP=1. The 2-CTA cluster
-kernels (wgmma2c / wgmma2sc) are not emulated."""
+kernels (wgmma2c / wgmma2sc) are not emulated.
+
+The MLA backward (attend_wgmma_bwd.cu, attend_backward version 4; not yet run on a GPU: these are
+its only checks so far, with the wrapper's plumbing in tests/attend_emulation/run.py): dq and the kv
+gradient (its part rows summed per key, or its atomics) against the float64 reference on the
+adversarial selections, a query chunk, and under jitter."""
 from __future__ import annotations
 
 import os
@@ -225,3 +230,89 @@ def test_random_sweep(driver, version, rep):
         ro, rl = reference(qh, kh, idx)
         np.testing.assert_allclose(out, ro, rtol=3e-2, atol=3e-2, err_msg=f"{kind} n={n} Hq={Hq} kk={kk} L={L}")
         np.testing.assert_allclose(lse, rl, rtol=1e-4, atol=1e-2, err_msg=f"{kind} n={n} Hq={Hq} kk={kk} L={L}")
+
+
+# ------------------------------------------------------------------ backward (attend_wgmma_bwd.cu)
+def backward_case(rng, n, Hq, kk, kind, L=150):
+    """Random bf16 q / kv / dout, a selection of `kind` (slots past L and below -1 masked as -1),
+    and the forward's lse / delta (float32) as the wrapper passes them."""
+    kv, kh = bf16(rng.standard_normal((L, 576)))
+    qd, qh = bf16(rng.standard_normal((n, Hq, 576)))
+    dod, doh = bf16(rng.standard_normal((n, Hq, 512)))
+    idx = make_idx(rng, n, L, kk, kind)
+    if kind == "random" and kk > 8:
+        idx[0, 3], idx[-1, 5] = L + 7, -5
+    ro, rl = reference(qh, kh, idx)
+    delta = (doh * ro).sum(-1).astype(np.float32)
+    valid = np.where((idx >= 0) & (idx < L), idx, -1)
+    rq, rk, rv = RA.attend_backward(doh, qh, kh[:, None, :], kh[:, None, :512], valid)
+    return kv, qd, dod, idx, rl.astype(np.float32), delta, rq, RA.mla_dkv(rk, rv), valid
+
+
+def rel_close(got, want, tol=1e-2):
+    err = float(np.abs(got - want).max()) if want.size else 0.0
+    assert err <= tol * max(1e-3, float(np.abs(want).max()) if want.size else 0.0), err
+
+
+def summed_part_rows(part, idx, t0, L):
+    """dkv from the part rows [count, nhb, kk, 576] of queries t0 .., in entry order (as the reduce)."""
+    dkv = np.zeros((L, 576))
+    count, nhb, kk, _ = part.shape
+    for tl in range(count):
+        for hb in range(nhb):
+            for j in range(kk):
+                if idx[t0 + tl, j] >= 0:
+                    dkv[idx[t0 + tl, j]] += part[tl, hb, j]
+    return dkv
+
+
+# (n, Hq, kk, kind, atomic): one or two 32-key tiles and a partial one, 64 heads, a partial head block
+# (8: rows 8 .. 63 zero), two head blocks (80: the second partial)
+BWD_CASES = [(3, 64, 45, "random", False), (3, 64, 70, "dups", False), (4, 64, 45, "shared", False),
+             (3, 64, 33, "disjoint", False), (3, 64, 45, "empty", False), (2, 64, 40, "pad_only", False),
+             (3, 8, 45, "dups", True), (2, 80, 40, "shared", False), (2, 64, 1, "random", True)]
+
+
+@pytest.mark.parametrize("n,Hq,kk,kind,atomic", BWD_CASES)
+def test_backward_matches_reference(driver, n, Hq, kk, kind, atomic):
+    """dq and the kv gradient (part rows summed per key, or the atomics) against the float64
+    reference at the GPU tests' tolerance; masked slots' part rows are never written (NaN stays),
+    untouched keys get exactly 0 and queries without a key a dq of exactly 0."""
+    rng = np.random.default_rng(seed("wgmma-bwd", n, Hq, kk, kind, atomic))
+    L = 150
+    kv, qd, dod, idx, lse, delta, rq, rkv, valid = backward_case(rng, n, Hq, kk, kind, L)
+    dq, out = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=atomic)
+    rel_close(dq, rq)
+    dkv = out if atomic else summed_part_rows(out, valid, 0, L)
+    rel_close(dkv, rkv)
+    if not atomic:
+        rows = out.transpose(0, 2, 1, 3)                         # [n, kk, nhb, 576]
+        assert np.isnan(rows[valid < 0]).all() and not np.isnan(rows[valid >= 0]).any()
+    else:
+        untouched = np.setdiff1d(np.arange(L), valid[valid >= 0])
+        assert np.all(out[untouched] == 0)
+    assert np.all(dq[(valid < 0).all(1)] == 0)
+
+
+def test_backward_chunk_writes_only_its_queries(driver):
+    """t0 / count (attend_backward's query chunks): dq rows of other queries stay unwritten (NaN), the
+    part rows are the chunk's, indexed from 0, and equal the whole launch's."""
+    rng = np.random.default_rng(seed("wgmma-bwd-chunk"))
+    L = 150
+    kv, qd, dod, idx, lse, delta, rq, rkv, valid = backward_case(rng, 3, 64, 40, "dups", L)
+    dq_all, part_all = E.backward(driver, qd, kv, idx, dod, lse, delta)
+    dq, part = E.backward(driver, qd, kv, idx, dod, lse, delta, t0=1, count=1)
+    assert np.isnan(dq[[0, 2]]).all()
+    np.testing.assert_array_equal(bits(dq[1]), bits(dq_all[1]))
+    np.testing.assert_array_equal(bits(part[0]), bits(part_all[1]))
+
+
+def test_backward_under_jitter(driver):
+    """Other interleavings (random sleeps at every synchronisation): the same bits, no emulation error
+    (a stage reused before both consumers released it, P / dS overwritten while read)."""
+    rng = np.random.default_rng(seed("wgmma-bwd-jitter"))
+    kv, qd, dod, idx, lse, delta, *_ = backward_case(rng, 2, 64, 100, "random")
+    calm = E.backward(driver, qd, kv, idx, dod, lse, delta)
+    shaken = E.backward(driver, qd, kv, idx, dod, lse, delta, env={"HYTOPK_EMU_JITTER": "0.02", "HYTOPK_EMU_SEED": "5"})
+    for a, b in zip(calm, shaken):
+        np.testing.assert_array_equal(bits(a), bits(b))

@@ -31,7 +31,8 @@ def test_check_launch_names_the_driver_limit():
 
 @needs_nvrtc
 @pytest.mark.parametrize("file, threads", [("attend_wgmma3.cu", INST.ATTEND_WGMMA3_THREADS),
-                                           ("attend_wgmma2.cu", INST.ATTEND_WGMMA_THREADS)])
+                                           ("attend_wgmma2.cu", INST.ATTEND_WGMMA_THREADS),
+                                           ("attend_wgmma_bwd.cu", INST.ATTEND_WGMMA_BWD_THREADS)])
 def test_wgmma_attention_launch_attributes(file, threads):
     src = loader.kernel_dir() / file
     attrs = CI.nvrtc_kernel_attrs(src, INST.name_expressions(file), INST.FILE_OPTIONS[file])

@@ -68,11 +68,12 @@ KERNELS = {
                   ("hytopk_attend_dkv_keys", "attend"), ("hytopk_attend_pair_union_bits", "attend")),
     "attend_wgmma2.cu": (("hytopk_attend_fwd_wgmma2", "attend_wgmma"), ("hytopk_attend_fwd_wgmma2c", "attend_wgmma")),
     "attend_wgmma3.cu": (("hytopk_attend_fwd_wgmma3", "attend_wgmma"),),
+    "attend_wgmma_bwd.cu": (("hytopk_attend_bwd_wgmma", "attend_wgmma"),),
 }
 # files that need an arch-specific target (wgmma exists on sm_90a only): NVRTC options, nvcc -gencode
 FILE_OPTIONS = {"wgmma.cu": ("-arch=sm_90a",), "wgmma_ws.cu": ("-arch=sm_90a",),
                 "wgmma_ws_threshold.cu": ("-arch=sm_90a",), "attend_wgmma2.cu": ("-arch=sm_90a",),
-                "attend_wgmma3.cu": ("-arch=sm_90a",)}
+                "attend_wgmma3.cu": ("-arch=sm_90a",), "attend_wgmma_bwd.cu": ("-arch=sm_90a",)}
 
 
 def nvcc_target(file: str, arch: str) -> str:
@@ -210,6 +211,18 @@ def attend_wgmma3_name(out_bf16) -> str:
     return f"hytopk_attend_fwd_wgmma3<{_b(out_bf16)}>"
 
 
+# attend_wgmma_bwd.cu: the MLA backward (dims as ATTEND_WGMMA_DIMS, 64 heads per block): Q + dO + two
+# 32-key stages + P and dS tiles (64 x 32 bf16) + the stages' slot keys + 4 mbarriers + 128 B to round
+# the base up
+ATTEND_WGMMA_BWD_SMEM = 73728 + 65536 + 2 * 36864 + 2 * 4096 + 2 * 32 * 4 + 4 * 8 + 128   # attwb::LAUNCH_SMEM
+ATTEND_WGMMA_BWD_THREADS = 384
+
+
+def attend_wgmma_bwd_name(atomic) -> str:
+    """atomic: dK/dV by float atomics into dkv; else the per-(query, head block, slot) part rows."""
+    return f"hytopk_attend_bwd_wgmma<{_b(atomic)}>"
+
+
 def attend_names() -> tuple:
     """The instantiations the compile check builds (the shipped shapes' hot ones)."""
     out = []
@@ -273,6 +286,9 @@ def geometry_asserts(file: str, shapes=SHAPES) -> list[str]:
     if file == "attend_wgmma2.cu":
         return [f'static_assert(hytopk::attw2::LAUNCH_SMEM == {ATTEND_WGMMA2_SMEM}, "instantiations.ATTEND_WGMMA2_SMEM drifted");',
                 f'static_assert(hytopk::attw2::THREADS == {ATTEND_WGMMA_THREADS}, "instantiations.ATTEND_WGMMA_THREADS drifted");']
+    if file == "attend_wgmma_bwd.cu":
+        return [f'static_assert(hytopk::attwb::LAUNCH_SMEM == {ATTEND_WGMMA_BWD_SMEM}, "instantiations.ATTEND_WGMMA_BWD_SMEM drifted");',
+                f'static_assert(hytopk::attwb::THREADS == {ATTEND_WGMMA_BWD_THREADS}, "instantiations.ATTEND_WGMMA_BWD_THREADS drifted");']
     if file == "attend_wgmma3.cu":
         return [f'static_assert(hytopk::attw3::LAUNCH_SMEM == {ATTEND_WGMMA3_SMEM}, "instantiations.ATTEND_WGMMA3_SMEM drifted");',
                 f'static_assert(hytopk::attw3::THREADS == {ATTEND_WGMMA3_THREADS}, "instantiations.ATTEND_WGMMA3_THREADS drifted");']
@@ -307,6 +323,8 @@ def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
             + tuple(attend_wgmma2_name(b, False, True, 2) for b in (True, False))
     if file == "attend_wgmma3.cu":
         return tuple(attend_wgmma3_name(b) for b in (True, False))
+    if file == "attend_wgmma_bwd.cu":
+        return tuple(attend_wgmma_bwd_name(a) for a in (False, True))
     for kernel, over in KERNELS[file]:
         if over == "plain":
             out.append(name(kernel))

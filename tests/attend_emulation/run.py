@@ -20,7 +20,7 @@ from reference import attention as RA
 from workbench.families.cupy import attend as CA
 from workbench.bf16 import float32_to_bf16_bits, bf16_bits_to_float32
 
-SRC = (ROOT / "kernels_cuda" / "attend.cu").read_text()
+SRC = (ROOT / "kernels_cuda" / "attend.cu").read_text() + (ROOT / "kernels_cuda" / "attend_wgmma_bwd.cu").read_text()
 def sig(kernel):
     m = re.search(kernel + r"\((.*?)\)\s*\{", SRC, re.S)
     params = [p.strip() for p in m.group(1).split(",")]
@@ -147,6 +147,15 @@ class Fn:
                         part[r] = part[r] + c if hbi % 2 else c
                     else:
                         part[((tl * Hkv + g) * nhb + hbi) * U + j] = c
+    def hytopk_attend_bwd_wgmma(self, tp, grid, a):
+        # attend_wgmma_bwd.cu: MLA 576 / 512, 64 heads per block, grid (queries of the chunk) x nhb
+        q, kv, ks, idx, kk, n, t0, L, Hq, nhb, scale, sl2, do, lse, delta, dq, out = a
+        assert int(nhb) == -(-int(Hq) // 64) and grid[0] % int(nhb) == 0 and grid[1:] in ((), (1,))
+        assert q.shape[-1] == 576 and do.shape[-1] == 512 and int(t0) + grid[0] // int(nhb) <= int(n)
+        assert self.name in ("hytopk_attend_bwd_wgmma<true>", "hytopk_attend_bwd_wgmma<false>"), self.name
+        self.hytopk_attend_bwd(["4", "32", "576", "512", "true", tp[0]], (grid[0] // int(nhb), int(nhb)),
+                               (q, kv, ks, kv, ks, idx, kk, n, t0, L, Hq, np.int32(1), np.int32(64), scale, sl2, do,
+                                lse, delta, dq, out, out, out))
     def hytopk_attend_bwd_dq(self, tp, grid, a):
         MT, NK, DQK, DV, QPT = map(int, tp[:5]); SH = tp[5] == "true"
         q, k, ks, v, vs, lst, lens, mult, U, n, L, Hq, Hkv, hb, scale, sl2, do, lse, delta, dq = a
@@ -205,6 +214,13 @@ class Fn:
             if W > DQK: dv.reshape(-1, DV)[r] += acc[DQK:]
 
 CA._fn = lambda name: Fn(name)
+from workbench.families.cupy import attend_wgmma_bwd as AWB
+AWB._fn = lambda name: Fn(name)
+AWB.require_sm90 = lambda: None
+from types import SimpleNamespace as _NS
+from workbench.families.cupy import attend_wgmma2 as AW2
+# the real check, its alignment test reading numpy's pointer (cupy's k.data.ptr)
+AWB.unsupported = lambda b: AW2.unsupported(_NS(**{**vars(b), "k": _NS(data=_NS(ptr=b.k.__array_interface__["data"][0]))}))
 CA._shares_rows = lambda k, v: (k.__array_interface__["data"][0] == v.__array_interface__["data"][0] and k.size > 0
                                 and k.strides[:2] == v.strides[:2] and k.strides[2] == v.strides[2] == 2)
 from tests.test_attention import make_idx
@@ -251,3 +267,32 @@ for (mla, Hq, Hkv, Dqk, Dv, n, L, kk, kind_) in [(True, 8, 1, 32, 16, 5, 40, 13,
             else: close(dk, rk, 1e-4); close(dv, rv, 1e-4)
     assert Fn.calls.get("hytopk_attend_dkv_keys", 0) - keys_before == (4 if len(modes) > 3 else 0)   # 3 and None, 2 scratch sizes
     print("ok", mla, Hq, Hkv, Dqk, Dv, kind_)
+
+# version 4 (the wgmma MLA backward, attend_wgmma_bwd.py): its launches, chunks and part-row reduction;
+# 80 heads = two head blocks (the second partly zero rows); other layouts are refused by name
+for Hq, kind_ in ((80, "dups"), (8, "empty")):
+    n, L, kk = 3, 24, 9
+    qb, qh = bf(rng.standard_normal((n, Hq, 576)) * 0.1)
+    kvb, kvh = bf(rng.standard_normal((L, 576)))
+    k, v = kvb[:, None, :], kvb[:, None, :512]
+    idx = make_idx(rng, n, L, kk, kind_)
+    dob, doh = bf(rng.standard_normal((n, Hq, 512)))
+    rq, rk, rv = RA.attend_backward(doh, qh, kvh[:, None, :], kvh[:, None, :512], idx)
+    out, lse = CA.attend_forward(qb, k, v, idx, None, out_dtype="float32")
+    before = Fn.calls.get("hytopk_attend_bwd_wgmma", 0)
+    for det, sb in ((True, None), (True, 1), (False, None)):
+        dq, dk, dv = CA.attend_backward(dob, qb, k, v, idx, out, lse, None, deterministic=det, scratch_bytes=sb,
+                                        version=4)
+        assert dv is None
+        close(dq, rq, 1e-4); close(dk[:, 0], RA.mla_dkv(rk, rv), 1e-4)
+    assert Fn.calls["hytopk_attend_bwd_wgmma"] - before == 1 + n + 1     # one launch, n chunks of 1, one atomic
+    print("ok version 4", Hq, kind_)
+qb, _ = bf(rng.standard_normal((2, 4, 64))); kvb, _ = bf(rng.standard_normal((10, 64)))
+out, lse = CA.attend_forward(qb, kvb[:, None, :], kvb[:, None, :32], np.zeros((2, 3), np.int32), None, out_dtype="float32")
+try:
+    CA.attend_backward(bf(rng.standard_normal((2, 4, 32)))[0], qb, kvb[:, None, :], kvb[:, None, :32],
+                       np.zeros((2, 3), np.int32), out, lse, None, version=4)
+    raise AssertionError("version 4 took d_qk 64")
+except ValueError as e:
+    assert "d_qk 576" in str(e) and "'k', 'v'" in str(e), e
+print("ok version 4 refusal")

@@ -1,5 +1,6 @@
-// Runs one wgmma attention forward (kernels_cuda/attend_wgmma2.cu or attend_wgmma3.cu, compiled for
-// the CPU by emulate.py) on the case in argv[1], writes out and lse to argv[2].
+// Runs one wgmma attention forward (kernels_cuda/attend_wgmma2.cu or attend_wgmma3.cu) or the MLA
+// backward (attend_wgmma_bwd.cu: version 4), compiled for the CPU by emulate.py, on the case in
+// argv[1]; writes out and lse (the backward: dq and its dkv / part rows) to argv[2].
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +14,9 @@ typedef unsigned short bf16_t;
 void emu_attend_wgmma2(bool out_bf16, bool swz, int qpt, const bf16_t* q, const bf16_t* kv, long long kv_stride,
                        const int* idx, const int* lens, const int* mult, int kk, int n, long long L, int Hq,
                        float scale_log2, void* out, float* lse);
+void emu_attend_wgmma_bwd(bool atomic, const bf16_t* q, const bf16_t* kv, long long ks, const int* idx, int kk, int n,
+                          int t0, int count, long long L, int Hq, float scale, float sl2, const bf16_t* dout,
+                          const float* lse, const float* delta, float* dq, float* out);
 void emu_attend_wgmma3(bool out_bf16, const bf16_t* q, const bf16_t* kv, long long kv_stride, const int* idx, int kk,
                        int n, long long L, int Hq, float scale_log2, void* out, float* lse);
 
@@ -22,6 +26,41 @@ static unsigned char* buffer(std::vector<unsigned char>& store, size_t n, const 
     unsigned char* p = store.data() + (256 - reinterpret_cast<uintptr_t>(store.data()) % 256) % 256;
     emu::wg::global_buffer(p, n, name);
     return p;
+}
+
+// version 4: header h[11..13] = t0, count, scale bits; then dout, lse, delta
+static int backward(std::ifstream& in, const char* out_path, const int* h, const unsigned char* q,
+                    const unsigned char* kv, const unsigned char* idx) {
+    const int atomic = h[1], n = h[3], Hq = h[4], kk = h[5], L = h[6], stride = h[7];
+    int h2[3];
+    in.read(reinterpret_cast<char*>(h2), sizeof h2);
+    const int t0 = h2[0], count = h2[1];
+    float scale, scale_log2;
+    std::memcpy(&scale, &h2[2], 4);
+    std::memcpy(&scale_log2, &h[9], 4);
+    std::vector<unsigned char> sdo, slse, sdel, sdq, sout;
+    const size_t rows = (size_t)n * Hq, dob = rows * 512 * 2;
+    unsigned char* dout = buffer(sdo, dob, "dout");
+    float* lse = reinterpret_cast<float*>(buffer(slse, rows * 4, "lse"));
+    float* delta = reinterpret_cast<float*>(buffer(sdel, rows * 4, "delta"));
+    in.read(reinterpret_cast<char*>(dout), (std::streamsize)dob);
+    in.read(reinterpret_cast<char*>(lse), (std::streamsize)(rows * 4));
+    in.read(reinterpret_cast<char*>(delta), (std::streamsize)(rows * 4));
+    if (!in) { std::fprintf(stderr, "driver: short input\n"); return 2; }
+    const int nhb = (Hq + 63) / 64;
+    const size_t dqb = rows * 576 * 4;
+    const size_t ob = atomic ? (size_t)L * 576 * 4 : (size_t)count * nhb * kk * 576 * 4;
+    float* dq = reinterpret_cast<float*>(buffer(sdq, dqb, "dq"));
+    float* out = reinterpret_cast<float*>(buffer(sout, ob, atomic ? "dkv" : "part"));
+    std::memset(dq, 0xff, dqb);                     // NaN: rows the kernel must not write stay NaN
+    std::memset(out, atomic ? 0 : 0xff, ob);
+    emu_attend_wgmma_bwd(atomic, reinterpret_cast<const bf16_t*>(q), reinterpret_cast<const bf16_t*>(kv), stride,
+                         reinterpret_cast<const int*>(idx), kk, n, t0, count, L, Hq, scale, scale_log2,
+                         reinterpret_cast<const bf16_t*>(dout), lse, delta, dq, out);
+    std::ofstream of(out_path, std::ios::binary);
+    of.write(reinterpret_cast<const char*>(dq), (std::streamsize)dqb);
+    of.write(reinterpret_cast<const char*>(out), (std::streamsize)ob);
+    return 0;
 }
 
 int main(int argc, char** argv) {
@@ -54,6 +93,7 @@ int main(int argc, char** argv) {
         in.read(reinterpret_cast<char*>(m), (std::streamsize)((size_t)P * U * 8));
         up = reinterpret_cast<const int*>(u), cp = reinterpret_cast<const int*>(c), mp = reinterpret_cast<const int*>(m);
     }
+    if (version == 4) return backward(in, argv[2], h, q, kv, idx);
     if (!in) { std::fprintf(stderr, "driver: short input\n"); return 2; }
     const size_t ob = (size_t)n * Hq * 512 * (out_bf16 ? 2 : 4);
     unsigned char* out = buffer(sout, ob, "out");

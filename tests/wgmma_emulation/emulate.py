@@ -1,11 +1,12 @@
 """The Hopper wgmma attention forwards (kernels_cuda/attend_wgmma2.cu: wgmma2 and its swizzled tile
-wgmma2s; attend_wgmma3.cu: wgmma3) run on the CPU: their real source, compiled with g++ and
+wgmma2s; attend_wgmma3.cu: wgmma3) and the MLA backward (attend_wgmma_bwd.cu) run on the CPU: their real source, compiled with g++ and
 HYTOPK_EMU_PTX against wgmma_emu.h (CPU versions of every PTX wrapper of the headers: mbarriers,
 named barriers, cp.async, wgmma.mma_async with its descriptors and fragments), one std::thread per
 CUDA thread (tests/table_emulation/cuda_emu.h), driven case by case by driver.cpp.
 
     build(out_dir) -> the driver's path (needs g++ with C++20)
     forward(driver, q, kv, idx, scale=None, version="wgmma2", out_dtype="float32") -> (out, lse)
+    backward(driver, q, kv, idx, dout, lse, delta, scale=None, atomic=False, t0=0, count=None) -> (dq, out)
 
 q: uint16 bf16 bits [n, Hq, 576]; kv: uint16 bf16 bits [L, stride >= 576] (MLA's shared rows, V =
 the first 512 columns); idx int32 [n, kk] in [-1, L). out: float32 [n, Hq, 512] (or uint16 bf16
@@ -68,6 +69,17 @@ void emu_attend_wgmma3(bool ob, const bf16_t* q, const bf16_t* kv, long long ks,
     emu::wg::launch((unsigned)(n * nhb), THREADS, LAUNCH_SMEM, [&] {
         if (ob) hytopk_attend_fwd_wgmma3<true>(q, kv, ks, idx, kk, n, L, Hq, nhb, sl2, out, lse);
         else hytopk_attend_fwd_wgmma3<false>(q, kv, ks, idx, kk, n, L, Hq, nhb, sl2, out, lse);
+    });
+}
+""",
+    "attend_wgmma_bwd.cu": """
+void emu_attend_wgmma_bwd(bool atomic, const bf16_t* q, const bf16_t* kv, long long ks, const int* idx, int kk, int n,
+                          int t0, int count, long long L, int Hq, float scale, float sl2, const bf16_t* dout,
+                          const float* lse, const float* delta, float* dq, float* out) {
+    const int nhb = (Hq + ROWS - 1) / ROWS;
+    emu::wg::launch((unsigned)(count * nhb), THREADS, LAUNCH_SMEM, [&] {
+        if (atomic) hytopk_attend_bwd_wgmma<true>(q, kv, ks, idx, kk, n, t0, L, Hq, nhb, scale, sl2, dout, lse, delta, dq, out);
+        else hytopk_attend_bwd_wgmma<false>(q, kv, ks, idx, kk, n, t0, L, Hq, nhb, scale, sl2, dout, lse, delta, dq, out);
     });
 }
 """,
@@ -136,21 +148,57 @@ def forward(driver, q, kv, idx, scale=None, *, version="wgmma2", out_dtype="floa
         uidx, mult, count = RA.pair_union(np.where((idx >= 0) & (idx < L), idx, -1).astype(np.int32))
         tail = (np.ascontiguousarray(uidx, np.int32).tobytes() + np.ascontiguousarray(count, np.int32).tobytes()
                 + np.ascontiguousarray(mult, np.int32).tobytes())
-    with tempfile.TemporaryDirectory() as tmp:
-        fin, fout = Path(tmp) / "in", Path(tmp) / "out"
-        fin.write_bytes(head.tobytes() + q.tobytes() + kv.tobytes() + idx.tobytes() + tail)
-        run_env = dict(os.environ, **(env or {}))
-        try:
-            r = subprocess.run([str(driver), str(fin), str(fout)], capture_output=True, text=True, timeout=timeout,
-                               env=run_env)
-        except subprocess.TimeoutExpired as e:
-            raise EmulationError(f"{version}: the emulation did not finish in {timeout} s (a deadlock the "
-                                 f"watchdog missed?)\n{(e.stderr or '')[-4000:]}") from None
-        if r.returncode:
-            raise EmulationError(f"{version}: the driver exited {r.returncode}:\n{r.stderr[-6000:]}")
-        b = fout.read_bytes()
+    b = _run(driver, head.tobytes() + q.tobytes() + kv.tobytes() + idx.tobytes() + tail, version, timeout, env)
     ob = n * Hq * DV * (2 if out_bf16 else 4)
     assert len(b) == ob + n * Hq * 4
     out = np.frombuffer(b, np.uint16 if out_bf16 else np.float32, n * Hq * DV).reshape(n, Hq, DV).copy()
     lse = np.frombuffer(b, np.float32, n * Hq, ob).reshape(n, Hq).copy()
     return out, lse
+
+
+def backward(driver, q, kv, idx, dout, lse, delta, scale=None, *, atomic=False, t0=0, count=None, smem_off=0x410,
+             timeout=900, env=None):
+    """(dq, out) of hytopk_attend_bwd_wgmma (attend_wgmma_bwd.cu) on the CPU for queries t0 .. t0 +
+    count - 1: dq float32 [n, Hq, 576] (rows of other queries stay NaN), out = the dkv atomics
+    (float32 [L, 576], from zeros) or the part rows (float32 [count, nhb, kk, 576]; rows of masked
+    slots stay NaN). dout: bf16 bits [n, Hq, 512]; lse, delta: float32 [n, Hq]."""
+    q = np.ascontiguousarray(q, np.uint16)
+    kv = np.ascontiguousarray(kv, np.uint16)
+    idx = np.ascontiguousarray(idx, np.int32)
+    dout = np.ascontiguousarray(dout, np.uint16)
+    n, Hq, d = q.shape
+    L, stride = kv.shape
+    kk = idx.shape[1]
+    count = n - t0 if count is None else count
+    assert d == DQK and stride >= DQK and stride % 8 == 0 and dout.shape == (n, Hq, DV) and 0 <= t0 < t0 + count <= n
+    sc = np.float32(RA.check_scale(scale, DQK))
+    scale_log2 = np.float32(sc / math.log(2.0))
+    head = np.array([4, int(atomic), 0, n, Hq, kk, L, stride, smem_off, 0, 1], np.int32)
+    head[9] = scale_log2.view(np.int32)
+    more = np.array([t0, count, 0], np.int32)      # the driver reads these after idx
+    more[2] = sc.view(np.int32)
+    payload = (head.tobytes() + q.tobytes() + kv.tobytes() + idx.tobytes() + more.tobytes() + dout.tobytes()
+               + np.ascontiguousarray(lse, np.float32).tobytes() + np.ascontiguousarray(delta, np.float32).tobytes())
+    b = _run(driver, payload, "wgmma_bwd", timeout, env)
+    nhb = -(-Hq // 64)
+    nq = n * Hq * DQK
+    dq = np.frombuffer(b, np.float32, nq).reshape(n, Hq, DQK).copy()
+    shape = (L, DQK) if atomic else (count, nhb, kk, DQK)
+    out = np.frombuffer(b, np.float32, int(np.prod(shape)), nq * 4).reshape(shape).copy()
+    return dq, out
+
+
+def _run(driver, payload, what, timeout, env):
+    with tempfile.TemporaryDirectory() as tmp:
+        fin, fout = Path(tmp) / "in", Path(tmp) / "out"
+        fin.write_bytes(payload)
+        run_env = dict(os.environ, **(env or {}))
+        try:
+            r = subprocess.run([str(driver), str(fin), str(fout)], capture_output=True, text=True, timeout=timeout,
+                               env=run_env)
+        except subprocess.TimeoutExpired as e:
+            raise EmulationError(f"{what}: the emulation did not finish in {timeout} s (a deadlock the "
+                                 f"watchdog missed?)\n{(e.stderr or '')[-4000:]}") from None
+        if r.returncode:
+            raise EmulationError(f"{what}: the driver exited {r.returncode}:\n{r.stderr[-6000:]}")
+        return fout.read_bytes()

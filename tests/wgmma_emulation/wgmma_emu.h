@@ -256,23 +256,23 @@ struct Issue { u64 hash; int seen; };
 inline std::mutex issue_m;
 inline std::map<std::pair<u32, u64>, Issue> issues;    // (warpgroup, sequence) -> the first warp's view
 inline thread_local u64 wg_seq = 0;
-inline u64 whole_operand_hash(u64 da, bool rs, u64 db, bool tb, int n) {
+inline u64 whole_operand_hash(u64 da, bool rs, u64 db, bool tb, int n, bool ta) {
     u64 h = 1469598103934665603ull;
     auto mix = [&](unsigned short v) { h = (h ^ v) * 1099511628211ull; };
     if (!rs) {
         const Desc a = decode(da);
         for (u32 r = 0; r < 64; ++r)
-            for (u32 k = 0; k < 16; ++k) mix(ld16(elem_addr(a, r, k, false)));
+            for (u32 k = 0; k < 16; ++k) mix(ld16(elem_addr(a, r, k, ta)));
     }
     const Desc b = decode(db);
     for (u32 c = 0; c < (u32)n; ++c)
         for (u32 k = 0; k < 16; ++k) mix(ld16(elem_addr(b, c, k, tb)));
     return h;
 }
-inline void check_issue(u64 da, bool rs, u64 db, bool tb, int n) {
+inline void check_issue(u64 da, bool rs, u64 db, bool tb, int n, bool ta) {
     const u64 seq = wg_seq++;
     if (lane() != 0) return;                            // one view per warp
-    const u64 h = whole_operand_hash(da, rs, db, tb, n);
+    const u64 h = whole_operand_hash(da, rs, db, tb, n, ta);
     std::lock_guard<std::mutex> lk(issue_m);
     const auto key = std::make_pair(tidx.x / 128, seq);
     auto it = issues.find(key);
@@ -288,7 +288,7 @@ struct Op {
     float* d;                  // the accumulator registers it writes at retirement
     int nacc;
     u64 da, db;
-    bool rs, tb;
+    bool rs, tb, ta;
     u64 hash;                  // of the shared-memory operand bytes it read
     std::vector<float> result;
 };
@@ -307,7 +307,7 @@ inline u64 operand_hash(const Op& op) {
     if (!op.rs) {
         const Desc da = decode(op.da);
         for (u32 r = 0; r < 2; ++r)
-            for (u32 k = 0; k < 16; ++k) fnv(h, ld16(elem_addr(da, 16 * warp + g8 + 8 * r, k, false)));
+            for (u32 k = 0; k < 16; ++k) fnv(h, ld16(elem_addr(da, 16 * warp + g8 + 8 * r, k, op.ta)));
     }
     for (int c8 = 0; c8 < op.nacc / 4; ++c8)
         for (u32 e = 0; e < 2; ++e)
@@ -318,11 +318,11 @@ inline u64 operand_hash(const Op& op) {
 // issue: compute now from the operands as they are (the kernel must not change them before the
 // wait), keep the result until the wait_group that retires it
 template <int NACC>
-inline void mma(float (&d)[NACC], u64 da, const u32* a_regs, u64 db, int scale_d, bool tb) {
+inline void mma(float (&d)[NACC], u64 da, const u32* a_regs, u64 db, int scale_d, bool tb, bool ta = false) {
     const u32 t = tidx.x & 127, warp = t >> 5, g8 = (t & 31) >> 2, tig = t & 3;
     jitter();
     emu::warp().bar.arrive_and_wait();                  // .sync.aligned: the warp issues it as one
-    check_issue(da, a_regs != nullptr, db, tb, NACC / 2);
+    check_issue(da, a_regs != nullptr, db, tb, NACC / 2, ta);
     float A[2][16];
     if (a_regs) {              // RS: A fragments of the warp's lanes (rows g8, g8+8; k 2tig.., 8+2tig..)
         u32 all[32][4];
@@ -345,7 +345,7 @@ inline void mma(float (&d)[NACC], u64 da, const u32* a_regs, u64 db, int scale_d
     } else {
         const Desc a = decode(da);
         for (u32 r = 0; r < 2; ++r)
-            for (u32 k = 0; k < 16; ++k) A[r][k] = bf16f(ld16(elem_addr(a, 16 * warp + g8 + 8 * r, k, false)));
+            for (u32 k = 0; k < 16; ++k) A[r][k] = bf16f(ld16(elem_addr(a, 16 * warp + g8 + 8 * r, k, ta)));
     }
     const Desc b = decode(db);
     auto sh_it = wg_shadow.find(&d[0]);
@@ -362,7 +362,7 @@ inline void mma(float (&d)[NACC], u64 da, const u32* a_regs, u64 db, int scale_d
                 res[i] = scale_d ? (float)((double)in[i] + acc) : (float)acc;
             }
         }
-    Op op{&d[0], NACC, da, db, a_regs != nullptr, tb, 0, res};
+    Op op{&d[0], NACC, da, db, a_regs != nullptr, tb, ta, 0, res};
     op.hash = operand_hash(op);
     wg_shadow[&d[0]] = res;
     wg_inflight[&d[0]]++;
@@ -573,7 +573,7 @@ inline u32 pack_bf16x2(float lo, float hi) {
 [[noreturn]] inline void bulk_s2peer(u32, u32, u32, u32) { EMU_FAIL("2-CTA clusters are not emulated"); }
 
 // wgmma.mma_async m64nNk16 bf16 -> f32 (hytopk_wgmma_ptx.cuh's names): both operands K-major from
-// shared memory; _tb: B MN-major (transposed); _rs_tb: A from registers, B MN-major
+// shared memory; _tb: B MN-major (transposed); _rs_tb: A from registers, B MN-major; _ta_tb: both MN-major
 #define HYTOPK_EMU_WGMMA(N)                                                                           \
     inline void wgmma_m64n##N##k16_bf16(float (&d)[N / 2], u64 da, u64 db, int scale_d) {              \
         emu::wg::mma(d, da, nullptr, db, scale_d, false);                                              \
@@ -589,6 +589,16 @@ inline void wgmma_m64n256k16_bf16_tb(float (&d)[128], u64 da, u64 db, int scale_
 }
 inline void wgmma_m64n256k16_bf16_rs_tb(float (&d)[128], const u32 (&a)[4], u64 db, int scale_d) {
     emu::wg::mma(d, 0, a, db, scale_d, true);
+}
+inline void wgmma_m64n144k16_bf16_tb(float (&d)[72], u64 da, u64 db, int scale_d) {
+    emu::wg::mma(d, da, nullptr, db, scale_d, true);
+}
+// _ta_tb: A MN-major too (the MLA backward's Q^T / dO^T read from the row-major tiles)
+inline void wgmma_m64n32k16_bf16_ta_tb(float (&d)[16], u64 da, u64 db, int scale_d) {
+    emu::wg::mma(d, da, nullptr, db, scale_d, true, true);
+}
+inline void wgmma_m64n16k16_bf16_ta_tb(float (&d)[8], u64 da, u64 db, int scale_d) {
+    emu::wg::mma(d, da, nullptr, db, scale_d, true, true);
 }
 }  // namespace wgp
 }  // namespace hytopk

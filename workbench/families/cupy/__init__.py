@@ -17,7 +17,7 @@ from . import _scope
 from ._launch import BLOCK, as_device, chunks, gpu_status, kernel, launch, launch_stream
 from ._shared import ROWS_PER_PASS
 from .check import check_on_device
-from . import attend, attend_wgmma2, attend_wgmma3, check, dense, filter, recover, replay, select, table, table_v2, threshold, mma_sync, wgmma, wgmma_ws  # noqa: F401  (register variants)
+from . import attend, attend_wgmma2, attend_wgmma3, attend_wgmma_bwd, check, dense, filter, recover, replay, select, table, table_v2, threshold, mma_sync, wgmma, wgmma_ws  # noqa: F401  (register variants)
 from .score_only import score_only
 from .table import TableHyTopK, fused_hytopk, table_hytopk, table_topk
 from .mma_sync import score_only_mma_sync

@@ -246,9 +246,11 @@ def attend_backward(dout, q, k, v, idx, out, lse, scale=None, *, deterministic=T
     version 3 (key_major_applies only): dq by hytopk_attend_bwd_dq (query pairs over their union),
     dK/dV key-major by hytopk_attend_dkv_keys: bitwise reproducible whatever ``deterministic``
     says, no scratch.
+    version 4 (MLA at d_qk 576 / d_v 512 on Hopper): the wgmma backward (attend_wgmma_bwd.py),
+    version 1's part rows (deterministic: version 2's default scratch) or atomics.
     None: 3 where it applies, else 1."""
-    if version not in (None, 1, 2, 3):
-        raise ValueError(f"argument 'version' must be None, 1, 2 or 3, got {version!r}")
+    if version not in (None, 1, 2, 3, 4):
+        raise ValueError(f"argument 'version' must be None, 1, 2, 3 or 4, got {version!r}")
     with launch_stream():
         b = Bound(q, k, v, idx, scale)
         if version is None:
@@ -257,6 +259,9 @@ def attend_backward(dout, q, k, v, idx, out, lse, scale=None, *, deterministic=T
             raise ValueError(f"argument 'version': 3 (key-major) needs separate k / v, at most {KEY_MAJOR_MAX_G} "
                              f"query heads per kv head and head dims multiples of 64 (got shared={b.shared}, "
                              f"G={b.G}, d_qk={b.d_qk}, d_v={b.d_v})")
+        if version == 4:
+            from . import attend_wgmma_bwd as AWB
+            AWB.check_applies(b)
         out, lse = as_device(out), as_device(lse)
         if tuple(lse.shape) != (b.n, b.Hq) or lse.dtype != cp.float32:
             raise ValueError(f"argument 'lse' must be float32 [{b.n}, {b.Hq}], got {lse.dtype} {tuple(lse.shape)}")
@@ -278,6 +283,8 @@ def attend_backward(dout, q, k, v, idx, out, lse, scale=None, *, deterministic=T
         dv = None if b.shared else cp.zeros((b.L, b.Hkv, b.DV), cp.float32)
         if b.kk and b.n and version == 3:
             _backward_key_major(b, do, lse, delta, dq, dk, dv)
+        elif b.kk and b.n and version == 4:
+            AWB.backward(b, deterministic, scratch_bytes, do, lse, delta, dq, dk)
         elif b.kk and b.n:
             _backward_slots(b, version, deterministic, scratch_bytes, do, lse, delta, dq, dk, dv)
         if b.DQK != b.d_qk:

@@ -1,0 +1,334 @@
+// Sparse attention backward on wgmma (sm_90a) for MLA's shared kv (docs/CONTRACT.md §8; the same
+// function as hytopk_attend_bwd of attend.cu): d_qk 576, d_v 512 (V = the first 512 columns of the
+// gathered kv row), one query x 64 heads per block (heads past Hq are zero rows, not written).
+//
+// 384 threads = 3 warpgroups. WG 2 (producer) gathers key tiles of NK = 32 slots (32 rows x 1152 B,
+// no-swizzle core-matrix layout) with cp.async into two stages, as attend_wgmma2.cu's producer
+// (full / empty mbarriers, the next tile's slots loaded one tile ahead). WG 0 and WG 1 (consumers)
+// per tile, consumer c:
+//   S_c  = Q K_c^T, dP_c = dO V_c^T        keys 16c .. 16c+15 (m64n16k16: 36 + 32 k-steps)
+//   P = exp2(S scale_log2 - lse log2e) (0 on masked slots and rows without a key),
+//   dS = P (dP - delta) scale (float32, as attend.cu), both rounded to bf16 into shared memory
+//   dQ_c += dS K[:, 288c .. 288c+287]       (2 k-steps of 16 keys x 2 m64n144k16, K read MN-major)
+//   dKV^T[64m .. 64m+63, keys] = Q^T dS (+ dO^T P for m < 8)   m-tiles of 64 columns: c takes
+//                                 4c .. 4c+3 (m64n32k16 x 8) and m-tile 8 on its own 16 keys
+//                                 (m64n16k16 x 4); A = Q^T / dO^T read MN-major from the row tiles,
+//                                 B = dS / P MN-major
+// and writes each m-tile's 64 columns x 32 slots: ATOMIC into dkv [L, 576] (float atomics, not
+// reproducible), else into part[((tl * nhb + hb) * kk + slot) * 576 + d] (the rows attend.cu's
+// BWD_PART writes: hytopk_attend_dkv_reduce sums them per key in a fixed order). dq is written once
+// per (query, head): no atomics, the key-tile order fixed.
+//
+// Shared memory (no swizzle; element (r, d) of a [rows][D] bf16 tile at (r/8)*(D*16) + (d/8)*128 +
+// (r%8)*16 + (d%8)*2): Q [64][576], dO [64][512], K [2 stages][32][576], P and dS [64][32] each.
+// As operands (offsets in bytes: leading = next 8 of K, stride = next 8 of M/N):
+//   Q for S (A, K-major): leading 128, stride 9216      K for S / dP (B, K-major): 128, 9216
+//   dO for dP (A, K-major): 128, 8192                    dS for dQ (A, K-major): 128, 512
+//   K for dQ (B, MN-major: N = d, K = keys): leading 9216 (8 keys), stride 128 (8 d)
+//   Q^T (A, MN-major: M = d, K = heads): leading 9216, stride 128; dO^T: 8192, 128
+//   dS / P for dKV^T (B, MN-major: N = keys, K = heads): leading 512 (8 heads), stride 128 (8 keys)
+#include "hytopk_cp_async.cuh"
+#include "hytopk_wgmma_common.cuh"
+
+using namespace hytopk;
+using namespace hytopk::wgp;
+
+namespace hytopk {
+namespace attwb {
+
+typedef unsigned short bf16_t;
+constexpr int DQK = 576, DV = 512, ROWS = 64, NK = 32;
+constexpr int QG = DQK / 8 * 128;                 // bytes per 8 rows of a [.][576] tile: 9216
+constexpr int OG = DV / 8 * 128;                  // ... of a [.][512] tile: 8192
+constexpr int PG = NK / 8 * 128;                  // ... of a [64][32] P / dS tile: 512
+constexpr int Q_BYTES = ROWS / 8 * QG;            // 73728
+constexpr int DO_BYTES = ROWS / 8 * OG;           // 65536
+constexpr int TILE_BYTES = NK / 8 * QG;           // 36864
+constexpr int PT_BYTES = ROWS / 8 * PG;           // 4096
+constexpr int Q_OFF = 0;
+constexpr int DO_OFF = Q_OFF + Q_BYTES;
+constexpr int K_OFF = DO_OFF + DO_BYTES;
+constexpr int P_OFF = K_OFF + 2 * TILE_BYTES;
+constexpr int DS_OFF = P_OFF + PT_BYTES;
+constexpr int KEY_OFF = DS_OFF + PT_BYTES;         // int [2 stages][NK]: the slot's key, -1 masked
+constexpr int BAR_OFF = KEY_OFF + 2 * NK * 4;      // full[2], empty[2]
+constexpr int SMEM = BAR_OFF + 4 * 8;
+constexpr int LAUNCH_SMEM = SMEM + 128;            // the base is rounded up to 128 B
+static_assert(LAUNCH_SMEM <= 227 * 1024, "attend_wgmma_bwd: shared memory over 227 KiB");
+constexpr int THREADS = 384;
+constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 65536, "attend_wgmma_bwd: register budgets exceed the SM's file");
+constexpr int QCOLS = DQK / 2, QN = QCOLS / 2;     // dQ columns per consumer (288) in two m64n144 halves
+static_assert(QN == 144, "attend_wgmma_bwd: dQ halves are m64n144");
+// named barriers (0 = __syncthreads): the 256 consumer threads
+constexpr int BAR_Q = 1, BAR_FREE = 2, BAR_P = 3;
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+// q [n, Hq, 576] bf16; kv rows at kv + s * kv_stride (16-byte aligned rows); idx [n, kk] int32
+// (-1 and out-of-range slots masked; a key listed twice counts per slot); dout [n, Hq, 512] bf16;
+// lse [n, Hq] (natural log), delta [n, Hq] float. grid (queries t0 .. t0 + gridDim.x / nhb - 1) x
+// nhb head blocks of 64: block b is query t0 + b / nhb, heads 64 (b % nhb) ... dq [n, Hq, 576]
+// float (written); ATOMIC: dkv [L, 576] float (+=); else part rows as above (masked slots' rows
+// are not written).
+template <bool ATOMIC>
+__device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv,
+                                                 long long kv_stride, const int* __restrict__ idx, int kk, int n,
+                                                 int t0, long long L, int Hq, int nhb, float scale, float scale_log2,
+                                                 const bf16_t* __restrict__ dout, const float* __restrict__ lse,
+                                                 const float* __restrict__ delta, float* __restrict__ dq,
+                                                 float* __restrict__ out) {
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    const int tl = (int)(blockIdx.x / (unsigned)nhb), hb = (int)(blockIdx.x % (unsigned)nhb);
+    const int t = t0 + tl, h0 = hb * ROWS;
+    if (t >= n) return;                               // (the whole block; the launch never has t >= n)
+    const u32 raw = smem_addr(smem_raw), base = (raw + 127u) & ~127u;
+    unsigned char* smem = smem_raw + (base - raw);
+    const u32 sq = base + Q_OFF, sdo = base + DO_OFF, sk0 = base + K_OFF, sp = base + P_OFF, sds = base + DS_OFF;
+    int* skey = reinterpret_cast<int*>(smem + KEY_OFF);
+    const u32 full0 = base + BAR_OFF, empty0 = full0 + 16;
+    const int ntiles = (kk + NK - 1) / NK;
+    const int* lst = idx + (long long)t * kk;
+
+    if (threadIdx.x == 0) {
+        mbar_init(full0, 128);
+        mbar_init(full0 + 8, 128);
+        mbar_init(empty0, 8);                         // one arrival per consumer warp
+        mbar_init(empty0 + 8, 8);
+        mbar_fence_init();
+    }
+    __syncthreads();
+    const int wg = (int)(threadIdx.x >> 7), tid = (int)(threadIdx.x & 127);
+
+    if (wg == 2) {
+        // ---------------------------------------------------------------- producer
+        regs_dec<PRODUCER_REGS>();
+        // rows g * 8 + r8 (g < 4) of the tile, chunks cq + 16 i (< 72): 8 consecutive threads copy
+        // 8 rows' chunk c into one 128-byte core matrix
+        const int r8 = tid & 7, cq = tid >> 3;
+        int nx[NK / 8], nm = -1;                      // the next tile's slots (nm: slot tid's key)
+        auto load_slots = [&](int it) {
+            const int j0 = it * NK;
+#pragma unroll
+            for (int g = 0; g < NK / 8; ++g) {
+                const int j = j0 + g * 8 + r8;
+                nx[g] = j < kk ? __ldg(lst + j) : -1;
+            }
+            if (tid < NK) nm = j0 + tid < kk ? __ldg(lst + j0 + tid) : -1;
+        };
+        if (ntiles > 0) load_slots(0);
+        for (int it = 0; it < ntiles; ++it) {
+            const int st = it & 1;
+            if (it >= 1) {                            // tile it-1 landed: publish it
+                cp_async_wait<0>();
+                fence_proxy_async();
+                mbar_arrive(full0 + 8 * ((it - 1) & 1));
+            }
+            if (it >= 2) mbar_wait_or_trap(empty0 + 8 * st, (u32)(((it >> 1) - 1) & 1));
+            const u32 dst = sk0 + (u32)(st * TILE_BYTES + r8 * 16);
+#pragma unroll
+            for (int g = 0; g < NK / 8; ++g) {
+                const long long s = nx[g];
+                const bool ok = s >= 0 && s < L;
+                const bf16_t* src = kv + (ok ? s * kv_stride : 0);
+#pragma unroll
+                for (int i = 0; i < (DQK / 8 + 15) / 16; ++i) {
+                    const int c = cq + 16 * i;
+                    if (c < DQK / 8) cp_async16(dst + (u32)(g * QG + c * 128), src + (ok ? c * 8 : 0), ok);
+                }
+            }
+            if (tid < NK) skey[st * NK + tid] = (nm >= 0 && (long long)nm < L) ? nm : -1;
+            cp_async_commit();
+            if (it + 1 < ntiles) load_slots(it + 1);   // in flight under the next waits
+        }
+        if (ntiles > 0) {
+            cp_async_wait<0>();
+            fence_proxy_async();
+            mbar_arrive(full0 + 8 * ((ntiles - 1) & 1));
+        }
+    } else {
+        // -------------------------------------------------------------------- consumers
+        regs_inc<CONSUMER_REGS>();
+        const int c = wg;
+        const int warp = tid >> 5, lane = tid & 31, g8 = lane >> 2, tig = lane & 3;
+        const int r0 = warp * 16 + g8, r1 = r0 + 8;   // this thread's two rows (heads h0 + r)
+
+        // Q and dO rows h0 .. h0+63 (zero rows past Hq) into the core-matrix layout
+        for (int i = (int)threadIdx.x; i < ROWS * (DQK / 8); i += 256) {
+            const int r = (i & 7) + ((i >> 3) / (DQK / 8)) * 8, ch = (i >> 3) % (DQK / 8);
+            const bool ok = h0 + r < Hq;
+            const long long row = (long long)t * Hq + (ok ? h0 + r : 0);
+            cp_async16(sq + (u32)((r >> 3) * QG + ch * 128 + (r & 7) * 16), q + row * DQK + ch * 8, ok);
+        }
+        for (int i = (int)threadIdx.x; i < ROWS * (DV / 8); i += 256) {
+            const int r = (i & 7) + ((i >> 3) / (DV / 8)) * 8, ch = (i >> 3) % (DV / 8);
+            const bool ok = h0 + r < Hq;
+            const long long row = (long long)t * Hq + (ok ? h0 + r : 0);
+            cp_async16(sdo + (u32)((r >> 3) * OG + ch * 128 + (r & 7) * 16), dout + row * DV + ch * 8, ok);
+        }
+        cp_async_commit();
+        float ls[2], dl[2];                           // lse * log2 e (-inf: P = 0) and delta of the two rows
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = h ? r1 : r0;
+            const bool ok = h0 + r < Hq;
+            const long long row = (long long)t * Hq + h0 + r;
+            ls[h] = ok ? lse[row] * 1.4426950408889634f : neg_inf();
+            dl[h] = ok ? delta[row] : 0.0f;
+        }
+        cp_async_wait<0>();
+        fence_proxy_async();
+        bar_sync(BAR_Q, 256);
+
+        float dqa[2][QN / 2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int i = 0; i < QN / 2; ++i) dqa[j][i] = 0.0f;
+
+        for (int it = 0; it < ntiles; ++it) {
+            const int st = it & 1;
+            const u32 sk = sk0 + (u32)(st * TILE_BYTES);
+            const int* key = skey + st * NK;
+            mbar_wait_or_trap(full0 + 8 * st, (u32)((it >> 1) & 1));
+            // one float of slot jj (of the tile), column d: masked slots are skipped
+            auto store_dkv = [&](int jj, int d, float v) {
+                const int s_ = key[jj];
+                if (s_ < 0) return;
+                if (ATOMIC) atomicAdd(out + (long long)s_ * DQK + d, v);
+                else out[(((long long)tl * nhb + hb) * kk + (long long)it * NK + jj) * DQK + d] = v;
+            };
+
+            // S_c = Q K_c^T and dP_c = dO V_c^T: 64 rows x keys 16c .. 16c+15
+            float s[8], dp[8];
+            {
+                const u64 bk = smem_desc(sk + (u32)(c * 2 * QG), 128, QG);
+                const u64 aq = smem_desc(sq, 128, QG), ao = smem_desc(sdo, 128, OG);
+                wgmma_fence();
+#pragma unroll
+                for (int ks = 0; ks < DQK / 16; ++ks)
+                    wgmma_m64n16k16_bf16(s, aq + (u64)(16 * ks), bk + (u64)(16 * ks), ks > 0);
+#pragma unroll
+                for (int ks = 0; ks < DV / 16; ++ks)
+                    wgmma_m64n16k16_bf16(dp, ao + (u64)(16 * ks), bk + (u64)(16 * ks), ks > 0);
+                wgmma_commit();
+                wgmma_wait_all();
+            }
+            // P and dS of this thread's 8 (row, key) pairs: element 4 nb + e is row (e >> 1 ? r1 : r0),
+            // key 16c + 8nb + 2tig + (e & 1)
+            u32 pw[2][2], dw[2][2];
+#pragma unroll
+            for (int nb = 0; nb < 2; ++nb) {
+                float p[4], d[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int j = 16 * c + 8 * nb + 2 * tig + (e & 1), h = e >> 1;
+                    p[e] = (key[j] >= 0 && ls[h] != neg_inf()) ? exp2f(s[4 * nb + e] * scale_log2 - ls[h]) : 0.0f;
+                    d[e] = p[e] * (dp[4 * nb + e] - dl[h]) * scale;
+                }
+                pw[nb][0] = pack_bf16x2(p[0], p[1]);
+                pw[nb][1] = pack_bf16x2(p[2], p[3]);
+                dw[nb][0] = pack_bf16x2(d[0], d[1]);
+                dw[nb][1] = pack_bf16x2(d[2], d[3]);
+            }
+            bar_sync(BAR_FREE, 256);                  // both consumers' MMAs of the last tile (P, dS) retired
+#pragma unroll
+            for (int nb = 0; nb < 2; ++nb) {
+                const int j = 16 * c + 8 * nb + 2 * tig;
+                const u32 a0 = (u32)((r0 >> 3) * PG + (j >> 3) * 128 + (r0 & 7) * 16 + (j & 7) * 2);
+                const u32 b0 = a0 + (u32)PG;          // row r1 = r0 + 8: the next 8-row group
+                st_shared_u32(sp + a0, pw[nb][0]);
+                st_shared_u32(sp + b0, pw[nb][1]);
+                st_shared_u32(sds + a0, dw[nb][0]);
+                st_shared_u32(sds + b0, dw[nb][1]);
+            }
+            fence_proxy_async();                      // P / dS stores -> both consumers' wgmma
+            bar_sync(BAR_P, 256);
+
+            // dQ_c += dS K[:, 288c ..]: K MN-major (N = d, K = keys)
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < NK / 16; ++ks) {
+                const u64 a = smem_desc(sds + (u32)(ks * 256), 128, PG);
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    const u64 b = smem_desc(sk + (u32)(ks * 2 * QG + (QCOLS * c + QN * j) / 8 * 128), QG, 128);
+                    wgmma_m64n144k16_bf16_tb(dqa[j], a, b, 1);
+                }
+            }
+            wgmma_commit();
+            // dKV^T: m-tiles 4c .. 4c+3 (64 columns x the tile's 32 slots: Q^T dS + dO^T P), then
+            // m-tile 8 (columns 512 .. 575: Q^T dS only) on this consumer's 16 slots; the same code for
+            // both consumers (a warpgroup-uniform path: no serialised wgmma)
+#pragma unroll 1
+            for (int mi = 0; mi < 4; ++mi) {
+                const int m = 4 * c + mi;
+                float acc[16];
+                wgmma_fence();
+#pragma unroll
+                for (int kh = 0; kh < ROWS / 16; ++kh)
+                    wgmma_m64n32k16_bf16_ta_tb(acc, smem_desc(sq + (u32)(m * 1024 + kh * 2 * QG), QG, 128),
+                                               smem_desc(sds + (u32)(kh * 2 * PG), PG, 128), kh > 0);
+#pragma unroll
+                for (int kh = 0; kh < ROWS / 16; ++kh)
+                    wgmma_m64n32k16_bf16_ta_tb(acc, smem_desc(sdo + (u32)(m * 1024 + kh * 2 * OG), OG, 128),
+                                               smem_desc(sp + (u32)(kh * 2 * PG), PG, 128), 1);
+                wgmma_commit();
+                wgmma_wait_all();
+                // element i: column d = 64m + 16warp + g8 + 8((i >> 1) & 1), slot 8(i >> 2) + 2tig + (i & 1)
+#pragma unroll
+                for (int i = 0; i < 16; ++i)
+                    store_dkv(8 * (i >> 2) + 2 * tig + (i & 1), 64 * m + 16 * warp + g8 + 8 * ((i >> 1) & 1), acc[i]);
+            }
+            {
+                float acc[8];
+                wgmma_fence();
+#pragma unroll
+                for (int kh = 0; kh < ROWS / 16; ++kh)
+                    wgmma_m64n16k16_bf16_ta_tb(acc, smem_desc(sq + (u32)(8 * 1024 + kh * 2 * QG), QG, 128),
+                                               smem_desc(sds + (u32)(kh * 2 * PG + c * 2 * 128), PG, 128), kh > 0);
+                wgmma_commit();
+                wgmma_wait_all();
+#pragma unroll
+                for (int i = 0; i < 8; ++i)
+                    store_dkv(16 * c + 8 * (i >> 2) + 2 * tig + (i & 1), 512 + 16 * warp + g8 + 8 * ((i >> 1) & 1), acc[i]);
+            }
+            __syncwarp();                             // every lane's MMAs on stage st are complete
+            if (lane == 0) mbar_arrive(empty0 + 8 * st);
+        }
+
+        // dq rows (heads past Hq not written); the query and head block read again from blockIdx
+        // (opaque: not hoisted), so no row address stays live, spilled, across the key loop
+        const u32 bx = opaque_u32(blockIdx.x);
+        const int te = t0 + (int)(bx / (unsigned)nhb), he = (int)(bx % (unsigned)nhb) * ROWS;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = warp * 16 + g8 + 8 * h;
+            if (he + r >= Hq) continue;
+            const long long row = (long long)te * Hq + he + r;
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+#pragma unroll
+                for (int nb = 0; nb < QN / 8; ++nb) {
+                    const long long at = row * DQK + QCOLS * c + QN * j + nb * 8 + tig * 2;
+                    *reinterpret_cast<float2*>(dq + at) = make_float2(dqa[j][4 * nb + 2 * h], dqa[j][4 * nb + 2 * h + 1]);
+                }
+        }
+    }
+}
+
+}  // namespace attwb
+}  // namespace hytopk
+
+using namespace hytopk::attwb;
+
+// grid (queries in the chunk) * nhb; ATOMIC: out = dkv [L, 576] float; else out = part rows
+template <bool ATOMIC>
+__global__ void __launch_bounds__(384, 1)
+hytopk_attend_bwd_wgmma(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv, long long kv_stride,
+                        const int* __restrict__ idx, int kk, int n, int t0, long long L, int Hq, int nhb, float scale,
+                        float scale_log2, const bf16_t* __restrict__ dout, const float* __restrict__ lse,
+                        const float* __restrict__ delta, float* __restrict__ dq, float* __restrict__ out) {
+    attend_bwd_wgmma<ATOMIC>(q, kv, kv_stride, idx, kk, n, t0, L, Hq, nhb, scale, scale_log2, dout, lse, delta, dq,
+                             out);
+}

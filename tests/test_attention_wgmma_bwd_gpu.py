@@ -1,0 +1,143 @@
+"""The wgmma MLA backward (kernels_cuda/attend_wgmma_bwd.cu: attend_backward(version=4),
+cupy.attend_backward.wgmma / wgmma_atomic) on a Hopper GPU (skipped elsewhere with the reason).
+
+Against the float64 reference at the mma.sync backward's tolerance (padding, duplicates, shared and
+disjoint neighbours, queries with no valid key, k not a multiple of the 32-key tile, 8 / 64 / 128 /
+136 heads: one, two and three head blocks, the last partial), at k = 2048; the deterministic mode
+20 / 20 identical and the same bits under any query chunking; close to version 1; untouched keys
+exactly 0; other layouts refused with a clear error. The same kernel's CPU emulation:
+tests/test_attention_wgmma_emulation.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from reference import attention as RA
+from tests.test_attention import make_idx
+from tests.test_attention_gpu import _rel_close, bf16, bits, layout, seed
+
+from tests._cupy_gpu import GPU_MARKS, cp  # noqa: E402  (skips the module without CuPy)
+
+pytestmark = GPU_MARKS
+
+
+@pytest.fixture(scope="module")
+def CA():
+    from workbench import loader
+    from workbench.families.cupy import attend
+    if loader.current_arch() != "90":
+        pytest.skip("attend_backward version 4 needs a Hopper GPU (sm_90a)")
+    return attend
+
+
+def case(rng, n, Hq, L, kk, kind):
+    k, v, kh, vh = layout(True, L, 1, 576, 512, rng)
+    qd, qh = bf16(rng.standard_normal((n, Hq, 576)))
+    dod, doh = bf16(rng.standard_normal((n, Hq, 512)))
+    idx = make_idx(rng, n, L, kk, kind)
+    return k, v, kh, vh, qd, qh, dod, doh, idx
+
+
+@pytest.mark.parametrize("Hq", [8, 64, 128, 136])
+@pytest.mark.parametrize("atomic", [False, True], ids=["det", "atomic"])
+@pytest.mark.parametrize("kind", ["random", "shared", "dups", "empty", "disjoint", "pad_only"])
+def test_backward_matches_reference(CA, Hq, atomic, kind):
+    rng = np.random.default_rng(seed("wgmma-bwd", Hq, atomic, kind))
+    n, L, kk = 7, 400, 150                                   # odd n, kk not a multiple of 32
+    k, v, kh, vh, qd, qh, dod, doh, idx = case(rng, n, Hq, L, kk, kind)
+    out, lse = CA.attend_forward(qd, k, v, cp.asarray(idx), None, out_dtype="float32")
+    dq, dk, dv = CA.attend_backward(dod, qd, k, v, cp.asarray(idx), out, lse, None, deterministic=not atomic,
+                                    version=4)
+    rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)
+    assert dv is None
+    _rel_close(cp.asnumpy(dq), rq)
+    _rel_close(cp.asnumpy(dk)[:, 0], RA.mla_dkv(rk, rv))
+    untouched = np.setdiff1d(np.arange(L), idx[idx >= 0])
+    assert np.all(cp.asnumpy(dk)[untouched] == 0)
+    assert np.all(cp.asnumpy(dq)[(idx < 0).all(1)] == 0)
+
+
+def test_k_2048_many_heads(CA):
+    rng = np.random.default_rng(seed("wgmma-bwd-2048"))
+    n, L, kk = 6, 8192, 2048
+    k, v, kh, vh, qd, qh, dod, doh, idx = case(rng, n, 128, L, kk, "shared")
+    out, lse = CA.attend_forward(qd, k, v, cp.asarray(idx), None, out_dtype="float32")
+    dq, dk, _ = CA.attend_backward(dod, qd, k, v, cp.asarray(idx), out, lse, None, version=4)
+    rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)
+    _rel_close(cp.asnumpy(dq), rq)
+    _rel_close(cp.asnumpy(dk)[:, 0], RA.mla_dkv(rk, rv))
+
+
+@pytest.mark.parametrize("Hq", [16, 128])
+def test_deterministic_is_bitwise_reproducible_and_close_to_version_1(CA, Hq):
+    """20 runs, identical bits; one query per chunk and uneven chunks give the same bits; within
+    the reference's tolerance of the mma.sync backward (version 1: other rounding)."""
+    rng = np.random.default_rng(7)
+    n, L, kk = 64, 512, 256                                  # adjacent queries share most keys: many collisions
+    k, v, _, _, qd, _, dod, _, idx = case(rng, n, Hq, L, kk, "shared")
+    idx = cp.asarray(idx)
+    out, lse = CA.attend_forward(qd, k, v, idx, None)
+    first = [bits(x) for x in CA.attend_backward(dod, qd, k, v, idx, out, lse, None, version=4)[:2]]
+    for _ in range(19):
+        for a, b in zip(first, [bits(x) for x in CA.attend_backward(dod, qd, k, v, idx, out, lse, None, version=4)[:2]]):
+            np.testing.assert_array_equal(a, b)
+    for sb in (1, 7 << 20):
+        got = CA.attend_backward(dod, qd, k, v, idx, out, lse, None, scratch_bytes=sb, version=4)[:2]
+        for a, b in zip(first, [bits(x) for x in got]):
+            np.testing.assert_array_equal(a, b)
+    v1 = CA.attend_backward(dod, qd, k, v, idx, out, lse, None, version=1)[:2]
+    v4 = CA.attend_backward(dod, qd, k, v, idx, out, lse, None, version=4)[:2]
+    for a, b in zip(v4, v1):
+        _rel_close(cp.asnumpy(a), cp.asnumpy(b).astype(np.float64))
+
+
+def test_other_layouts_are_refused(CA):
+    rng = np.random.default_rng(3)
+    k, v, _, _ = layout(False, 50, 2, 64, 64, rng)
+    qd, _ = bf16(rng.standard_normal((3, 8, 64)))
+    dod, _ = bf16(rng.standard_normal((3, 8, 64)))
+    idx = cp.asarray(make_idx(rng, 3, 50, 20, "random"))
+    out, lse = CA.attend_forward(qd, k, v, idx, None)
+    with pytest.raises(ValueError, match="'k', 'v'.*version 4"):
+        CA.attend_backward(dod, qd, k, v, idx, out, lse, None, version=4)
+
+
+@pytest.mark.parametrize("name", ["cupy.attend_backward.wgmma", "cupy.attend_backward.wgmma_atomic"])
+def test_registered_variant(CA, name):
+    from workbench import registry
+    assert name in [x.name for x in registry.variants("attend_backward", "cupy")]
+    rng = np.random.default_rng(11)
+    k, v, kh, vh, qd, qh, dod, doh, idx = case(rng, 5, 128, 500, 200, "shared")
+    dq, dk, dv = registry.get(name)(dod, qd, k, v, cp.asarray(idx), None)
+    rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)
+    _rel_close(cp.asnumpy(dq), rq)
+    _rel_close(cp.asnumpy(dk)[:, 0], RA.mla_dkv(rk, rv))
+
+
+def test_torch_op_backward_opt_in(CA, monkeypatch):
+    """HYTOPK_ATTEND_BWD_WGMMA=1 (TA.WGMMA_BACKWARD): the op's MLA backward is version 4's, bit for bit
+    (deterministic), and close to the default (mma.sync) backward."""
+    torch = pytest.importorskip("torch")
+    import workbench.torch  # noqa: F401
+    from workbench.torch import attention as TA
+    g = torch.Generator().manual_seed(8)
+    n, L, kk, Hq = 6, 400, 150, 128
+    q = torch.randn(n, Hq, 576, generator=g).bfloat16().cuda()
+    kv = torch.randn(L, 576, generator=g).bfloat16().cuda()
+    dout = torch.randn(n, Hq, 512, generator=g).bfloat16().cuda()
+    idx = torch.from_numpy(make_idx(np.random.default_rng(6), n, L, kk, "shared")).cuda()
+
+    def grads():
+        qq, kvv = q.clone().requires_grad_(), kv.clone().requires_grad_()
+        out, lse = torch.ops.hytopk.sparse_attention(qq, kvv, None, idx, 512, None, True)
+        out.backward(dout)
+        return qq.grad, kvv.grad, out.detach(), lse.detach()
+    default = grads()
+    monkeypatch.setattr(TA, "WGMMA_BACKWARD", True)
+    dq, dkv, out, lse = grads()
+    want = CA.attend_backward(dout, q, kv[:, None, :], kv[:, None, :512], idx, out, lse, None, version=4)
+    assert torch.equal(dq, torch.from_dlpack(want[0]).to(torch.bfloat16))
+    assert torch.equal(dkv, torch.from_dlpack(want[1])[:, 0].to(torch.bfloat16))
+    for a, b in zip((dq, dkv), default[:2]):
+        _rel_close(a.float().cpu().numpy(), b.float().cpu().numpy().astype(np.float64))

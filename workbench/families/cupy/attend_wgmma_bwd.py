@@ -1,0 +1,85 @@
+"""Sparse attention backward on wgmma (sm_90a) for MLA (kernels_cuda/attend_wgmma_bwd.cu).
+
+attend.attend_backward(version=4) lands here: MLA's shared kv at d_qk 576 / d_v 512 on Hopper (as
+attend_wgmma2.unsupported says), one query x 64 heads per block, dQ / S / dP / dK / dV on wgmma
+(the mma.sync backward of attend.cu runs everything else). The same function as versions 1 / 2,
+other rounding (P and dS in bf16 as theirs, other accumulation order): compared with the reference
+within tolerance, and bitwise reproducible when deterministic.
+  cupy.attend_backward.wgmma         per-(query, head block, slot) part rows summed per key in a
+                                     fixed order (version 1's reduction): bitwise reproducible
+  cupy.attend_backward.wgmma_atomic  dK/dV by float atomics into dkv: not reproducible
+"""
+from __future__ import annotations
+
+import cupy as cp
+import numpy as np
+
+from workbench import instantiations as INST
+
+from ... import loader
+from ...cubin_info import check_launch
+from ...registry import register
+from . import attend as A
+from .attend_wgmma2 import unsupported
+from .wgmma import require_sm90
+
+FILE = "attend_wgmma_bwd.cu"
+_FITS: dict[int, object] = {}     # id -> function already checked (held, so ids are not reused)
+
+
+def _fn(name: str):
+    fn = loader.module(FILE, (name,), options=INST.FILE_OPTIONS[FILE]).function(name)
+    if id(fn) not in _FITS:           # a launch that cannot fit says why (registers x threads)
+        check_launch(fn.num_regs, fn.max_threads_per_block, INST.ATTEND_WGMMA_BWD_THREADS, name)
+        if fn.max_dynamic_shared_size_bytes < INST.ATTEND_WGMMA_BWD_SMEM:
+            fn.max_dynamic_shared_size_bytes = INST.ATTEND_WGMMA_BWD_SMEM
+        _FITS[id(fn)] = fn
+    return fn
+
+
+def check_applies(b) -> None:
+    """A ValueError naming the arguments when version 4 cannot take these inputs."""
+    why = unsupported(b)
+    if why:
+        raise ValueError(f"arguments 'k', 'v': attend_backward version 4 (wgmma) {why}; use version 1 or 2")
+    require_sm90()
+
+
+def backward(b, deterministic, scratch_bytes, do, lse, delta, dq, dk):
+    """attend_backward's version 4 on a Bound b (checked by check_applies): dq written, dk (MLA's
+    dkv [L, 1, 576]) summed from part rows per key in a fixed order, or by atomics."""
+    nhb = -(-b.Hq // INST.ATTEND_WGMMA_HEADS)
+    smem, threads = INST.ATTEND_WGMMA_BWD_SMEM, INST.ATTEND_WGMMA_BWD_THREADS
+    head = (b.q, b.k, np.int64(b.k_stride), b.idx, np.int32(b.kk), np.int32(b.n))
+    tail = (np.int64(b.L), np.int32(b.Hq), np.int32(nhb), np.float32(b.scale), b.scale_log2, do, lse, delta, dq)
+    if not deterministic:
+        if b.n * nhb >= 2 ** 31:
+            raise ValueError(f"argument 'q': {b.n} queries x {nhb} head blocks exceed one launch's 2^31 - 1 blocks")
+        _fn(INST.attend_wgmma_bwd_name(True))((b.n * nhb,), (threads,), head + (np.int32(0),) + tail + (dk,),
+                                              shared_mem=smem)
+        return
+    W = b.DQK
+    per_query = nhb * b.kk * W * 4
+    chunk = max(1, min(b.n, (scratch_bytes or A._scratch_v2()) // max(1, per_query), (2 ** 31 - 1) // nhb))
+    part = cp.empty((chunk * nhb * b.kk, W), cp.float32)
+    fn = _fn(INST.attend_wgmma_bwd_name(False))
+    wname = INST.attend_reduce_warp_name(True, W)
+    red = A._fn(wname or "hytopk_attend_dkv_reduce<true>")
+    for t0 in range(0, b.n, chunk):
+        c = min(chunk, b.n - t0)
+        fn((c * nhb,), (threads,), head + (np.int32(t0),) + tail + (part,), shared_mem=smem)
+        A._reduce_chunk(red, part, b, t0, c, nhb, W, dk, None, warp=wname is not None)
+
+
+@register("attend_backward", "cupy.attend_backward.wgmma", gpu_only=True)
+def attend_backward_wgmma(dout, q, k, v, idx, scale=None):
+    """MLA on wgmma (sm_90a): part rows summed per key in a fixed order (bitwise reproducible)."""
+    out, lse = A.attend_forward(q, k, v, idx, scale, qpt=1, out_dtype="float32")
+    return A.attend_backward(dout, q, k, v, idx, out, lse, scale, deterministic=True, version=4)
+
+
+@register("attend_backward", "cupy.attend_backward.wgmma_atomic", gpu_only=True)
+def attend_backward_wgmma_atomic(dout, q, k, v, idx, scale=None):
+    """MLA on wgmma (sm_90a): dK/dV by float atomics (not reproducible)."""
+    out, lse = A.attend_forward(q, k, v, idx, scale, qpt=1, out_dtype="float32")
+    return A.attend_backward(dout, q, k, v, idx, out, lse, scale, deterministic=False, version=4)
