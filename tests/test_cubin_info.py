@@ -23,6 +23,12 @@ def test_check_launch_names_registers_times_threads():
         CI.check_launch(200, 1024, 384, "k")
 
 
+def test_check_launch_names_a_setmaxnreg_budget_the_launch_cannot_hold():
+    CI.check_launch(168, 384, 384, "k", roles=((128, 40), (256, 232)))          # exactly the launch's 64512
+    with pytest.raises(RuntimeError, match=r"k: its roles' setmaxnreg budgets need 64512 registers, the launch holds 160 x 384"):
+        CI.check_launch(160, 384, 384, "k", roles=((128, 40), (256, 232)))
+
+
 def test_check_launch_names_the_driver_limit():
     # run 8 of results/h200-2026-12-01: 200 registers, 320 threads, the driver allowed 256
     with pytest.raises(RuntimeError, match=r"k: the driver allows 256 threads per block at 200 registers .* needs 320"):

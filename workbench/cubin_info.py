@@ -106,10 +106,17 @@ def nvrtc_kernel_attrs(src: str | Path, names, arch_options=("-arch=sm_90a",)) -
 SM_REGISTERS = 65536               # the register file of one SM (sm_90): 4 quarters of 16384
 
 
-def check_launch(num_regs: int, max_threads_per_block: int, threads: int, kernel: str) -> None:
+def check_launch(num_regs: int, max_threads_per_block: int, threads: int, kernel: str,
+                 roles: tuple = ()) -> None:
     """RuntimeError naming the numbers when a block of `threads` cannot launch: registers per
     thread x threads over the SM's file, or over the driver's per-kernel thread limit (which also
-    counts how warps spread over the register-file quarters: 10 warps at 200 registers -> 256)."""
+    counts how warps spread over the register-file quarters: 10 warps at 200 registers -> 256).
+    roles: ((threads, registers), ...) the warp-specialised roles' setmaxnreg budgets; their sum
+    over the block's launch allocation would leave a setmaxnreg.inc waiting forever (a hang, no error)."""
+    need = sum(t * r for t, r in roles)
+    if need > num_regs * threads:
+        raise RuntimeError(f"{kernel}: its roles' setmaxnreg budgets need {need} registers, the launch holds "
+                           f"{num_regs} x {threads} = {num_regs * threads}; setmaxnreg.inc would never return")
     if num_regs * threads > SM_REGISTERS:
         raise RuntimeError(f"{kernel}: {num_regs} registers per thread x {threads} threads = "
                            f"{num_regs * threads} > the SM's {SM_REGISTERS}; the launch would fail "

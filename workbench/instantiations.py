@@ -216,6 +216,7 @@ def attend_wgmma3_name(out_bf16) -> str:
 # the base up
 ATTEND_WGMMA_BWD_SMEM = 73728 + 65536 + 2 * 36864 + 2 * 4096 + 2 * 32 * 4 + 4 * 8 + 128   # attwb::LAUNCH_SMEM
 ATTEND_WGMMA_BWD_THREADS = 384
+ATTEND_WGMMA_BWD_ROLES = ((128, 40), (256, 232))   # (threads, setmaxnreg): the producer, the consumers
 
 
 def attend_wgmma_bwd_name(atomic) -> str:
@@ -288,7 +289,9 @@ def geometry_asserts(file: str, shapes=SHAPES) -> list[str]:
                 f'static_assert(hytopk::attw2::THREADS == {ATTEND_WGMMA_THREADS}, "instantiations.ATTEND_WGMMA_THREADS drifted");']
     if file == "attend_wgmma_bwd.cu":
         return [f'static_assert(hytopk::attwb::LAUNCH_SMEM == {ATTEND_WGMMA_BWD_SMEM}, "instantiations.ATTEND_WGMMA_BWD_SMEM drifted");',
-                f'static_assert(hytopk::attwb::THREADS == {ATTEND_WGMMA_BWD_THREADS}, "instantiations.ATTEND_WGMMA_BWD_THREADS drifted");']
+                f'static_assert(hytopk::attwb::THREADS == {ATTEND_WGMMA_BWD_THREADS}, "instantiations.ATTEND_WGMMA_BWD_THREADS drifted");',
+                f'static_assert(hytopk::attwb::PRODUCER_REGS == {ATTEND_WGMMA_BWD_ROLES[0][1]} && hytopk::attwb::CONSUMER_REGS == '
+                f'{ATTEND_WGMMA_BWD_ROLES[1][1]}, "instantiations.ATTEND_WGMMA_BWD_ROLES drifted");']
     if file == "attend_wgmma3.cu":
         return [f'static_assert(hytopk::attw3::LAUNCH_SMEM == {ATTEND_WGMMA3_SMEM}, "instantiations.ATTEND_WGMMA3_SMEM drifted");',
                 f'static_assert(hytopk::attw3::THREADS == {ATTEND_WGMMA3_THREADS}, "instantiations.ATTEND_WGMMA3_THREADS drifted");']

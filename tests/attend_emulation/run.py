@@ -296,3 +296,10 @@ try:
 except ValueError as e:
     assert "d_qk 576" in str(e) and "'k', 'v'" in str(e), e
 print("ok version 4 refusal")
+# L = 0: only padding may be selected (the part-row reduction trusts every idx >= 0 to be a key row)
+try:
+    CA.attend_forward(qb, kvb[:0, None, :], kvb[:0, None, :32], np.zeros((2, 3), np.int32), None)
+    raise AssertionError("L = 0 took idx 0")
+except ValueError as e:
+    assert "argument 'idx'" in str(e) and "L = 0" in str(e), e
+print("ok empty context refusal")

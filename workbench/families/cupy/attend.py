@@ -97,8 +97,8 @@ class Bound:
             q, k, v, idx, idx_values=False, dtypes=("float32", "bfloat16", "uint16", "int16"))
         self.scale = RA.check_scale(scale, self.d_qk)
         self.G = self.Hq // self.Hkv
-        if self.L > 0:
-            lo, hi = (int(x) for x in cp.asnumpy(cp.stack((idx.min(), idx.max())))) if idx.size else (0, 0)  # one sync
+        if idx.size:                                      # (L = 0: only -1; the part-row reduction trusts it)
+            lo, hi = (int(x) for x in cp.asnumpy(cp.stack((idx.min(), idx.max()))))   # one sync
             if lo < -1 or hi >= self.L:
                 raise ValueError(f"argument 'idx': entries must lie in [-1, L = {self.L}), got [{lo}, {hi}]")
         self.idx = cp.ascontiguousarray(idx)
