@@ -153,19 +153,19 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
         const int warp = tid >> 5, lane = tid & 31, g8 = lane >> 2, tig = lane & 3;
         const int r0 = warp * 16 + g8, r1 = r0 + 8;   // this thread's two rows (heads h0 + r)
 
-        // Q and dO rows h0 .. h0+63 (zero rows past Hq) into the core-matrix layout
-        for (int i = (int)threadIdx.x; i < ROWS * (DQK / 8); i += 256) {
-            const int r = (i & 7) + ((i >> 3) / (DQK / 8)) * 8, ch = (i >> 3) % (DQK / 8);
-            const bool ok = h0 + r < Hq;
-            const long long row = (long long)t * Hq + (ok ? h0 + r : 0);
-            cp_async16(sq + (u32)((r >> 3) * QG + ch * 128 + (r & 7) * 16), q + row * DQK + ch * 8, ok);
-        }
-        for (int i = (int)threadIdx.x; i < ROWS * (DV / 8); i += 256) {
-            const int r = (i & 7) + ((i >> 3) / (DV / 8)) * 8, ch = (i >> 3) % (DV / 8);
-            const bool ok = h0 + r < Hq;
-            const long long row = (long long)t * Hq + (ok ? h0 + r : 0);
-            cp_async16(sdo + (u32)((r >> 3) * OG + ch * 128 + (r & 7) * 16), dout + row * DV + ch * 8, ok);
-        }
+        // Q and dO rows h0 .. h0+63 (zero rows past Hq) into the core-matrix layout: 8 consecutive
+        // threads copy 8 rows' chunk ch (one 128-byte core matrix)
+        auto load_rows = [&](u32 dst, const bf16_t* __restrict__ src, int D) {
+            const int C = D / 8;
+            for (int i = (int)threadIdx.x; i < ROWS * C; i += 256) {
+                const int r = (i & 7) + ((i >> 3) / C) * 8, ch = (i >> 3) % C;
+                const bool ok = h0 + r < Hq;
+                const long long row = (long long)t * Hq + (ok ? h0 + r : 0);
+                cp_async16(dst + (u32)((r >> 3) * C * 128 + ch * 128 + (r & 7) * 16), src + row * D + ch * 8, ok);
+            }
+        };
+        load_rows(sq, q, DQK);
+        load_rows(sdo, dout, DV);
         cp_async_commit();
         float ls[2], dl[2];                           // lse * log2 e (-inf: P = 0) and delta of the two rows
 #pragma unroll

@@ -327,33 +327,44 @@ def _backward_slots(b, version, deterministic, scratch_bytes, do, lse, delta, dq
     if not deterministic:
         _launch(fn, (b.n, b.Hkv * nhb), common + (np.int32(0),) + tail + (dk,), smem)
     elif version == 1:
-        per_query = b.Hkv * nhb * b.kk * W * 4
-        chunk = max(1, min(b.n, (scratch_bytes or SCRATCH_BYTES) // max(1, per_query)))
-        part = cp.empty((chunk * b.Hkv * nhb * b.kk, W), cp.float32)
-        red = _fn(f"hytopk_attend_dkv_reduce<{'true' if b.shared else 'false'}>")
-        for t0 in range(0, b.n, chunk):
-            c = min(chunk, b.n - t0)
-            _launch(fn, (c, b.Hkv * nhb), common + (np.int32(t0),) + tail + (part,), smem)
-            _reduce_chunk(red, part, b, t0, c, nhb, W, dk, dv)
+        chunk = part_chunk(b, nhb, W, scratch_bytes or SCRATCH_BYTES)
+        sum_part_rows(b, chunk, nhb, W, False, dk, dv,
+                      lambda t0, c, part: _launch(fn, (c, b.Hkv * nhb), common + (np.int32(t0),) + tail + (part,), smem))
     else:
         # one part row per head-block pair (one head block: the plain kernel, the same bits)
         nrow = -(-nhb // 2)
-        per_query = b.Hkv * nrow * b.kk * W * 4
-        chunk = max(1, min(b.n, (scratch_bytes or _scratch_v2()) // max(1, per_query)))
-        part = cp.empty((chunk * b.Hkv * nrow * b.kk, W), cp.float32)
+        chunk = part_chunk(b, nrow, W, scratch_bytes or _scratch_v2())
         if nhb > 1:
             fn = _fn(INST.attend_bwd_hb2_name(mt, b.DQK, b.DV, b.shared))
             flags = cp.empty(1 + chunk * b.Hkv * nrow, cp.int32)   # [0]: the work counter
-        wname = INST.attend_reduce_warp_name(b.shared, W)
-        red = _fn(wname or f"hytopk_attend_dkv_reduce<{'true' if b.shared else 'false'}>")
-        for t0 in range(0, b.n, chunk):
-            c = min(chunk, b.n - t0)
+
+        def launch(t0, c, part):
             if nhb > 1:
                 flags.fill(0)
                 _launch(fn, (c * b.Hkv * nhb, 1), common + (np.int32(t0),) + tail + (part, flags), smem)
             else:
                 _launch(fn, (c, b.Hkv * nhb), common + (np.int32(t0),) + tail + (part,), smem)
-            _reduce_chunk(red, part, b, t0, c, nrow, W, dk, dv, warp=wname is not None)
+        sum_part_rows(b, chunk, nrow, W, True, dk, dv, launch)
+
+
+def part_chunk(b, nrow, W, scratch: int, max_chunk: int | None = None) -> int:
+    """Queries per chunk of the deterministic backward: as many as `scratch` bytes of part rows
+    hold (nrow rows of W floats per (query, kv head, slot)), at least one, at most max_chunk."""
+    per_query = b.Hkv * nrow * b.kk * W * 4
+    return max(1, min(b.n, scratch // max(1, per_query), max_chunk or b.n))
+
+
+def sum_part_rows(b, chunk, nrow, W, warp, dk, dv, launch):
+    """The deterministic dK / dV of the per-slot kernels (versions 1, 2, 4), chunk by chunk:
+    launch(t0, c, part) writes the part rows of queries t0 .. t0+c-1, then _reduce_chunk adds them
+    per key in entry order (a fixed order); warp: the warp-per-key reduction where it takes W."""
+    part = cp.empty((chunk * b.Hkv * nrow * b.kk, W), cp.float32)
+    wname = INST.attend_reduce_warp_name(b.shared, W) if warp else None
+    red = _fn(wname or f"hytopk_attend_dkv_reduce<{'true' if b.shared else 'false'}>")
+    for t0 in range(0, b.n, chunk):
+        c = min(chunk, b.n - t0)
+        launch(t0, c, part)
+        _reduce_chunk(red, part, b, t0, c, nrow, W, dk, dv, warp=wname is not None)
 
 
 def _scratch_v2() -> int:

@@ -11,7 +11,6 @@ within tolerance, and bitwise reproducible when deterministic.
 """
 from __future__ import annotations
 
-import cupy as cp
 import numpy as np
 
 from workbench import instantiations as INST
@@ -60,16 +59,11 @@ def backward(b, deterministic, scratch_bytes, do, lse, delta, dq, dk):
                                               shared_mem=smem)
         return
     W = b.DQK
-    per_query = nhb * b.kk * W * 4
-    chunk = max(1, min(b.n, (scratch_bytes or A._scratch_v2()) // max(1, per_query), (2 ** 31 - 1) // nhb))
-    part = cp.empty((chunk * nhb * b.kk, W), cp.float32)
     fn = _fn(INST.attend_wgmma_bwd_name(False))
-    wname = INST.attend_reduce_warp_name(True, W)
-    red = A._fn(wname or "hytopk_attend_dkv_reduce<true>")
-    for t0 in range(0, b.n, chunk):
-        c = min(chunk, b.n - t0)
-        fn((c * nhb,), (threads,), head + (np.int32(t0),) + tail + (part,), shared_mem=smem)
-        A._reduce_chunk(red, part, b, t0, c, nhb, W, dk, None, warp=wname is not None)
+    chunk = A.part_chunk(b, nhb, W, scratch_bytes or A._scratch_v2(), max_chunk=(2 ** 31 - 1) // nhb)
+    A.sum_part_rows(b, chunk, nhb, W, True, dk, None,
+                    lambda t0, c, part: fn((c * nhb,), (threads,), head + (np.int32(t0),) + tail + (part,),
+                                           shared_mem=smem))
 
 
 @register("attend_backward", "cupy.attend_backward.wgmma", gpu_only=True)
