@@ -16,8 +16,11 @@
 //                                 B = dS / P MN-major
 // and writes each m-tile's 64 columns x 32 slots: ATOMIC into dkv [L, 576] (float atomics, not
 // reproducible), else into part[((tl * nhb + hb) * kk + slot) * 576 + d] (the rows attend.cu's
-// BWD_PART writes: hytopk_attend_dkv_reduce sums them per key in a fixed order). dq is written once
-// per (query, head): no atomics, the key-tile order fixed.
+// BWD_PART writes: hytopk_attend_dkv_reduce sums them per key in a fixed order). VEC: 16 bytes at a
+// time (red.global.add.v4.f32 / st.global.v4.f32) after a 4x4 transpose among lanes (a thread's
+// accumulator holds one column of 16 (slot, column) pairs; four lanes hold four adjacent columns),
+// a quarter of the scalar writes' operations. dq is written once per (query, head): no atomics, the
+// key-tile order fixed.
 //
 // Shared memory (no swizzle; element (r, d) of a [rows][D] bf16 tile at (r/8)*(D*16) + (d/8)*128 +
 // (r%8)*16 + (d%8)*2): Q [64][576], dO [64][512], K [2 stages][32][576], P and dS [64][32] each.
@@ -65,13 +68,33 @@ constexpr int BAR_Q = 1, BAR_FREE = 2, BAR_P = 3;
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
+// Four lanes q = 0..3 (lane bits 2, 3: lanes xor 4 and xor 8) hold x[j] = element q of item j; after,
+// lane q holds element j of item q in x[j] (two exchange stages, 4 shuffles)
+__device__ __forceinline__ void transpose4(float (&x)[4], int q) {
+    const bool b = (q & 2) != 0, c = (q & 1) != 0;
+    // lanes xor 8: keep items 2b, 2b+1 (element q: u0, u1), receive their element q ^ 2 (r0, r1)
+    const float r0 = __shfl_xor_sync(0xffffffffu, b ? x[0] : x[2], 8);
+    const float r1 = __shfl_xor_sync(0xffffffffu, b ? x[1] : x[3], 8);
+    const float u0 = b ? x[2] : x[0], u1 = b ? x[3] : x[1];
+    // lanes xor 4: keep item q (elements q: k0, q ^ 2: k1), receive its elements q ^ 1 (w0), q ^ 3 (w1)
+    const float w0 = __shfl_xor_sync(0xffffffffu, c ? u0 : u1, 4);
+    const float w1 = __shfl_xor_sync(0xffffffffu, c ? r0 : r1, 4);
+    const float k0 = c ? u1 : u0, k1 = c ? r1 : r0;
+    const float l0 = c ? w0 : k0, l1 = c ? k0 : w0;    // elements 2b, 2b + 1
+    const float h0 = c ? w1 : k1, h1 = c ? k1 : w1;    // elements 2(1 - b), 2(1 - b) + 1
+    x[0] = b ? h0 : l0;
+    x[1] = b ? h1 : l1;
+    x[2] = b ? l0 : h0;
+    x[3] = b ? l1 : h1;
+}
+
 // q [n, Hq, 576] bf16; kv rows at kv + s * kv_stride (16-byte aligned rows); idx [n, kk] int32
 // (-1 and out-of-range slots masked; a key listed twice counts per slot); dout [n, Hq, 512] bf16;
 // lse [n, Hq] (natural log), delta [n, Hq] float. grid (queries t0 .. t0 + gridDim.x / nhb - 1) x
 // nhb head blocks of 64: block b is query t0 + b / nhb, heads 64 (b % nhb) ... dq [n, Hq, 576]
 // float (written); ATOMIC: dkv [L, 576] float (+=); else part rows as above (masked slots' rows
 // are not written).
-template <bool ATOMIC>
+template <bool ATOMIC, bool VEC>
 __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv,
                                                  long long kv_stride, const int* __restrict__ idx, int kk, int n,
                                                  int t0, long long L, int Hq, int nhb, float scale, float scale_log2,
@@ -198,6 +221,33 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
                 if (ATOMIC) atomicAdd(out + (long long)s_ * DQK + d, v);
                 else out[(((long long)tl * nhb + hb) * kk + (long long)it * NK + jj) * DQK + d] = v;
             };
+            // 4 floats of slot jj, columns d .. d+3 (d % 4 == 0: 16-byte aligned)
+            auto store_dkv4 = [&](int jj, int d, const float (&v)[4]) {
+                const int s_ = key[jj];
+                if (s_ < 0) return;
+                if (ATOMIC) red_add_v4(out + (long long)s_ * DQK + d, v[0], v[1], v[2], v[3]);
+                else st_global_v4(out + (((long long)tl * nhb + hb) * kk + (long long)it * NK + jj) * DQK + d,
+                                  v[0], v[1], v[2], v[3]);
+            };
+            // an m-tile's accumulator out: element i = 4 sb + 2 h2 + e is column col0 + g8 + 8 h2, slot
+            // slot0 + 8 sb + 2 tig + e; VEC: per sb, lane g8 & 3 takes item (h2, e) = its own index, the
+            // columns col0 + 8 h2 + 4 (g8 >> 2) .. +3
+            auto store_tile = [&](auto& acc, int slot0, int col0) {
+                constexpr int NSB = (int)(sizeof(acc) / sizeof(acc[0])) / 4;
+                if (VEC) {
+                    const int qq = g8 & 3, e = qq & 1, h2 = qq >> 1;
+#pragma unroll
+                    for (int sb = 0; sb < NSB; ++sb) {
+                        float x[4] = {acc[4 * sb], acc[4 * sb + 1], acc[4 * sb + 2], acc[4 * sb + 3]};
+                        transpose4(x, qq);
+                        store_dkv4(slot0 + 8 * sb + 2 * tig + e, col0 + 8 * h2 + 4 * (g8 >> 2), x);
+                    }
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 4 * NSB; ++i)
+                        store_dkv(slot0 + 8 * (i >> 2) + 2 * tig + (i & 1), col0 + g8 + 8 * ((i >> 1) & 1), acc[i]);
+                }
+            };
 
             // S_c = Q K_c^T and dP_c = dO V_c^T: 64 rows x keys 16c .. 16c+15
             float s[8], dp[8];
@@ -275,10 +325,7 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
                                                smem_desc(sp + (u32)(kh * 2 * PG), PG, 128), 1);
                 wgmma_commit();
                 wgmma_wait_all();
-                // element i: column d = 64m + 16warp + g8 + 8((i >> 1) & 1), slot 8(i >> 2) + 2tig + (i & 1)
-#pragma unroll
-                for (int i = 0; i < 16; ++i)
-                    store_dkv(8 * (i >> 2) + 2 * tig + (i & 1), 64 * m + 16 * warp + g8 + 8 * ((i >> 1) & 1), acc[i]);
+                store_tile(acc, 0, 64 * m + 16 * warp);
             }
             {
                 float acc[8];
@@ -289,9 +336,7 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
                                                smem_desc(sds + (u32)(kh * 2 * PG + c * 2 * 128), PG, 128), kh > 0);
                 wgmma_commit();
                 wgmma_wait_all();
-#pragma unroll
-                for (int i = 0; i < 8; ++i)
-                    store_dkv(16 * c + 8 * (i >> 2) + 2 * tig + (i & 1), 512 + 16 * warp + g8 + 8 * ((i >> 1) & 1), acc[i]);
+                store_tile(acc, 16 * c, 512 + 16 * warp);
             }
             __syncwarp();                             // every lane's MMAs on stage st are complete
             if (lane == 0) mbar_arrive(empty0 + 8 * st);
@@ -322,13 +367,14 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
 
 using namespace hytopk::attwb;
 
-// grid (queries in the chunk) * nhb; ATOMIC: out = dkv [L, 576] float; else out = part rows
-template <bool ATOMIC>
+// grid (queries in the chunk) * nhb; ATOMIC: out = dkv [L, 576] float; else out = part rows; VEC:
+// 16-byte writes (false: scalar ones, kept to measure the difference)
+template <bool ATOMIC, bool VEC = true>
 __global__ void __launch_bounds__(384, 1)
 hytopk_attend_bwd_wgmma(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv, long long kv_stride,
                         const int* __restrict__ idx, int kk, int n, int t0, long long L, int Hq, int nhb, float scale,
                         float scale_log2, const bf16_t* __restrict__ dout, const float* __restrict__ lse,
                         const float* __restrict__ delta, float* __restrict__ dq, float* __restrict__ out) {
-    attend_bwd_wgmma<ATOMIC>(q, kv, kv_stride, idx, kk, n, t0, L, Hq, nhb, scale, scale_log2, dout, lse, delta, dq,
+    attend_bwd_wgmma<ATOMIC, VEC>(q, kv, kv_stride, idx, kk, n, t0, L, Hq, nhb, scale, scale_log2, dout, lse, delta, dq,
                              out);
 }

@@ -96,6 +96,14 @@ __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
     return r;
 }
 
+// 16 bytes to global memory: four float reductions in one (relaxed, gpu scope; sm_90) / one store
+__device__ __forceinline__ void red_add_v4(float* p, float a, float b, float c, float d) {
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
+__device__ __forceinline__ void st_global_v4(float* p, float a, float b, float c, float d) {
+    asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
+
 // ---- 2-CTA clusters
 __device__ __forceinline__ u32 cluster_ctarank() {
     u32 r;

@@ -9,7 +9,8 @@
             on wgmma wgmma2sp (a pair per block) vs wgmma2s (one query); best_pair_vs_best_one: the
             fastest two-query kernel against the fastest one-query kernel
   backward  deterministic, atomic and deterministic_v2 (attend.cu's mma.sync backward), wgmma and
-            wgmma_atomic (attend_wgmma_bwd.cu, sm_90a: version 4), effective TFLOP/s
+            wgmma_atomic (attend_wgmma_bwd.cu, sm_90a: version 4; wgmma_atomic_scalar: its float-by-float
+            atomics), effective TFLOP/s
             2 n H k (3 d_qk + 2 d_v) / t (the logits are recomputed), and its ratio to the forward rate
   baseline  dsa.py's gather + einsum vs torch.ops.hytopk.sparse_attention, forward + backward, time
             and peak memory (MHA layout of the DSA layer and the MLA layout, where the gather fits)
@@ -33,6 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import workbench.torch  # noqa: E402,F401  (registers torch.ops.hytopk)
 from workbench.families.cupy import attend as CA  # noqa: E402
+from workbench.families.cupy import attend_wgmma_bwd as AWB  # noqa: E402
 from workbench.torch.dsa import gather_einsum  # noqa: E402
 
 
@@ -177,9 +179,14 @@ def backward_rows(n, H, L, k, fwd_rate, op_rate=None):
     variants = [("deterministic", dict(deterministic=True)), ("atomic", dict(deterministic=False)),
                 ("deterministic_v2", dict(deterministic=True, version=2))]
     if torch.cuda.get_device_capability() == (9, 0):    # attend_wgmma_bwd.cu (sm_90a)
-        variants += [("wgmma", dict(deterministic=True, version=4)), ("wgmma_atomic", dict(deterministic=False, version=4))]
+        variants += [("wgmma", dict(deterministic=True, version=4)), ("wgmma_atomic", dict(deterministic=False, version=4)),
+                     ("wgmma_atomic_scalar", dict(deterministic=False, version=4))]
     for name, kw in variants:
-        t = timed(lambda: CA.attend_backward(dout, q, kk, vv, idx, out, lse, None, **kw), reps=3)
+        AWB.VECTOR_ATOMICS = name != "wgmma_atomic_scalar"   # one float atomic per element: what the vectors save
+        try:
+            t = timed(lambda: CA.attend_backward(dout, q, kk, vv, idx, out, lse, None, **kw), reps=3)
+        finally:
+            AWB.VECTOR_ATOMICS = True
         r = rate(bwd_flops(n, H, k), t)
         rows[name] = dict(t, tflops=r, vs_forward=r / fwd_rate if fwd_rate else None,
                           vs_op_forward=r / op_rate if op_rate else None)

@@ -58,6 +58,25 @@ def test_backward_matches_reference(CA, Hq, atomic, kind):
     assert np.all(cp.asnumpy(dq)[(idx < 0).all(1)] == 0)
 
 
+@pytest.mark.parametrize("Hq", [64, 136])
+def test_scalar_atomics_match_reference_and_vector_ones(CA, Hq, monkeypatch):
+    """VECTOR_ATOMICS = False (the bench's float-by-float row): against the reference, and close to the
+    16-byte atomics (the same adds, in another order)."""
+    from workbench.families.cupy import attend_wgmma_bwd as AWB
+    rng = np.random.default_rng(seed("wgmma-bwd-scalar", Hq))
+    n, L, kk = 5, 300, 100
+    k, v, kh, vh, qd, qh, dod, doh, idx = case(rng, n, Hq, L, kk, "dups")
+    out, lse = CA.attend_forward(qd, k, v, cp.asarray(idx), None, out_dtype="float32")
+    vec = CA.attend_backward(dod, qd, k, v, cp.asarray(idx), out, lse, None, deterministic=False, version=4)
+    monkeypatch.setattr(AWB, "VECTOR_ATOMICS", False)
+    dq, dk, _ = CA.attend_backward(dod, qd, k, v, cp.asarray(idx), out, lse, None, deterministic=False, version=4)
+    rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)
+    _rel_close(cp.asnumpy(dq), rq)
+    _rel_close(cp.asnumpy(dk)[:, 0], RA.mla_dkv(rk, rv))
+    np.testing.assert_array_equal(bits(dq), bits(vec[0]))        # dq does not depend on the dkv writes
+    np.testing.assert_allclose(cp.asnumpy(dk), cp.asnumpy(vec[1]), rtol=1e-4, atol=1e-4 * float(abs(cp.asnumpy(dk)).max()))
+
+
 def test_k_2048_many_heads(CA):
     rng = np.random.default_rng(seed("wgmma-bwd-2048"))
     n, L, kk = 6, 8192, 2048

@@ -294,6 +294,20 @@ def test_backward_matches_reference(driver, n, Hq, kk, kind, atomic):
     assert np.all(dq[(valid < 0).all(1)] == 0)
 
 
+def test_backward_vector_atomics_equal_scalar_ones(driver):
+    """The 16-byte atomics (a 4x4 transpose among lanes, then red.global.add.v4.f32) add the same
+    floats to the same places as the float-by-float ones: with distinct keys per query, one add per
+    (block, key, column), and the emulation runs blocks one after another, the bits agree; two head
+    blocks (80 heads), a partial tile and masked slots included."""
+    rng = np.random.default_rng(seed("wgmma-bwd-vec"))
+    kv, qd, dod, idx, lse, delta, *_ = backward_case(rng, 3, 80, 45, "random")
+    dq_v, dkv_v = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=True)
+    dq_s, dkv_s = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=True, scalar=True)
+    np.testing.assert_array_equal(bits(dq_v), bits(dq_s))
+    np.testing.assert_array_equal(bits(dkv_v), bits(dkv_s))
+    assert np.count_nonzero(dkv_v) > 0.9 * 576 * np.unique(idx[(idx >= 0) & (idx < kv.shape[0])]).size
+
+
 def test_backward_chunk_writes_only_its_queries(driver):
     """t0 / count (attend_backward's query chunks): dq rows of other queries stay unwritten (NaN), the
     part rows are the chunk's, indexed from 0, and equal the whole launch's."""

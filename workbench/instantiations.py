@@ -219,9 +219,10 @@ ATTEND_WGMMA_BWD_THREADS = 384
 ATTEND_WGMMA_BWD_ROLES = ((128, 40), (256, 232))   # (threads, setmaxnreg): the producer, the consumers
 
 
-def attend_wgmma_bwd_name(atomic) -> str:
-    """atomic: dK/dV by float atomics into dkv; else the per-(query, head block, slot) part rows."""
-    return f"hytopk_attend_bwd_wgmma<{_b(atomic)}>"
+def attend_wgmma_bwd_name(atomic, vec=True) -> str:
+    """atomic: dK/dV by float atomics into dkv; else the per-(query, head block, slot) part rows.
+    vec: 16-byte writes (False, atomics only: the scalar ones, kept to measure the difference)."""
+    return f"hytopk_attend_bwd_wgmma<{_b(atomic)}>" if vec else f"hytopk_attend_bwd_wgmma<{_b(atomic)}, false>"
 
 
 def attend_names() -> tuple:
@@ -327,7 +328,7 @@ def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
     if file == "attend_wgmma3.cu":
         return tuple(attend_wgmma3_name(b) for b in (True, False))
     if file == "attend_wgmma_bwd.cu":
-        return tuple(attend_wgmma_bwd_name(a) for a in (False, True))
+        return tuple(attend_wgmma_bwd_name(a) for a in (False, True)) + (attend_wgmma_bwd_name(True, False),)
     for kernel, over in KERNELS[file]:
         if over == "plain":
             out.append(name(kernel))

@@ -566,6 +566,20 @@ inline u32 pack_bf16x2(float lo, float hi) {
     return rn(lo) | (rn(hi) << 16);
 }
 
+inline void red_add_v4(float* p, float a, float b, float c, float d) {
+    if (reinterpret_cast<uintptr_t>(p) % 16) EMU_FAIL("red.global.add.v4.f32: %p not 16-byte aligned", (void*)p);
+    emu::wg::check_global(p, 16, "red.global.add.v4.f32");
+    emu::wg::jitter();
+    const float v[4] = {a, b, c, d};
+    for (int i = 0; i < 4; ++i) std::atomic_ref<float>(p[i]).fetch_add(v[i]);
+}
+inline void st_global_v4(float* p, float a, float b, float c, float d) {
+    if (reinterpret_cast<uintptr_t>(p) % 16) EMU_FAIL("st.global.v4.f32: %p not 16-byte aligned", (void*)p);
+    emu::wg::check_global(p, 16, "st.global.v4.f32");
+    const float v[4] = {a, b, c, d};
+    std::memcpy(p, v, 16);
+}
+
 [[noreturn]] inline u32 cluster_ctarank() { EMU_FAIL("2-CTA clusters are not emulated"); }
 [[noreturn]] inline void cluster_sync() { EMU_FAIL("2-CTA clusters are not emulated"); }
 [[noreturn]] inline u32 map_peer(u32, u32) { EMU_FAIL("2-CTA clusters are not emulated"); }

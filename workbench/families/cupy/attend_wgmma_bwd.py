@@ -8,6 +8,8 @@ within tolerance, and bitwise reproducible when deterministic.
   cupy.attend_backward.wgmma         per-(query, head block, slot) part rows summed per key in a
                                      fixed order (version 1's reduction): bitwise reproducible
   cupy.attend_backward.wgmma_atomic  dK/dV by float atomics into dkv: not reproducible
+Both write 16 bytes at a time (red.global.add.v4.f32 / st.global.v4.f32); VECTOR_ATOMICS = False
+takes the scalar atomics instead (scripts/bench_attention.py's `wgmma_atomic_scalar` row).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from .attend_wgmma2 import unsupported
 from .wgmma import require_sm90
 
 FILE = "attend_wgmma_bwd.cu"
+VECTOR_ATOMICS = True              # False: one float atomic per element (the bench's comparison row)
 _FITS: dict[int, object] = {}     # id -> function already checked (held, so ids are not reused)
 
 
@@ -55,7 +58,7 @@ def backward(b, deterministic, scratch_bytes, do, lse, delta, dq, dk):
     if not deterministic:
         if b.n * nhb >= 2 ** 31:
             raise ValueError(f"argument 'q': {b.n} queries x {nhb} head blocks exceed one launch's 2^31 - 1 blocks")
-        _fn(INST.attend_wgmma_bwd_name(True))((b.n * nhb,), (threads,), head + (np.int32(0),) + tail + (dk,),
+        _fn(INST.attend_wgmma_bwd_name(True, VECTOR_ATOMICS))((b.n * nhb,), (threads,), head + (np.int32(0),) + tail + (dk,),
                                               shared_mem=smem)
         return
     W = b.DQK
