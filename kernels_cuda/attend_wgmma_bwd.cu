@@ -19,7 +19,8 @@
 // BWD_PART writes: hytopk_attend_dkv_reduce sums them per key in a fixed order). VEC: 16 bytes at a
 // time (red.global.add.v4.f32 / st.global.v4.f32) after a 4x4 transpose among lanes (a thread's
 // accumulator holds one column of 16 (slot, column) pairs; four lanes hold four adjacent columns),
-// a quarter of the scalar writes' operations. dq is written once per (query, head): no atomics, the
+// a quarter of the scalar writes' operations but 16 shuffles per m-tile on the consumers' path
+// (measured: scalar atomics 53.7 ms, vector ones 60.6, run 1 of results/h200-2026-12-02-s3/). dq is written once per (query, head): no atomics, the
 // key-tile order fixed.
 //
 // Shared memory (no swizzle; element (r, d) of a [rows][D] bf16 tile at (r/8)*(D*16) + (d/8)*128 +
@@ -215,19 +216,21 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             const int* key = skey + st * NK;
             mbar_wait_or_trap(full0 + 8 * st, (u32)((it >> 1) & 1));
             // one float of slot jj (of the tile), column d: masked slots are skipped
+            // the part row of slot jj (tl * nhb + hb = blockIdx.x, read again through opaque_u32 at each
+            // write: no 64-bit base stays live across the m-tiles)
+            auto prow = [&](int jj) { return ((long long)opaque_u32(blockIdx.x) * kk + (long long)it * NK + jj) * DQK; };
             auto store_dkv = [&](int jj, int d, float v) {
                 const int s_ = key[jj];
                 if (s_ < 0) return;
                 if (ATOMIC) atomicAdd(out + (long long)s_ * DQK + d, v);
-                else out[(((long long)tl * nhb + hb) * kk + (long long)it * NK + jj) * DQK + d] = v;
+                else out[prow(jj) + d] = v;
             };
             // 4 floats of slot jj, columns d .. d+3 (d % 4 == 0: 16-byte aligned)
             auto store_dkv4 = [&](int jj, int d, const float (&v)[4]) {
                 const int s_ = key[jj];
                 if (s_ < 0) return;
                 if (ATOMIC) red_add_v4(out + (long long)s_ * DQK + d, v[0], v[1], v[2], v[3]);
-                else st_global_v4(out + (((long long)tl * nhb + hb) * kk + (long long)it * NK + jj) * DQK + d,
-                                  v[0], v[1], v[2], v[3]);
+                else st_global_v4(out + prow(jj) + d, v[0], v[1], v[2], v[3]);
             };
             // an m-tile's accumulator out: element i = 4 sb + 2 h2 + e is column col0 + g8 + 8 h2, slot
             // slot0 + 8 sb + 2 tig + e; VEC: per sb, lane g8 & 3 takes item (h2, e) = its own index, the
@@ -309,35 +312,48 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             wgmma_commit();
             // dKV^T: m-tiles 4c .. 4c+3 (64 columns x the tile's 32 slots: Q^T dS + dO^T P), then
             // m-tile 8 (columns 512 .. 575: Q^T dS only) on this consumer's 16 slots; the same code for
-            // both consumers (a warpgroup-uniform path: no serialised wgmma)
-#pragma unroll 1
-            for (int mi = 0; mi < 4; ++mi) {
-                const int m = 4 * c + mi;
-                float acc[16];
+            // both consumers (a warpgroup-uniform path: no serialised wgmma). Two accumulators in turn:
+            // an m-tile's MMAs run while the one before is written out.
+            auto issue_m = [&](float (&acc)[16], int m) {
+                // the bases through opaque_u32: descriptors built here, not hoisted out of the key loop
+                // (five m-tiles' worth of them held across it would spill)
+                const u32 q_ = opaque_u32(sq), o_ = opaque_u32(sdo), d_ = opaque_u32(sds), p_ = opaque_u32(sp);
                 wgmma_fence();
 #pragma unroll
                 for (int kh = 0; kh < ROWS / 16; ++kh)
-                    wgmma_m64n32k16_bf16_ta_tb(acc, smem_desc(sq + (u32)(m * 1024 + kh * 2 * QG), QG, 128),
-                                               smem_desc(sds + (u32)(kh * 2 * PG), PG, 128), kh > 0);
+                    wgmma_m64n32k16_bf16_ta_tb(acc, smem_desc(q_ + (u32)(m * 1024 + kh * 2 * QG), QG, 128),
+                                               smem_desc(d_ + (u32)(kh * 2 * PG), PG, 128), kh > 0);
 #pragma unroll
                 for (int kh = 0; kh < ROWS / 16; ++kh)
-                    wgmma_m64n32k16_bf16_ta_tb(acc, smem_desc(sdo + (u32)(m * 1024 + kh * 2 * OG), OG, 128),
-                                               smem_desc(sp + (u32)(kh * 2 * PG), PG, 128), 1);
+                    wgmma_m64n32k16_bf16_ta_tb(acc, smem_desc(o_ + (u32)(m * 1024 + kh * 2 * OG), OG, 128),
+                                               smem_desc(p_ + (u32)(kh * 2 * PG), PG, 128), 1);
                 wgmma_commit();
-                wgmma_wait_all();
-                store_tile(acc, 0, 64 * m + 16 * warp);
-            }
+            };
+            float ma[16], mb[16];
+            float (&m8)[8] = *reinterpret_cast<float (*)[8]>(ma);   // m-tile 8 in ma's first half, once ma is out
+            issue_m(ma, 4 * c);                       // pending: dQ, ma
+            issue_m(mb, 4 * c + 1);                   // dQ, ma, mb
+            wgmma_wait<1>();                          // dQ and ma retired
+            store_tile(ma, 0, 64 * (4 * c) + 16 * warp);
+            issue_m(ma, 4 * c + 2);
+            wgmma_wait<1>();
+            store_tile(mb, 0, 64 * (4 * c + 1) + 16 * warp);
+            issue_m(mb, 4 * c + 3);
+            wgmma_wait<1>();
+            store_tile(ma, 0, 64 * (4 * c + 2) + 16 * warp);
             {
-                float acc[8];
+                const u32 q_ = opaque_u32(sq), d_ = opaque_u32(sds);
                 wgmma_fence();
 #pragma unroll
                 for (int kh = 0; kh < ROWS / 16; ++kh)
-                    wgmma_m64n16k16_bf16_ta_tb(acc, smem_desc(sq + (u32)(8 * 1024 + kh * 2 * QG), QG, 128),
-                                               smem_desc(sds + (u32)(kh * 2 * PG + c * 2 * 128), PG, 128), kh > 0);
-                wgmma_commit();
-                wgmma_wait_all();
-                store_tile(acc, 16 * c, 512 + 16 * warp);
+                    wgmma_m64n16k16_bf16_ta_tb(m8, smem_desc(q_ + (u32)(8 * 1024 + kh * 2 * QG), QG, 128),
+                                               smem_desc(d_ + (u32)(kh * 2 * PG + c * 2 * 128), PG, 128), kh > 0);
             }
+            wgmma_commit();
+            wgmma_wait<1>();
+            store_tile(mb, 0, 64 * (4 * c + 3) + 16 * warp);
+            wgmma_wait<0>();
+            store_tile(m8, 16 * c, 512 + 16 * warp);
             __syncwarp();                             // every lane's MMAs on stage st are complete
             if (lane == 0) mbar_arrive(empty0 + 8 * st);
         }
@@ -368,8 +384,8 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
 using namespace hytopk::attwb;
 
 // grid (queries in the chunk) * nhb; ATOMIC: out = dkv [L, 576] float; else out = part rows; VEC:
-// 16-byte writes (false: scalar ones, kept to measure the difference)
-template <bool ATOMIC, bool VEC = true>
+// 16-byte writes, else scalar ones (the faster atomics on the H200: instantiations.attend_wgmma_bwd_name)
+template <bool ATOMIC, bool VEC>
 __global__ void __launch_bounds__(384, 1)
 hytopk_attend_bwd_wgmma(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv, long long kv_stride,
                         const int* __restrict__ idx, int kk, int n, int t0, long long L, int Hq, int nhb, float scale,

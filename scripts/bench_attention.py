@@ -9,9 +9,10 @@
             on wgmma wgmma2sp (a pair per block) vs wgmma2s (one query); best_pair_vs_best_one: the
             fastest two-query kernel against the fastest one-query kernel
   backward  deterministic, atomic and deterministic_v2 (attend.cu's mma.sync backward), wgmma and
-            wgmma_atomic (attend_wgmma_bwd.cu, sm_90a: version 4; wgmma_atomic_scalar: its float-by-float
-            atomics), effective TFLOP/s
+            wgmma_atomic (attend_wgmma_bwd.cu, sm_90a: version 4; wgmma_atomic_vec: 16-byte atomics
+            instead of float-by-float ones), effective TFLOP/s
             2 n H k (3 d_qk + 2 d_v) / t (the logits are recomputed), and its ratio to the forward rate
+  backward16 the same rows at 16 heads (a tensor-parallel shard: where the op switches backwards)
   baseline  dsa.py's gather + einsum vs torch.ops.hytopk.sparse_attention, forward + backward, time
             and peak memory (MHA layout of the DSA layer and the MLA layout, where the gather fits)
   step      the DSA sparse stage at dsv32-128k-like sizes with selection replay: select once, then
@@ -180,13 +181,13 @@ def backward_rows(n, H, L, k, fwd_rate, op_rate=None):
                 ("deterministic_v2", dict(deterministic=True, version=2))]
     if torch.cuda.get_device_capability() == (9, 0):    # attend_wgmma_bwd.cu (sm_90a)
         variants += [("wgmma", dict(deterministic=True, version=4)), ("wgmma_atomic", dict(deterministic=False, version=4)),
-                     ("wgmma_atomic_scalar", dict(deterministic=False, version=4))]
+                     ("wgmma_atomic_vec", dict(deterministic=False, version=4))]
     for name, kw in variants:
-        AWB.VECTOR_ATOMICS = name != "wgmma_atomic_scalar"   # one float atomic per element: what the vectors save
+        AWB.VEC_WRITES = True if name == "wgmma_atomic_vec" else None
         try:
             t = timed(lambda: CA.attend_backward(dout, q, kk, vv, idx, out, lse, None, **kw), reps=3)
         finally:
-            AWB.VECTOR_ATOMICS = True
+            AWB.VEC_WRITES = None
         r = rate(bwd_flops(n, H, k), t)
         rows[name] = dict(t, tflops=r, vs_forward=r / fwd_rate if fwd_rate else None,
                           vs_op_forward=r / op_rate if op_rate else None)
@@ -273,7 +274,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path, required=True, help="write the results here")
     ap.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
-    ap.add_argument("--skip", default="", help="comma list of sections to skip: forward,heads,backward,baseline,step")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: forward,heads,backward,backward16,baseline,step")
     args = ap.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
     n = 1024 if args.quick else 8192
@@ -292,6 +293,7 @@ def main(argv=None):
                            for H in (8, 16)}),
         ("backward", lambda: backward_rows(n, 128, L, k, res.get("forward", {}).get("one", {}).get("tflops"),
                                            res.get("forward", {}).get("wgmma2s", {}).get("tflops"))),
+        ("backward16", lambda: backward_rows(n, 16, L, k, None, None)),   # where the op's wgmma backward starts
         ("baseline", lambda: {"mha": baseline_rows(256 if args.quick else 1024, 16, 128, 16384, k, mla=False),
                               "mla": baseline_rows(64 if args.quick else 256, 16, 576, 16384, k, mla=True)}),
         ("step", lambda: step_rows(512 if args.quick else 2048, 131072, k, 128)),

@@ -59,22 +59,26 @@ def test_backward_matches_reference(CA, Hq, atomic, kind):
 
 
 @pytest.mark.parametrize("Hq", [64, 136])
-def test_scalar_atomics_match_reference_and_vector_ones(CA, Hq, monkeypatch):
-    """VECTOR_ATOMICS = False (the bench's float-by-float row): against the reference, and close to the
-    16-byte atomics (the same adds, in another order)."""
+def test_vector_atomics_match_reference_and_the_default(CA, Hq, monkeypatch):
+    """VEC_WRITES = True (the bench's 16-byte atomics row): against the reference, and close to the
+    default scalar atomics (the same adds in another order)."""
     from workbench.families.cupy import attend_wgmma_bwd as AWB
-    rng = np.random.default_rng(seed("wgmma-bwd-scalar", Hq))
+    from workbench import instantiations as INST
+    atomic = True
+    rng = np.random.default_rng(seed("wgmma-bwd-writes", Hq))
     n, L, kk = 5, 300, 100
     k, v, kh, vh, qd, qh, dod, doh, idx = case(rng, n, Hq, L, kk, "dups")
     out, lse = CA.attend_forward(qd, k, v, cp.asarray(idx), None, out_dtype="float32")
-    vec = CA.attend_backward(dod, qd, k, v, cp.asarray(idx), out, lse, None, deterministic=False, version=4)
-    monkeypatch.setattr(AWB, "VECTOR_ATOMICS", False)
-    dq, dk, _ = CA.attend_backward(dod, qd, k, v, cp.asarray(idx), out, lse, None, deterministic=False, version=4)
+    run = lambda: CA.attend_backward(dod, qd, k, v, cp.asarray(idx), out, lse, None, deterministic=not atomic, version=4)
+    default = run()
+    assert not INST.ATTEND_WGMMA_BWD_VEC[atomic]
+    monkeypatch.setattr(AWB, "VEC_WRITES", True)
+    dq, dk, _ = run()
     rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)
     _rel_close(cp.asnumpy(dq), rq)
     _rel_close(cp.asnumpy(dk)[:, 0], RA.mla_dkv(rk, rv))
-    np.testing.assert_array_equal(bits(dq), bits(vec[0]))        # dq does not depend on the dkv writes
-    np.testing.assert_allclose(cp.asnumpy(dk), cp.asnumpy(vec[1]), rtol=1e-4, atol=1e-4 * float(abs(cp.asnumpy(dk)).max()))
+    np.testing.assert_array_equal(bits(dq), bits(default[0]))    # dq does not depend on the dkv writes
+    np.testing.assert_allclose(cp.asnumpy(dk), cp.asnumpy(default[1]), rtol=1e-4, atol=1e-4 * float(abs(cp.asnumpy(dk)).max()))
 
 
 def test_k_2048_many_heads(CA):
@@ -134,14 +138,16 @@ def test_registered_variant(CA, name):
     _rel_close(cp.asnumpy(dk)[:, 0], RA.mla_dkv(rk, rv))
 
 
-def test_torch_op_backward_opt_in(CA, monkeypatch):
-    """HYTOPK_ATTEND_BWD_WGMMA=1 (TA.WGMMA_BACKWARD): the op's MLA backward is version 4's, bit for bit
-    (deterministic), and close to the default (mma.sync) backward."""
+@pytest.mark.parametrize("Hq", [128, 16])
+def test_torch_op_backward_is_version_4(CA, Hq, monkeypatch):
+    """The op's MLA backward is version 4's bit for bit (deterministic), with a query pair per forward
+    block (16 heads: wgmma2sp) or one (128: wgmma2s); HYTOPK_ATTEND_BWD_WGMMA=0 (TA.WGMMA_BACKWARD
+    False) takes the mma.sync one, close to version 4's."""
     torch = pytest.importorskip("torch")
     import workbench.torch  # noqa: F401
     from workbench.torch import attention as TA
     g = torch.Generator().manual_seed(8)
-    n, L, kk, Hq = 6, 400, 150, 128
+    n, L, kk = 6, 400, 150
     q = torch.randn(n, Hq, 576, generator=g).bfloat16().cuda()
     kv = torch.randn(L, 576, generator=g).bfloat16().cuda()
     dout = torch.randn(n, Hq, 512, generator=g).bfloat16().cuda()
@@ -152,11 +158,12 @@ def test_torch_op_backward_opt_in(CA, monkeypatch):
         out, lse = torch.ops.hytopk.sparse_attention(qq, kvv, None, idx, 512, None, True)
         out.backward(dout)
         return qq.grad, kvv.grad, out.detach(), lse.detach()
-    default = grads()
-    monkeypatch.setattr(TA, "WGMMA_BACKWARD", True)
+    assert TA.WGMMA_BACKWARD                                 # the default
     dq, dkv, out, lse = grads()
     want = CA.attend_backward(dout, q, kv[:, None, :], kv[:, None, :512], idx, out, lse, None, version=4)
     assert torch.equal(dq, torch.from_dlpack(want[0]).to(torch.bfloat16))
     assert torch.equal(dkv, torch.from_dlpack(want[1])[:, 0].to(torch.bfloat16))
-    for a, b in zip((dq, dkv), default[:2]):
+    monkeypatch.setattr(TA, "WGMMA_BACKWARD", False)
+    mma_sync = grads()
+    for a, b in zip((dq, dkv), mma_sync[:2]):
         _rel_close(a.float().cpu().numpy(), b.float().cpu().numpy().astype(np.float64))

@@ -217,12 +217,16 @@ def attend_wgmma3_name(out_bf16) -> str:
 ATTEND_WGMMA_BWD_SMEM = 73728 + 65536 + 2 * 36864 + 2 * 4096 + 2 * 32 * 4 + 4 * 8 + 128   # attwb::LAUNCH_SMEM
 ATTEND_WGMMA_BWD_THREADS = 384
 ATTEND_WGMMA_BWD_ROLES = ((128, 40), (256, 232))   # (threads, setmaxnreg): the producer, the consumers
+ATTEND_WGMMA_BWD_VEC = {False: True, True: False}    # atomic -> 16-byte writes (scalar atomics measured faster;
+                                                     # scalar part rows are not built: they spilled)
 
 
-def attend_wgmma_bwd_name(atomic, vec=True) -> str:
+def attend_wgmma_bwd_name(atomic, vec=None) -> str:
     """atomic: dK/dV by float atomics into dkv; else the per-(query, head block, slot) part rows.
-    vec: 16-byte writes (False, atomics only: the scalar ones, kept to measure the difference)."""
-    return f"hytopk_attend_bwd_wgmma<{_b(atomic)}>" if vec else f"hytopk_attend_bwd_wgmma<{_b(atomic)}, false>"
+    vec: 16-byte writes, else scalar ones; None: the faster of the two on the H200 for that mode
+    (ATTEND_WGMMA_BWD_VEC)."""
+    vec = ATTEND_WGMMA_BWD_VEC[bool(atomic)] if vec is None else vec
+    return f"hytopk_attend_bwd_wgmma<{_b(atomic)}, {_b(vec)}>"
 
 
 def attend_names() -> tuple:
@@ -328,7 +332,8 @@ def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
     if file == "attend_wgmma3.cu":
         return tuple(attend_wgmma3_name(b) for b in (True, False))
     if file == "attend_wgmma_bwd.cu":
-        return tuple(attend_wgmma_bwd_name(a) for a in (False, True)) + (attend_wgmma_bwd_name(True, False),)
+        # part rows 16 bytes at a time; atomics both ways (the bench compares them)
+        return (attend_wgmma_bwd_name(False, True), attend_wgmma_bwd_name(True, False), attend_wgmma_bwd_name(True, True))
     for kernel, over in KERNELS[file]:
         if over == "plain":
             out.append(name(kernel))

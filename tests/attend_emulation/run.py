@@ -148,11 +148,12 @@ class Fn:
                     else:
                         part[((tl * Hkv + g) * nhb + hbi) * U + j] = c
     def hytopk_attend_bwd_wgmma(self, tp, grid, a):
+        from workbench import instantiations as INST
         # attend_wgmma_bwd.cu: MLA 576 / 512, 64 heads per block, grid (queries of the chunk) x nhb
         q, kv, ks, idx, kk, n, t0, L, Hq, nhb, scale, sl2, do, lse, delta, dq, out = a
         assert int(nhb) == -(-int(Hq) // 64) and grid[0] % int(nhb) == 0 and grid[1:] in ((), (1,))
         assert q.shape[-1] == 576 and do.shape[-1] == 512 and int(t0) + grid[0] // int(nhb) <= int(n)
-        assert self.name in ("hytopk_attend_bwd_wgmma<true>", "hytopk_attend_bwd_wgmma<false>"), self.name
+        assert self.name in (INST.attend_wgmma_bwd_name(False), INST.attend_wgmma_bwd_name(True)), self.name
         self.hytopk_attend_bwd(["4", "32", "576", "512", "true", tp[0]], (grid[0] // int(nhb), int(nhb)),
                                (q, kv, ks, kv, ks, idx, kk, n, t0, L, Hq, np.int32(1), np.int32(64), scale, sl2, do,
                                 lse, delta, dq, out, out, out))

@@ -31,7 +31,7 @@ static unsigned char* buffer(std::vector<unsigned char>& store, size_t n, const 
 // version 4: header h[11..13] = t0, count, scale bits; then dout, lse, delta
 static int backward(std::ifstream& in, const char* out_path, const int* h, const unsigned char* q,
                     const unsigned char* kv, const unsigned char* idx) {
-    const int atomic = h[1], n = h[3], Hq = h[4], kk = h[5], L = h[6], stride = h[7];
+    const int mode = h[1], atomic = mode & 1, n = h[3], Hq = h[4], kk = h[5], L = h[6], stride = h[7];
     int h2[3];
     in.read(reinterpret_cast<char*>(h2), sizeof h2);
     const int t0 = h2[0], count = h2[1];
@@ -54,7 +54,7 @@ static int backward(std::ifstream& in, const char* out_path, const int* h, const
     float* out = reinterpret_cast<float*>(buffer(sout, ob, atomic ? "dkv" : "part"));
     std::memset(dq, 0xff, dqb);                     // NaN: rows the kernel must not write stay NaN
     std::memset(out, atomic ? 0 : 0xff, ob);
-    emu_attend_wgmma_bwd(atomic, reinterpret_cast<const bf16_t*>(q), reinterpret_cast<const bf16_t*>(kv), stride,
+    emu_attend_wgmma_bwd(mode, reinterpret_cast<const bf16_t*>(q), reinterpret_cast<const bf16_t*>(kv), stride,
                          reinterpret_cast<const int*>(idx), kk, n, t0, count, L, Hq, scale, scale_log2,
                          reinterpret_cast<const bf16_t*>(dout), lse, delta, dq, out);
     std::ofstream of(out_path, std::ios::binary);

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 import reference.attention as RA
+from workbench import instantiations as INST
 from table_emulation.emulate import _inline, inline_text
 
 HERE = Path(__file__).resolve().parent
@@ -77,10 +78,11 @@ void emu_attend_wgmma_bwd(int atomic, const bf16_t* q, const bf16_t* kv, long lo
                           int t0, int count, long long L, int Hq, float scale, float sl2, const bf16_t* dout,
                           const float* lse, const float* delta, float* dq, float* out) {
     const int nhb = (Hq + ROWS - 1) / ROWS;
-    emu::wg::launch((unsigned)(count * nhb), THREADS, LAUNCH_SMEM, [&] {     // atomic 2: the scalar atomics
-        if (atomic == 2) hytopk_attend_bwd_wgmma<true, false>(q, kv, ks, idx, kk, n, t0, L, Hq, nhb, scale, sl2, dout, lse, delta, dq, out);
-        else if (atomic) hytopk_attend_bwd_wgmma<true>(q, kv, ks, idx, kk, n, t0, L, Hq, nhb, scale, sl2, dout, lse, delta, dq, out);
-        else hytopk_attend_bwd_wgmma<false>(q, kv, ks, idx, kk, n, t0, L, Hq, nhb, scale, sl2, dout, lse, delta, dq, out);
+    emu::wg::launch((unsigned)(count * nhb), THREADS, LAUNCH_SMEM, [&] {     // atomic: bit 0, bit 1: 16-byte writes
+        if (atomic == 3) hytopk_attend_bwd_wgmma<true, true>(q, kv, ks, idx, kk, n, t0, L, Hq, nhb, scale, sl2, dout, lse, delta, dq, out);
+        else if (atomic == 1) hytopk_attend_bwd_wgmma<true, false>(q, kv, ks, idx, kk, n, t0, L, Hq, nhb, scale, sl2, dout, lse, delta, dq, out);
+        else if (atomic == 2) hytopk_attend_bwd_wgmma<false, true>(q, kv, ks, idx, kk, n, t0, L, Hq, nhb, scale, sl2, dout, lse, delta, dq, out);
+        else hytopk_attend_bwd_wgmma<false, false>(q, kv, ks, idx, kk, n, t0, L, Hq, nhb, scale, sl2, dout, lse, delta, dq, out);
     });
 }
 """,
@@ -157,13 +159,13 @@ def forward(driver, q, kv, idx, scale=None, *, version="wgmma2", out_dtype="floa
     return out, lse
 
 
-def backward(driver, q, kv, idx, dout, lse, delta, scale=None, *, atomic=False, scalar=False, t0=0, count=None,
+def backward(driver, q, kv, idx, dout, lse, delta, scale=None, *, atomic=False, vec=None, t0=0, count=None,
              smem_off=0x410, timeout=900, env=None):
     """(dq, out) of hytopk_attend_bwd_wgmma (attend_wgmma_bwd.cu) on the CPU for queries t0 .. t0 +
     count - 1: dq float32 [n, Hq, 576] (rows of other queries stay NaN), out = the dkv atomics
     (float32 [L, 576], from zeros) or the part rows (float32 [count, nhb, kk, 576]; rows of masked
-    slots stay NaN). dout: bf16 bits [n, Hq, 512]; lse, delta: float32 [n, Hq]. scalar (with atomic):
-    the kernel's float-by-float atomics instead of its 16-byte ones."""
+    slots stay NaN). dout: bf16 bits [n, Hq, 512]; lse, delta: float32 [n, Hq]. vec: the kernel's
+    16-byte writes, else scalar ones (None: as the wrapper picks, instantiations.ATTEND_WGMMA_BWD_VEC)."""
     q = np.ascontiguousarray(q, np.uint16)
     kv = np.ascontiguousarray(kv, np.uint16)
     idx = np.ascontiguousarray(idx, np.int32)
@@ -175,7 +177,8 @@ def backward(driver, q, kv, idx, dout, lse, delta, scale=None, *, atomic=False, 
     assert d == DQK and stride >= DQK and stride % 8 == 0 and dout.shape == (n, Hq, DV) and 0 <= t0 < t0 + count <= n
     sc = np.float32(RA.check_scale(scale, DQK))
     scale_log2 = np.float32(sc / math.log(2.0))
-    head = np.array([4, (2 if scalar else 1) if atomic else 0, 0, n, Hq, kk, L, stride, smem_off, 0, 1], np.int32)
+    vec = INST.ATTEND_WGMMA_BWD_VEC[bool(atomic)] if vec is None else vec
+    head = np.array([4, int(bool(atomic)) | (2 if vec else 0), 0, n, Hq, kk, L, stride, smem_off, 0, 1], np.int32)
     head[9] = scale_log2.view(np.int32)
     more = np.array([t0, count, 0], np.int32)      # the driver reads these after idx
     more[2] = sc.view(np.int32)

@@ -13,8 +13,8 @@ kernels on PyTorch's current stream: MLA rows of d_qk 576 / d_v 512 on Hopper ta
 forward (attend_wgmma2.cu; HYTOPK_ATTEND_WGMMA=0 turns it off): `wgmma2sp` (a query pair per block)
 up to PAIR_MAX_HEADS heads, `wgmma2s` above; everything else `pair` (kernels_cuda/attend.cu) when
 a kv head has at most PAIR_MAX_HEADS query heads, else `one`; other dtypes, graph capture or no CuPy
-take a chunked pure-torch path. HYTOPK_ATTEND_BWD_WGMMA=1 (opt-in until measured) runs those MLA rows'
-backward on wgmma too (attend_wgmma_bwd.cu). ``deterministic`` (None = torch.are_deterministic_algorithms_enabled()) picks
+take a chunked pure-torch path. Those MLA rows' backward runs on wgmma too (attend_wgmma_bwd.cu;
+HYTOPK_ATTEND_BWD_WGMMA=0 turns it off), everything else attend.cu's. ``deterministic`` (None = torch.are_deterministic_algorithms_enabled()) picks
 the fixed-order dK/dV reduction of the backward (bitwise reproducible) over float atomics.
 """
 from __future__ import annotations
@@ -31,9 +31,11 @@ PAIR_MAX_HEADS = 32          # query heads per kv head up to which two queries s
 # the sm_90a forward for MLA (run 6 of results/h200-2026-12-01: 10.8 ms against one's 41.2 ms at
 # 128 heads, n 8192, k 2048); its backward is the mma.sync kernel's (out and lse are all it reads)
 WGMMA_FORWARD = os.environ.get("HYTOPK_ATTEND_WGMMA", "1") != "0"
-# opt-in (not yet measured on the H200): the backward of those MLA rows on wgmma too
-# (attend_wgmma_bwd.cu, attend_backward version 4); off, the mma.sync backward (versions 1 / 3)
-WGMMA_BACKWARD = os.environ.get("HYTOPK_ATTEND_BWD_WGMMA", "0") == "1"
+# the backward of those MLA rows on wgmma too (attend_wgmma_bwd.cu, attend_backward version 4; run 2
+# of results/h200-2026-12-02-s3, n 8192: 128 heads atomics 54.1 ms against the mma.sync kernel's
+# 112.8, deterministic 94.3 against 213.7; 16 heads 25.8 against 40.5, 45.9 against 75.7); off,
+# versions 1 / 3
+WGMMA_BACKWARD = os.environ.get("HYTOPK_ATTEND_BWD_WGMMA", "1") != "0"
 TORCH_CHUNK = 64             # queries per gathered block of the pure-torch path
 
 

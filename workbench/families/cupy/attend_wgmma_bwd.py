@@ -8,8 +8,9 @@ within tolerance, and bitwise reproducible when deterministic.
   cupy.attend_backward.wgmma         per-(query, head block, slot) part rows summed per key in a
                                      fixed order (version 1's reduction): bitwise reproducible
   cupy.attend_backward.wgmma_atomic  dK/dV by float atomics into dkv: not reproducible
-Both write 16 bytes at a time (red.global.add.v4.f32 / st.global.v4.f32); VECTOR_ATOMICS = False
-takes the scalar atomics instead (scripts/bench_attention.py's `wgmma_atomic_scalar` row).
+The part rows go out 16 bytes at a time (st.global.v4.f32), the atomics one float at a time (faster
+on the H200 than red.global.add.v4.f32 after the lane transpose it needs); VEC_WRITES = True takes
+the 16-byte atomics (scripts/bench_attention.py's comparison row).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from .attend_wgmma2 import unsupported
 from .wgmma import require_sm90
 
 FILE = "attend_wgmma_bwd.cu"
-VECTOR_ATOMICS = True              # False: one float atomic per element (the bench's comparison row)
+VEC_WRITES: bool | None = None     # None: instantiations.ATTEND_WGMMA_BWD_VEC; True: 16-byte atomics too
 _FITS: dict[int, object] = {}     # id -> function already checked (held, so ids are not reused)
 
 
@@ -58,7 +59,7 @@ def backward(b, deterministic, scratch_bytes, do, lse, delta, dq, dk):
     if not deterministic:
         if b.n * nhb >= 2 ** 31:
             raise ValueError(f"argument 'q': {b.n} queries x {nhb} head blocks exceed one launch's 2^31 - 1 blocks")
-        _fn(INST.attend_wgmma_bwd_name(True, VECTOR_ATOMICS))((b.n * nhb,), (threads,), head + (np.int32(0),) + tail + (dk,),
+        _fn(INST.attend_wgmma_bwd_name(True, VEC_WRITES))((b.n * nhb,), (threads,), head + (np.int32(0),) + tail + (dk,),
                                               shared_mem=smem)
         return
     W = b.DQK
