@@ -5,10 +5,14 @@
 // 384 threads = 3 warpgroups. WG 2 (producer) gathers key tiles of NK = 32 slots (32 rows x 1152 B,
 // no-swizzle core-matrix layout) with cp.async into two stages, as attend_wgmma2.cu's producer
 // (full / empty mbarriers, the next tile's slots loaded one tile ahead). WG 0 and WG 1 (consumers)
-// per tile, consumer c:
-//   S_c  = Q K_c^T, dP_c = dO V_c^T        keys 16c .. 16c+15 (m64n16k16: 36 + 32 k-steps)
-//   P = exp2(S scale_log2 - lse log2e) (0 on masked slots and rows without a key),
+// per tile:
+//   consumer 0: S = Q K^T, consumer 1: dP = dO V^T, all 32 keys (m64n32k16 x 36 each: dP's last 4
+//                 k-steps multiply a zero tile, so both warpgroups run one instruction stream; N = 32
+//                 reads each A byte once per 32 keys, half of what two N = 16 halves read)
+//   consumer 1 hands dP - delta (float32) to consumer 0 through shared memory (the P / dS tiles' 8 KiB);
+//   consumer 0: P = exp2(S scale_log2 - lse log2e) (0 on masked slots and rows without a key),
 //   dS = P (dP - delta) scale (float32, as attend.cu), both rounded to bf16 into shared memory
+// then both, consumer c:
 //   dQ_c += dS K[:, 288c .. 288c+287]       (2 k-steps of 16 keys x 2 m64n144k16, K read MN-major)
 //   dKV^T[64m .. 64m+63, keys] = Q^T dS (+ dO^T P for m < 8)   m-tiles of 64 columns: c takes
 //                                 4c .. 4c+3 (m64n32k16 x 8) and m-tile 8 on its own 16 keys
@@ -24,7 +28,9 @@
 // key-tile order fixed.
 //
 // Shared memory (no swizzle; element (r, d) of a [rows][D] bf16 tile at (r/8)*(D*16) + (d/8)*128 +
-// (r%8)*16 + (d%8)*2): Q [64][576], dO [64][512], K [2 stages][32][576], P and dS [64][32] each.
+// (r%8)*16 + (d%8)*2): Q [64][576], dO [64][512], K [2 stages][32][576], P and dS [64][32] each (the
+// same 8 KiB hold dP - delta as float [64][32], key j of row r at r*32 + (j ^ 8(r%4)), before them),
+// a zero [64][16] tile.
 // As operands (offsets in bytes: leading = next 8 of K, stride = next 8 of M/N):
 //   Q for S (A, K-major): leading 128, stride 9216      K for S / dP (B, K-major): 128, 9216
 //   dO for dP (A, K-major): 128, 8192                    dS for dQ (A, K-major): 128, 512
@@ -56,7 +62,8 @@ constexpr int P_OFF = K_OFF + 2 * TILE_BYTES;
 constexpr int DS_OFF = P_OFF + PT_BYTES;
 constexpr int KEY_OFF = DS_OFF + PT_BYTES;         // int [2 stages][NK]: the slot's key, -1 masked
 constexpr int BAR_OFF = KEY_OFF + 2 * NK * 4;      // full[2], empty[2]
-constexpr int SMEM = BAR_OFF + 4 * 8;
+constexpr int ZERO_OFF = (BAR_OFF + 4 * 8 + 127) & ~127;   // a zero [64][16] bf16 tile (2 KiB): dP's 4 padding k-steps
+constexpr int SMEM = ZERO_OFF + ROWS / 8 * 256;
 constexpr int LAUNCH_SMEM = SMEM + 128;            // the base is rounded up to 128 B
 static_assert(LAUNCH_SMEM <= 227 * 1024, "attend_wgmma_bwd: shared memory over 227 KiB");
 constexpr int THREADS = 384;
@@ -65,7 +72,8 @@ static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 65536, "attend_wgmma_
 constexpr int QCOLS = DQK / 2, QN = QCOLS / 2;     // dQ columns per consumer (288) in two m64n144 halves
 static_assert(QN == 144, "attend_wgmma_bwd: dQ halves are m64n144");
 // named barriers (0 = __syncthreads): the 256 consumer threads
-constexpr int BAR_Q = 1, BAR_FREE = 2, BAR_P = 3;
+// BAR_X: consumer 1's dP - delta in shared memory (arrive) -> consumer 0 (sync); BAR_C0: consumer 0 alone
+constexpr int BAR_Q = 1, BAR_FREE = 2, BAR_P = 3, BAR_X = 4, BAR_C0 = 5;
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
@@ -191,6 +199,7 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
         load_rows(sq, q, DQK);
         load_rows(sdo, dout, DV);
         cp_async_commit();
+        for (int i = (int)threadIdx.x; i < ROWS / 8 * 256 / 4; i += 256) st_shared_u32(base + ZERO_OFF + 4 * i, 0u);
         float ls[2], dl[2];                           // lse * log2 e (-inf: P = 0) and delta of the two rows
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -252,48 +261,65 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
                 }
             };
 
-            // S_c = Q K_c^T and dP_c = dO V_c^T: 64 rows x keys 16c .. 16c+15
-            float s[8], dp[8];
+            // consumer 0: S = Q K^T, consumer 1: dP = dO V^T (64 rows x the tile's 32 keys); element
+            // 4 nb + e of sd is row (e >> 1 ? r1 : r0), key 8 nb + 2 tig + (e & 1)
+            float sd[16];
             {
-                const u64 bk = smem_desc(sk + (u32)(c * 2 * QG), 128, QG);
-                const u64 aq = smem_desc(sq, 128, QG), ao = smem_desc(sdo, 128, OG);
+                const u64 bk = smem_desc(sk, 128, QG);
+                const u64 a = c ? smem_desc(sdo, 128, OG) : smem_desc(sq, 128, QG);
+                const u64 az = smem_desc(base + ZERO_OFF, 128, 256), bz = smem_desc(base + ZERO_OFF, 128, 256);
                 wgmma_fence();
 #pragma unroll
-                for (int ks = 0; ks < DQK / 16; ++ks)
-                    wgmma_m64n16k16_bf16(s, aq + (u64)(16 * ks), bk + (u64)(16 * ks), ks > 0);
-#pragma unroll
-                for (int ks = 0; ks < DV / 16; ++ks)
-                    wgmma_m64n16k16_bf16(dp, ao + (u64)(16 * ks), bk + (u64)(16 * ks), ks > 0);
+                for (int ks = 0; ks < DQK / 16; ++ks) {
+                    const bool pad = c && ks >= DV / 16;          // dP past d_v: 0 x 0
+                    wgmma_m64n32k16_bf16(sd, pad ? az : a + (u64)(16 * ks), pad ? bz : bk + (u64)(16 * ks), ks > 0);
+                }
                 wgmma_commit();
                 wgmma_wait_all();
             }
-            // P and dS of this thread's 8 (row, key) pairs: element 4 nb + e is row (e >> 1 ? r1 : r0),
-            // key 16c + 8nb + 2tig + (e & 1)
-            u32 pw[2][2], dw[2][2];
+            const u32 sx = sp;                                    // dP - delta, float [64][32] (swizzled)
+            auto xat = [&](int r, int j) { return sx + (u32)(4 * (r * NK + (j ^ (8 * (r & 3))))); };
+            if (c) {
+                bar_sync(BAR_FREE, 256);              // both consumers' MMAs of the last tile (P, dS) retired
 #pragma unroll
-            for (int nb = 0; nb < 2; ++nb) {
-                float p[4], d[4];
+                for (int nb = 0; nb < NK / 8; ++nb)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int j = 16 * c + 8 * nb + 2 * tig + (e & 1), h = e >> 1;
-                    p[e] = (key[j] >= 0 && ls[h] != neg_inf()) ? exp2f(s[4 * nb + e] * scale_log2 - ls[h]) : 0.0f;
-                    d[e] = p[e] * (dp[4 * nb + e] - dl[h]) * scale;
+                    for (int h = 0; h < 2; ++h) {
+                        const int r = h ? r1 : r0, j = 8 * nb + 2 * tig;
+                        st_shared_f32x2(xat(r, j), sd[4 * nb + 2 * h] - dl[h], sd[4 * nb + 2 * h + 1] - dl[h]);
+                    }
+                bar_arrive(BAR_X, 256);
+            } else {
+                float p[16];
+#pragma unroll
+                for (int e = 0; e < 16; ++e) {
+                    const int j = 8 * (e >> 2) + 2 * tig + (e & 1), h = (e >> 1) & 1;
+                    p[e] = (key[j] >= 0 && ls[h] != neg_inf()) ? exp2f(sd[e] * scale_log2 - ls[h]) : 0.0f;
                 }
-                pw[nb][0] = pack_bf16x2(p[0], p[1]);
-                pw[nb][1] = pack_bf16x2(p[2], p[3]);
-                dw[nb][0] = pack_bf16x2(d[0], d[1]);
-                dw[nb][1] = pack_bf16x2(d[2], d[3]);
-            }
-            bar_sync(BAR_FREE, 256);                  // both consumers' MMAs of the last tile (P, dS) retired
+                bar_sync(BAR_FREE, 256);
+                bar_sync(BAR_X, 256);                 // consumer 1's dP - delta is in
+                float d[16];
 #pragma unroll
-            for (int nb = 0; nb < 2; ++nb) {
-                const int j = 16 * c + 8 * nb + 2 * tig;
-                const u32 a0 = (u32)((r0 >> 3) * PG + (j >> 3) * 128 + (r0 & 7) * 16 + (j & 7) * 2);
-                const u32 b0 = a0 + (u32)PG;          // row r1 = r0 + 8: the next 8-row group
-                st_shared_u32(sp + a0, pw[nb][0]);
-                st_shared_u32(sp + b0, pw[nb][1]);
-                st_shared_u32(sds + a0, dw[nb][0]);
-                st_shared_u32(sds + b0, dw[nb][1]);
+                for (int nb = 0; nb < NK / 8; ++nb)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int r = h ? r1 : r0, j = 8 * nb + 2 * tig;
+                        float x0, x1;
+                        ld_shared_f32x2(xat(r, j), x0, x1);
+                        d[4 * nb + 2 * h] = p[4 * nb + 2 * h] * x0 * scale;
+                        d[4 * nb + 2 * h + 1] = p[4 * nb + 2 * h + 1] * x1 * scale;
+                    }
+                bar_sync(BAR_C0, 128);                // every read of the float tile done: P / dS over it
+#pragma unroll
+                for (int nb = 0; nb < NK / 8; ++nb) {
+                    const int j = 8 * nb + 2 * tig;
+                    const u32 a0 = (u32)((r0 >> 3) * PG + (j >> 3) * 128 + (r0 & 7) * 16 + (j & 7) * 2);
+                    const u32 b0 = a0 + (u32)PG;      // row r1 = r0 + 8: the next 8-row group
+                    st_shared_u32(sp + a0, pack_bf16x2(p[4 * nb], p[4 * nb + 1]));
+                    st_shared_u32(sp + b0, pack_bf16x2(p[4 * nb + 2], p[4 * nb + 3]));
+                    st_shared_u32(sds + a0, pack_bf16x2(d[4 * nb], d[4 * nb + 1]));
+                    st_shared_u32(sds + b0, pack_bf16x2(d[4 * nb + 2], d[4 * nb + 3]));
+                }
             }
             fence_proxy_async();                      // P / dS stores -> both consumers' wgmma
             bar_sync(BAR_P, 256);

@@ -2,6 +2,7 @@
 reasons). Cases: table (issue 21: the v2 threshold, streaming filter, shared-memory select and
 fused kernel at 4096 x 131072 float32, k = 2048; table_runs: the same with the samples in runs), attend_wgmma2 / 2c / 2s / 2sc (the sm_90a forward, 128 heads: c the 2-CTA
 cluster, s the swizzled key tile), attend_wgmma3 (version 3: producer warpgroup, per-warpgroup tiles),
+attend_wgmma_bwd (the wgmma MLA backward, attend_backward version 4, atomics then part rows),
 table_cluster (issue 21: hytopk_table_cluster, table_v2.FUSED_CLUSTER = 1, same table), pipeline (issue 14: the threshold and select of
 the dsv32-128k preset), attend (issue 18: the forward at 128 heads MLA, one and pair at 8 heads).
 
@@ -122,6 +123,21 @@ def attend_wgmma3():
     from workbench.families.cupy import attend_wgmma3 as AW3
     q, kv, idx = mla_inputs(1024, 128, 65536, 2048)
     AW3.attend_forward_wgmma3(q, kv[:, None, :], kv[:, None, :512], idx, None)
+    torch.cuda.synchronize()
+
+
+def attend_wgmma_bwd():
+    """The wgmma MLA backward (attend_backward version 4, atomics and part rows), 128 heads, n 1024."""
+    import torch
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_attention import mla_inputs
+    from workbench.families.cupy import attend as CA
+    q, kv, idx = mla_inputs(1024, 128, 65536, 2048)
+    kk, vv = kv[:, None, :], kv[:, None, :512]
+    out, lse = CA.attend_forward(q, kk, vv, idx, None)
+    dout = torch.randn(1024, 128, 512, device="cuda").bfloat16()
+    for det in (False, True):
+        CA.attend_backward(dout, q, kk, vv, idx, out, lse, None, deterministic=det, version=4)
     torch.cuda.synchronize()
 
 

@@ -41,7 +41,8 @@ def test_backward_instantiations_and_launch_figures():
     assert len(INST.geometry_asserts("attend_wgmma_bwd.cu")) == 3
     # the setmaxnreg budgets fill the 168 registers x 384 threads of the launch exactly
     assert sum(t * r for t, r in INST.ATTEND_WGMMA_BWD_ROLES) == 168 * 384
-    # Q + dO + two 32-key stages + P and dS (64 x 32 bf16) + the stages' slot keys + 4 mbarriers + 128 B alignment
+    # Q + dO + two 32-key stages + P and dS (64 x 32 bf16) + the stages' slot keys + 4 mbarriers + padding + a zero
+    # [64][16] tile + 128 B alignment
     assert INST.ATTEND_WGMMA_BWD_SMEM == (64 * 576 * 2 + 64 * 512 * 2 + 2 * 32 * 576 * 2 + 2 * 64 * 32 * 2
-                                          + 2 * 32 * 4 + 4 * 8 + 128) <= INST.ATTEND_SMEM_LIMIT
+                                          + 2 * 32 * 4 + 4 * 8 + 96 + 64 * 16 * 2 + 128) <= INST.ATTEND_SMEM_LIMIT
     assert INST.ATTEND_WGMMA_BWD_THREADS == 384

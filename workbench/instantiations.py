@@ -212,9 +212,9 @@ def attend_wgmma3_name(out_bf16) -> str:
 
 
 # attend_wgmma_bwd.cu: the MLA backward (dims as ATTEND_WGMMA_DIMS, 64 heads per block): Q + dO + two
-# 32-key stages + P and dS tiles (64 x 32 bf16) + the stages' slot keys + 4 mbarriers + 128 B to round
-# the base up
-ATTEND_WGMMA_BWD_SMEM = 73728 + 65536 + 2 * 36864 + 2 * 4096 + 2 * 32 * 4 + 4 * 8 + 128   # attwb::LAUNCH_SMEM
+# 32-key stages + P and dS tiles (64 x 32 bf16) + the stages' slot keys + 4 mbarriers + 96 B to a 128-byte
+# boundary + a zero [64][16] bf16 tile + 128 B to round the base up
+ATTEND_WGMMA_BWD_SMEM = 73728 + 65536 + 2 * 36864 + 2 * 4096 + 2 * 32 * 4 + 4 * 8 + 96 + 2048 + 128   # attwb::LAUNCH_SMEM
 ATTEND_WGMMA_BWD_THREADS = 384
 ATTEND_WGMMA_BWD_ROLES = ((128, 40), (256, 232))   # (threads, setmaxnreg): the producer, the consumers
 ATTEND_WGMMA_BWD_VEC = {False: True, True: False}    # atomic -> 16-byte writes (scalar atomics measured faster;

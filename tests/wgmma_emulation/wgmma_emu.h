@@ -500,6 +500,18 @@ inline void cp_async_arrive_noinc(u32 bar) {
     emu::wg::arrive_locked(bar, "cp.async.mbarrier.arrive.noinc");
 }
 inline void st_shared_u32(u32 addr, u32 v) { emu::wg::jitter(); std::memcpy(emu::wg::sh(addr, 4, "st.shared.u32"), &v, 4); }
+inline void st_shared_f32x2(u32 addr, float a, float b) {
+    emu::wg::jitter();
+    const float v[2] = {a, b};
+    std::memcpy(emu::wg::sh(addr, 8, "st.shared.v2.f32"), v, 8);
+}
+inline void ld_shared_f32x2(u32 addr, float& a, float& b) {
+    emu::wg::jitter();
+    float v[2];
+    std::memcpy(v, emu::wg::sh(addr, 8, "ld.shared.v2.f32"), 8);
+    a = v[0];
+    b = v[1];
+}
 
 namespace wgp {
 inline void wgmma_fence() {}
