@@ -135,9 +135,12 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
     if (wg == 2) {
         // ---------------------------------------------------------------- producer
         regs_dec<PRODUCER_REGS>();
-        // rows g * 8 + r8 (g < 4) of the tile, chunks cq + 16 i (< 72): 8 consecutive threads copy
-        // 8 rows' chunk c into one 128-byte core matrix
-        const int r8 = tid & 7, cq = tid >> 3;
+        // rows g * 8 + r8 (g < 4) of the tile, chunks cq + 16 i (< 72). A warp copies 8 rows x 4
+        // chunks (4 whole core matrices, 4 shared-memory wavefronts); each quarter warp 4 rows x 2
+        // chunks, whole 32-byte sectors: 8 rows' chunk c per quarter warp (8 half sectors) made L2
+        // serve every gathered sector twice
+        const int lane8 = tid & 7, qw = (tid >> 3) & 3;
+        const int r8 = (qw & 1) * 4 + (lane8 >> 1), cq = (tid >> 5) * 4 + (qw >> 1) * 2 + (lane8 & 1);
         int nx[NK / 8], nm = -1;                      // the next tile's slots (nm: slot tid's key)
         auto load_slots = [&](int it) {
             const int j0 = it * NK;
