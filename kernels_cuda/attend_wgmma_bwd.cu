@@ -227,43 +227,6 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             const u32 sk = sk0 + (u32)(st * TILE_BYTES);
             const int* key = skey + st * NK;
             mbar_wait_or_trap(full0 + 8 * st, (u32)((it >> 1) & 1));
-            // one float of slot jj (of the tile), column d: masked slots are skipped
-            // the part row of slot jj (tl * nhb + hb = blockIdx.x, read again through opaque_u32 at each
-            // write: no 64-bit base stays live across the m-tiles)
-            auto prow = [&](int jj) { return ((long long)opaque_u32(blockIdx.x) * kk + (long long)it * NK + jj) * DQK; };
-            auto store_dkv = [&](int jj, int d, float v) {
-                const int s_ = key[jj];
-                if (s_ < 0) return;
-                if (ATOMIC) atomicAdd(out + (long long)s_ * DQK + d, v);
-                else out[prow(jj) + d] = v;
-            };
-            // 4 floats of slot jj, columns d .. d+3 (d % 4 == 0: 16-byte aligned)
-            auto store_dkv4 = [&](int jj, int d, const float (&v)[4]) {
-                const int s_ = key[jj];
-                if (s_ < 0) return;
-                if (ATOMIC) red_add_v4(out + (long long)s_ * DQK + d, v[0], v[1], v[2], v[3]);
-                else st_global_v4(out + prow(jj) + d, v[0], v[1], v[2], v[3]);
-            };
-            // an m-tile's accumulator out: element i = 4 sb + 2 h2 + e is column col0 + g8 + 8 h2, slot
-            // slot0 + 8 sb + 2 tig + e; VEC: per sb, lane g8 & 3 takes item (h2, e) = its own index, the
-            // columns col0 + 8 h2 + 4 (g8 >> 2) .. +3
-            auto store_tile = [&](auto& acc, int slot0, int col0) {
-                constexpr int NSB = (int)(sizeof(acc) / sizeof(acc[0])) / 4;
-                if (VEC) {
-                    const int qq = g8 & 3, e = qq & 1, h2 = qq >> 1;
-#pragma unroll
-                    for (int sb = 0; sb < NSB; ++sb) {
-                        float x[4] = {acc[4 * sb], acc[4 * sb + 1], acc[4 * sb + 2], acc[4 * sb + 3]};
-                        transpose4(x, qq);
-                        store_dkv4(slot0 + 8 * sb + 2 * tig + e, col0 + 8 * h2 + 4 * (g8 >> 2), x);
-                    }
-                } else {
-#pragma unroll
-                    for (int i = 0; i < 4 * NSB; ++i)
-                        store_dkv(slot0 + 8 * (i >> 2) + 2 * tig + (i & 1), col0 + g8 + 8 * ((i >> 1) & 1), acc[i]);
-                }
-            };
-
             // consumer 0: S = Q K^T, consumer 1: dP = dO V^T (64 rows x the tile's 32 keys); element
             // 4 nb + e of sd is row (e >> 1 ? r1 : r0), key 8 nb + 2 tig + (e & 1)
             float sd[16];
@@ -358,18 +321,114 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
                                                smem_desc(p_ + (u32)(kh * 2 * PG), PG, 128), 1);
                 wgmma_commit();
             };
+            // This thread's dK/dV rows of the tile, its column base folded in, and whether the slot is
+            // valid (each write is then one predicated instruction with an immediate offset: the address
+            // arithmetic, the key's shared-memory load and the branch per write were half the
+            // consumers' stall samples, run 5 of results/h200-2026-12-02-s3).
+            // scalar: row u = 2 sb + e is slot 8 sb + 2 tig + e, from column 256 c + 16 warp + g8;
+            // VEC: row sb is slot 8 sb + 2 tig + (qq & 1), from column 256 c + 16 warp + 8 (qq >> 1) + 4 (g8 >> 2)
+            // (after the transpose lane qq = g8 & 3 holds item (h2, e) = (qq >> 1, qq & 1))
+            constexpr int NROW = VEC ? NK / 8 : NK / 4;
+            const int qq = g8 & 3;
+            float* rowp[NROW];
+            u32 rowok[NROW];
+            {
+                const int colb = 256 * c + 16 * warp + (VEC ? 8 * (qq >> 1) + 4 * (g8 >> 2) : g8);
+#pragma unroll
+                for (int u = 0; u < NROW; ++u) {
+                    const int jj = VEC ? 8 * u + 2 * tig + (qq & 1) : 8 * (u >> 1) + 2 * tig + (u & 1);
+                    const int s_ = key[jj];
+                    // part rows: tl * nhb + hb = blockIdx.x (read through opaque_u32: nothing hoisted out of the key loop)
+                    float* row = ATOMIC ? out + (long long)s_ * DQK
+                                        : out + ((long long)opaque_u32(blockIdx.x) * kk + (long long)it * NK + jj) * DQK;
+                    rowok[u] = s_ >= 0;
+                    rowp[u] = s_ >= 0 ? row + colb : out;             // (out: any valid address; not written)
+                }
+            }
+            // every row of the warp's lanes valid (the usual tile): writes without a predicate (ptxas
+            // wraps each predicated red in a branch and two convergence instructions)
+            u32 mine = 1;
+#pragma unroll
+            for (int u = 0; u < NROW; ++u) mine &= rowok[u];
+            const bool dense = __all_sync(0xffffffffu, mine != 0);
+            // pred: a constant at each call (the two copies of a store loop below)
+            auto put = [&](bool pred, float* p, float v, u32 ok) {
+                if (!pred) {
+                    if (ATOMIC) atomicAdd(p, v);
+                    else *p = v;
+                } else {
+                    if (ATOMIC) red_add_if(p, v, ok);
+                    else st_global_if(p, v, ok);
+                }
+            };
+            auto put4 = [&](bool pred, float* p, const float (&v)[4], u32 ok) {
+                if (!pred) {
+                    if (ATOMIC) red_add_v4(p, v[0], v[1], v[2], v[3]);
+                    else st_global_v4(p, v[0], v[1], v[2], v[3]);
+                } else {
+                    if (ATOMIC) red_add_v4_if(p, v[0], v[1], v[2], v[3], ok);
+                    else st_global_v4_if(p, v[0], v[1], v[2], v[3], ok);
+                }
+            };
+            // m-tile 4c + mi out: element i = 4 sb + 2 h2 + e is slot 8 sb + 2 tig + e, column
+            // 64 (4c + mi) + 16 warp + g8 + 8 h2
+            auto store_m = [&](const float (&acc)[16], int mi) {
+                auto go = [&](bool pred) {
+                    if (VEC) {
+#pragma unroll
+                        for (int sb = 0; sb < NK / 8; ++sb) {
+                            float x[4] = {acc[4 * sb], acc[4 * sb + 1], acc[4 * sb + 2], acc[4 * sb + 3]};
+                            transpose4(x, qq);
+                            put4(pred, rowp[sb] + 64 * mi, x, rowok[sb]);
+                        }
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < 16; ++i) {
+                            const int u = 2 * (i >> 2) + (i & 1);
+                            put(pred, rowp[u] + 64 * mi + 8 * ((i >> 1) & 1), acc[i], rowok[u]);
+                        }
+                    }
+                };
+                if (dense) go(false);
+                else go(true);
+            };
+            // m-tile 8 out (columns 512 .. 575, this consumer's slots 16 c ..): element i = 4 sb8 + 2 h2 + e
+            // is slot 16 c + 8 sb8 + 2 tig + e, column 512 + 16 warp + g8 + 8 h2: rows of sb = 2 c + sb8
+            auto store_m8 = [&](const float (&acc)[8]) {
+                const int back = 512 - 256 * c;           // from the rows' column base
+                auto go = [&](bool pred) {
+                    if (VEC) {
+#pragma unroll
+                        for (int sb8 = 0; sb8 < 2; ++sb8) {
+                            float x[4] = {acc[4 * sb8], acc[4 * sb8 + 1], acc[4 * sb8 + 2], acc[4 * sb8 + 3]};
+                            transpose4(x, qq);
+                            put4(pred, (c ? rowp[2 + sb8] : rowp[sb8]) + back, x, c ? rowok[2 + sb8] : rowok[sb8]);
+                        }
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < 8; ++i) {
+                            const int sb8 = i >> 2, e = i & 1;
+                            const int u0 = 2 * sb8 + e, u1 = 2 * (2 + sb8) + e;
+                            put(pred, (c ? rowp[u1] : rowp[u0]) + back + 8 * ((i >> 1) & 1), acc[i],
+                                c ? rowok[u1] : rowok[u0]);
+                        }
+                    }
+                };
+                if (dense) go(false);
+                else go(true);
+            };
             float ma[16], mb[16];
             float (&m8)[8] = *reinterpret_cast<float (*)[8]>(ma);   // m-tile 8 in ma's first half, once ma is out
             issue_m(ma, 4 * c);                       // pending: dQ, ma
             issue_m(mb, 4 * c + 1);                   // dQ, ma, mb
             wgmma_wait<1>();                          // dQ and ma retired
-            store_tile(ma, 0, 64 * (4 * c) + 16 * warp);
+            store_m(ma, 0);
             issue_m(ma, 4 * c + 2);
             wgmma_wait<1>();
-            store_tile(mb, 0, 64 * (4 * c + 1) + 16 * warp);
+            store_m(mb, 1);
             issue_m(mb, 4 * c + 3);
             wgmma_wait<1>();
-            store_tile(ma, 0, 64 * (4 * c + 2) + 16 * warp);
+            store_m(ma, 2);
             {
                 const u32 q_ = opaque_u32(sq), d_ = opaque_u32(sds);
                 wgmma_fence();
@@ -380,9 +439,9 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             }
             wgmma_commit();
             wgmma_wait<1>();
-            store_tile(mb, 0, 64 * (4 * c + 3) + 16 * warp);
+            store_m(mb, 3);
             wgmma_wait<0>();
-            store_tile(m8, 16 * c, 512 + 16 * warp);
+            store_m8(m8);
             __syncwarp();                             // every lane's MMAs on stage st are complete
             if (lane == 0) mbar_arrive(empty0 + 8 * st);
         }

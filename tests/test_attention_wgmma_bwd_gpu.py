@@ -81,12 +81,18 @@ def test_vector_atomics_match_reference_and_the_default(CA, Hq, monkeypatch):
     np.testing.assert_allclose(cp.asnumpy(dk), cp.asnumpy(default[1]), rtol=1e-4, atol=1e-4 * float(abs(cp.asnumpy(dk)).max()))
 
 
-def test_k_2048_many_heads(CA):
-    rng = np.random.default_rng(seed("wgmma-bwd-2048"))
+@pytest.mark.parametrize("atomic", [False, True], ids=["det", "atomic"])
+@pytest.mark.parametrize("kind", ["shared", "full"])
+def test_k_2048_many_heads(CA, kind, atomic):
+    """k 2048 at 128 heads; 'full': every slot valid but one (the kernel's unpredicated writes)."""
+    rng = np.random.default_rng(seed("wgmma-bwd-2048", kind))
     n, L, kk = 6, 8192, 2048
     k, v, kh, vh, qd, qh, dod, doh, idx = case(rng, n, 128, L, kk, "shared")
+    if kind == "full":
+        idx = np.stack([rng.choice(L, kk, replace=False) for _ in range(n)]).astype(np.int32)
+        idx[-1, 40] = -1
     out, lse = CA.attend_forward(qd, k, v, cp.asarray(idx), None, out_dtype="float32")
-    dq, dk, _ = CA.attend_backward(dod, qd, k, v, cp.asarray(idx), out, lse, None, version=4)
+    dq, dk, _ = CA.attend_backward(dod, qd, k, v, cp.asarray(idx), out, lse, None, deterministic=not atomic, version=4)
     rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)
     _rel_close(cp.asnumpy(dq), rq)
     _rel_close(cp.asnumpy(dk)[:, 0], RA.mla_dkv(rk, rv))

@@ -234,12 +234,18 @@ def test_random_sweep(driver, version, rep):
 
 # ------------------------------------------------------------------ backward (attend_wgmma_bwd.cu)
 def backward_case(rng, n, Hq, kk, kind, L=150):
-    """Random bf16 q / kv / dout, a selection of `kind` (slots past L and below -1 masked as -1),
-    and the forward's lse / delta (float32) as the wrapper passes them."""
+    """Random bf16 q / kv / dout, a selection of `kind` (slots past L and below -1 masked as -1;
+    'full': every slot a distinct valid key, but one padding slot in the last query's first tile:
+    the kernel's unpredicated writes where a warp's rows are all valid), and the forward's lse /
+    delta (float32) as the wrapper passes them."""
     kv, kh = bf16(rng.standard_normal((L, 576)))
     qd, qh = bf16(rng.standard_normal((n, Hq, 576)))
     dod, doh = bf16(rng.standard_normal((n, Hq, 512)))
-    idx = make_idx(rng, n, L, kk, kind)
+    if kind == "full":
+        idx = np.stack([rng.choice(L, kk, replace=False) for _ in range(n)]).astype(np.int32)
+        idx[-1, 7] = -1
+    else:
+        idx = make_idx(rng, n, L, kk, kind)
     if kind == "random" and kk > 8:
         idx[0, 3], idx[-1, 5] = L + 7, -5
     ro, rl = reference(qh, kh, idx)
@@ -270,7 +276,8 @@ def summed_part_rows(part, idx, t0, L):
 # (8: rows 8 .. 63 zero), two head blocks (80: the second partial)
 BWD_CASES = [(3, 64, 45, "random", False), (3, 64, 70, "dups", False), (4, 64, 45, "shared", False),
              (3, 64, 33, "disjoint", False), (3, 64, 45, "empty", False), (2, 64, 40, "pad_only", False),
-             (3, 8, 45, "dups", True), (2, 80, 40, "shared", False), (2, 64, 1, "random", True)]
+             (3, 8, 45, "dups", True), (2, 80, 40, "shared", False), (2, 64, 1, "random", True),
+             (3, 64, 64, "full", False), (3, 80, 70, "full", True)]
 
 
 @pytest.mark.parametrize("n,Hq,kk,kind,atomic", BWD_CASES)
@@ -301,7 +308,7 @@ def test_backward_vector_writes_equal_scalar_ones(driver, atomic):
     per query there is one add per (block, key, column), and the emulation runs blocks one after
     another, so the bits agree too. Two head blocks (80 heads), a partial tile, masked slots."""
     rng = np.random.default_rng(seed("wgmma-bwd-vec", atomic))
-    kv, qd, dod, idx, lse, delta, *_ = backward_case(rng, 3, 80, 45, "random")
+    kv, qd, dod, idx, lse, delta, *_ = backward_case(rng, 3, 80, 45, "full")
     dq_v, out_v = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=atomic, vec=True)
     dq_s, out_s = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=atomic, vec=False)
     np.testing.assert_array_equal(bits(dq_v), bits(dq_s))

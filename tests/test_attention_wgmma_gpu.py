@@ -212,8 +212,8 @@ def test_variants_are_wgmma2_bit_for_bit(version, Hq, kk):
 
 def test_torch_op_takes_wgmma2s_for_mla_at_many_heads():
     """torch.ops.hytopk.sparse_attention at 128 MLA heads (d_qk 576 / d_v 512) on Hopper: the
-    forward is cupy.attend.wgmma2s's, bit for bit; out, lse and the gradients (the mma.sync
-    backward on that forward's out / lse) stay within the reference's tolerance."""
+    forward is cupy.attend.wgmma2s's, bit for bit; out, lse and the gradients (the wgmma backward,
+    attend_backward version 4, on that forward's out / lse) stay within the reference's tolerance."""
     torch = pytest.importorskip("torch")
     import workbench.torch  # noqa: F401
     from workbench.families.cupy import attend_wgmma2

@@ -221,6 +221,7 @@ inline unsigned __ballot_sync(unsigned, int pred) {
         return (unsigned long long)m;
     });
 }
+inline int __all_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) == 0xffffffffu; }
 template <class T>
 inline T __shfl_sync(unsigned, T x, int src) {
     return emu::from_bits<T>(emu::collective(emu::to_bits(x), [src](const unsigned long long* v, unsigned) {
