@@ -29,11 +29,11 @@ from reference import attention as RA
 
 PAIR_MAX_HEADS = 32          # query heads per kv head up to which two queries share a block (wgmma2sp: 2 x 32 rows)
 # the sm_90a forward for MLA (run 6 of results/h200-2026-12-01: 10.8 ms against one's 41.2 ms at
-# 128 heads, n 8192, k 2048); its backward is the mma.sync kernel's (out and lse are all it reads)
+# 128 heads, n 8192, k 2048)
 WGMMA_FORWARD = os.environ.get("HYTOPK_ATTEND_WGMMA", "1") != "0"
-# the backward of those MLA rows on wgmma too (attend_wgmma_bwd.cu, attend_backward version 4; run 2
-# of results/h200-2026-12-02-s3, n 8192: 128 heads atomics 54.1 ms against the mma.sync kernel's
-# 112.8, deterministic 94.3 against 213.7; 16 heads 25.8 against 40.5, 45.9 against 75.7); off,
+# the backward of those MLA rows on wgmma too (attend_wgmma_bwd.cu, attend_backward version 4; run 6
+# of results/h200-2026-12-02-s3, n 8192: 128 heads atomics 48.8 ms against the mma.sync kernel's
+# 113.6, deterministic 94.5 against 220.1; 16 heads 25.4 against 41.1, 46.5 against 76.7); off,
 # versions 1 / 3
 WGMMA_BACKWARD = os.environ.get("HYTOPK_ATTEND_BWD_WGMMA", "1") != "0"
 TORCH_CHUNK = 64             # queries per gathered block of the pure-torch path
