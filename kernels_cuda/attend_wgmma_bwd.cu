@@ -24,8 +24,8 @@
 // time (red.global.add.v4.f32 / st.global.v4.f32) after a 4x4 transpose among lanes (a thread's
 // accumulator holds one column of 16 (slot, column) pairs; four lanes hold four adjacent columns),
 // a quarter of the scalar writes' operations but 16 shuffles per m-tile on the consumers' path
-// (measured: scalar atomics 53.7 ms, vector ones 60.6, run 1 of results/h200-2026-12-02-s3/). dq is written once per (query, head): no atomics, the
-// key-tile order fixed.
+// (measured: scalar atomics 48.8 ms, vector ones 57.0, run 6 of results/h200-2026-12-02-s3/). dq is
+// written once per (query, head): no atomics, the key-tile order fixed.
 //
 // Shared memory (no swizzle; element (r, d) of a [rows][D] bf16 tile at (r/8)*(D*16) + (d/8)*128 +
 // (r%8)*16 + (d%8)*2): Q [64][576], dO [64][512], K [2 stages][32][576], P and dS [64][32] each (the

@@ -218,7 +218,7 @@ ATTEND_WGMMA_BWD_SMEM = 73728 + 65536 + 2 * 36864 + 2 * 4096 + 2 * 32 * 4 + 4 * 
 ATTEND_WGMMA_BWD_THREADS = 384
 ATTEND_WGMMA_BWD_ROLES = ((128, 40), (256, 232))   # (threads, setmaxnreg): the producer, the consumers
 ATTEND_WGMMA_BWD_VEC = {False: True, True: False}    # atomic -> 16-byte writes (scalar atomics measured faster;
-                                                     # scalar part rows are not built: they spilled)
+                                                     # scalar part rows are not built or measured)
 
 
 def attend_wgmma_bwd_name(atomic, vec=None) -> str:
