@@ -233,18 +233,18 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             {
                 const u64 bk = smem_desc(sk, 128, QG);
                 const u64 a = c ? smem_desc(sdo, 128, OG) : smem_desc(sq, 128, QG);
-                const u64 az = smem_desc(base + ZERO_OFF, 128, 256), bz = smem_desc(base + ZERO_OFF, 128, 256);
+                const u64 z = smem_desc(base + ZERO_OFF, 128, 256);   // as A (64 rows) and as B (32 keys)
                 wgmma_fence();
 #pragma unroll
                 for (int ks = 0; ks < DQK / 16; ++ks) {
                     const bool pad = c && ks >= DV / 16;          // dP past d_v: 0 x 0
-                    wgmma_m64n32k16_bf16(sd, pad ? az : a + (u64)(16 * ks), pad ? bz : bk + (u64)(16 * ks), ks > 0);
+                    wgmma_m64n32k16_bf16(sd, pad ? z : a + (u64)(16 * ks), pad ? z : bk + (u64)(16 * ks), ks > 0);
                 }
                 wgmma_commit();
                 wgmma_wait_all();
             }
-            const u32 sx = sp;                                    // dP - delta, float [64][32] (swizzled)
-            auto xat = [&](int r, int j) { return sx + (u32)(4 * (r * NK + (j ^ (8 * (r & 3))))); };
+            // dP - delta, float [64][32] (swizzled) over the P / dS tiles
+            auto xat = [&](int r, int j) { return sp + (u32)(4 * (r * NK + (j ^ (8 * (r & 3))))); };
             if (c) {
                 bar_sync(BAR_FREE, 256);              // both consumers' MMAs of the last tile (P, dS) retired
 #pragma unroll
@@ -322,16 +322,16 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
                 wgmma_commit();
             };
             // This thread's dK/dV rows of the tile, its column base folded in, and whether the slot is
-            // valid (each write is then one predicated instruction with an immediate offset: the address
-            // arithmetic, the key's shared-memory load and the branch per write were half the
-            // consumers' stall samples, run 5 of results/h200-2026-12-02-s3).
+            // valid (each write is then one instruction with an immediate offset: the address arithmetic,
+            // the key's shared-memory load and the branch per write were half the consumers' stall
+            // samples, run 5 of results/h200-2026-12-02-s3).
             // scalar: row u = 2 sb + e is slot 8 sb + 2 tig + e, from column 256 c + 16 warp + g8;
             // VEC: row sb is slot 8 sb + 2 tig + (qq & 1), from column 256 c + 16 warp + 8 (qq >> 1) + 4 (g8 >> 2)
             // (after the transpose lane qq = g8 & 3 holds item (h2, e) = (qq >> 1, qq & 1))
             constexpr int NROW = VEC ? NK / 8 : NK / 4;
             const int qq = g8 & 3;
             float* rowp[NROW];
-            u32 rowok[NROW];
+            bool rowok[NROW];
             {
                 const int colb = 256 * c + 16 * warp + (VEC ? 8 * (qq >> 1) + 4 * (g8 >> 2) : g8);
 #pragma unroll
@@ -345,30 +345,23 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
                     rowp[u] = s_ >= 0 ? row + colb : out;             // (out: any valid address; not written)
                 }
             }
-            // every row of the warp's lanes valid (the usual tile): writes without a predicate (ptxas
-            // wraps each predicated red in a branch and two convergence instructions)
-            u32 mine = 1;
+            // every row of the warp's lanes valid (the usual tile): writes without a test (ptxas wraps
+            // each conditional red, even a PTX-predicated one, in a branch and two convergence
+            // instructions)
+            bool mine = true;
 #pragma unroll
-            for (int u = 0; u < NROW; ++u) mine &= rowok[u];
-            const bool dense = __all_sync(0xffffffffu, mine != 0);
-            // pred: a constant at each call (the two copies of a store loop below)
-            auto put = [&](bool pred, float* p, float v, u32 ok) {
-                if (!pred) {
-                    if (ATOMIC) atomicAdd(p, v);
-                    else *p = v;
-                } else {
-                    if (ATOMIC) red_add_if(p, v, ok);
-                    else st_global_if(p, v, ok);
-                }
+            for (int u = 0; u < NROW; ++u) mine = mine && rowok[u];
+            const bool dense = __all_sync(0xffffffffu, mine);
+            // pred: a constant at each call (the two copies of a store loop below): test the row
+            auto put = [&](bool pred, float* p, float v, bool ok) {
+                if (pred && !ok) return;
+                if (ATOMIC) atomicAdd(p, v);
+                else *p = v;
             };
-            auto put4 = [&](bool pred, float* p, const float (&v)[4], u32 ok) {
-                if (!pred) {
-                    if (ATOMIC) red_add_v4(p, v[0], v[1], v[2], v[3]);
-                    else st_global_v4(p, v[0], v[1], v[2], v[3]);
-                } else {
-                    if (ATOMIC) red_add_v4_if(p, v[0], v[1], v[2], v[3], ok);
-                    else st_global_v4_if(p, v[0], v[1], v[2], v[3], ok);
-                }
+            auto put4 = [&](bool pred, float* p, const float (&v)[4], bool ok) {
+                if (pred && !ok) return;
+                if (ATOMIC) red_add_v4(p, v[0], v[1], v[2], v[3]);
+                else st_global_v4(p, v[0], v[1], v[2], v[3]);
             };
             // m-tile 4c + mi out: element i = 4 sb + 2 h2 + e is slot 8 sb + 2 tig + e, column
             // 64 (4c + mi) + 16 warp + g8 + 8 h2

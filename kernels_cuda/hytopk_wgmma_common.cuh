@@ -103,22 +103,6 @@ __device__ __forceinline__ void red_add_v4(float* p, float a, float b, float c, 
 __device__ __forceinline__ void st_global_v4(float* p, float a, float b, float c, float d) {
     asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
 }
-// the same, and one float (red / st), done only where ok != 0: a predicated instruction (the C++ `if`
-// around an atomic compiled to a branch and two convergence instructions per write)
-__device__ __forceinline__ void red_add_if(float* p, float v, u32 ok) {
-    asm volatile("{\n.reg .pred q;\nsetp.ne.u32 q, %2, 0;\n@q red.global.add.f32 [%0], %1;\n}\n" ::"l"(p), "f"(v), "r"(ok) : "memory");
-}
-__device__ __forceinline__ void st_global_if(float* p, float v, u32 ok) {
-    asm volatile("{\n.reg .pred q;\nsetp.ne.u32 q, %2, 0;\n@q st.global.f32 [%0], %1;\n}\n" ::"l"(p), "f"(v), "r"(ok) : "memory");
-}
-__device__ __forceinline__ void red_add_v4_if(float* p, float a, float b, float c, float d, u32 ok) {
-    asm volatile("{\n.reg .pred q;\nsetp.ne.u32 q, %5, 0;\n@q red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n}\n"
-                 ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d), "r"(ok) : "memory");
-}
-__device__ __forceinline__ void st_global_v4_if(float* p, float a, float b, float c, float d, u32 ok) {
-    asm volatile("{\n.reg .pred q;\nsetp.ne.u32 q, %5, 0;\n@q st.global.v4.f32 [%0], {%1, %2, %3, %4};\n}\n"
-                 ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d), "r"(ok) : "memory");
-}
 
 // ---- 2-CTA clusters
 __device__ __forceinline__ u32 cluster_ctarank() {

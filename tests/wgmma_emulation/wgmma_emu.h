@@ -592,19 +592,6 @@ inline void st_global_v4(float* p, float a, float b, float c, float d) {
     std::memcpy(p, v, 16);
 }
 
-inline void red_add_if(float* p, float v, u32 ok) {
-    if (!ok) return;
-    emu::wg::check_global(p, 4, "red.global.add.f32");
-    std::atomic_ref<float>(*p).fetch_add(v);
-}
-inline void st_global_if(float* p, float v, u32 ok) {
-    if (!ok) return;
-    emu::wg::check_global(p, 4, "st.global.f32");
-    std::memcpy(p, &v, 4);
-}
-inline void red_add_v4_if(float* p, float a, float b, float c, float d, u32 ok) { if (ok) red_add_v4(p, a, b, c, d); }
-inline void st_global_v4_if(float* p, float a, float b, float c, float d, u32 ok) { if (ok) st_global_v4(p, a, b, c, d); }
-
 [[noreturn]] inline u32 cluster_ctarank() { EMU_FAIL("2-CTA clusters are not emulated"); }
 [[noreturn]] inline void cluster_sync() { EMU_FAIL("2-CTA clusters are not emulated"); }
 [[noreturn]] inline u32 map_peer(u32, u32) { EMU_FAIL("2-CTA clusters are not emulated"); }

@@ -59,8 +59,8 @@ def backward(b, deterministic, scratch_bytes, do, lse, delta, dq, dk):
     if not deterministic:
         if b.n * nhb >= 2 ** 31:
             raise ValueError(f"argument 'q': {b.n} queries x {nhb} head blocks exceed one launch's 2^31 - 1 blocks")
-        _fn(INST.attend_wgmma_bwd_name(True, VEC_WRITES))((b.n * nhb,), (threads,), head + (np.int32(0),) + tail + (dk,),
-                                              shared_mem=smem)
+        fn = _fn(INST.attend_wgmma_bwd_name(True, VEC_WRITES))
+        fn((b.n * nhb,), (threads,), head + (np.int32(0),) + tail + (dk,), shared_mem=smem)
         return
     W = b.DQK
     fn = _fn(INST.attend_wgmma_bwd_name(False))
