@@ -1,32 +1,31 @@
 // Sparse attention forward on wgmma (sm_90a), version 3 (same function as attend_wgmma2.cu; the
-// same math conventions, other rounding: see below). What changed against version 2s (consumer-bound):
-// - each consumer warpgroup w owns every other 64-key tile (tile t: w = t % 2, stage t % 2) and
-//   computes its S = Q K_t^T alone with m64n64k16 (36 instructions per tile, not 2 x 36 of n32):
-//   half the Q reads from shared memory per key
-// - the running row max is chained: M_t = max(M_{t-1}, rowmax S_t); warpgroup w issues S_t, then
-//   waits (one named barrier) for M_{t-1} and the other warpgroup's P_{t-1} (bf16, written into tile
-//   t-1's rope column tile, which S no longer needs), runs its softmax, publishes M_t / P_t, then
-//   O_w (columns 256w ..) += P_{t-1} V_{t-1} and, rescaled to M_t, += P_t V_t (A from shared
-//   memory for both). No lock step: one warpgroup's softmax runs under the other's MMAs; nothing of
-//   its own is in flight during its softmax (ptxas serialises every wgmma when accumulators are
-//   touched under a pending one). O and l are rescaled to each M in tile order, so both halves end
-//   at the same max; l = the two warpgroups' sums of their own tiles' P.
+// same math conventions, other rounding: see below). Version 2s is consumer-bound (S at N = 32 per
+// warpgroup reads all of Q per 32 keys; the row max exchanged in lock step). Version 3 takes the
+// schedule of FlashMLA's sm90 sparse prefill (public code, read for facts):
+// - keys in pairs of 64-key tiles: tile 2b in stage 0, tile 2b + 1 in stage 1. Warpgroup 0
+//   computes S_0 = Q K_{2b}^T, warpgroup 1 S_1 = Q K_{2b+1}^T, each with 36 m64n64k16 (half the Q
+//   reads per key of version 2s). Warpgroup w owns O's columns 256w .. 256w + 255.
+// - the row max is chained through shared memory: warpgroup 0 takes M_0 = max(M, rowmax S_0),
+//   warpgroup 1 then M_1 = max(M_0, rowmax S_1), the pair's max. Each warpgroup multiplies its own
+//   P (bf16, in registers) into its O half at once (RS); warpgroup 0 rescales its P_0 to M_1 and
+//   stores it in stage 0's rope column tile (dead once S_0 is done), warpgroup 1 stores P_1 (at
+//   M_1 already) in a separate tile, and each multiplies the other's P into its O half (SS).
+// - a stage is filled and released in two regions, L = column tiles 0-3 (V's columns 0-255) and
+//   R = column tiles 4-8 (V's columns 256-511 and the rope). The producer fills L0, R1, R0, L1 in
+//   that order; L0 is free once warpgroup 0's own P.V is done (early), R1 once warpgroup 1's, R0
+//   and L1 once the other warpgroup's P.V. Warpgroup 0 runs S over L then R, warpgroup 1 over R
+//   then L, and warpgroup 0 issues the next pair's S under its last P.V.
 // - the key tile: 9 column tiles of 64 keys x 128 B, 128-byte swizzle (version 2s's gather, one
 //   row's 128 B per quarter warp), key j, column d at
 //     (d/64)*8192 + j*128 + (((d%64)/8) ^ (j%8))*16 + (d%8)*2
-//   A stage is filled and released in two regions: Y_s = the column tiles of the other half (read
-//   by the other warpgroup's P.V only, released early) and X_s = the own half + the rope tile
-//   (holding P_t, read by both P.V); S runs over Y first, then X, as each region lands.
-// - a producer warpgroup (384 threads, FA3's / version 2's shape): cp.async with .L2::256B completing
-//   on the full barriers (cp.async.mbarrier.arrive.noinc); consumers fence.proxy.async after each
-//   full-barrier wait. __launch_bounds__(384, 1) compiles at 168 registers; the producer drops to
-//   PRODUCER_REGS and the consumers rise to CONSUMER_REGS (setmaxnreg). Why not 320 threads at
-//   __maxnreg__(200) (the first version 3): it never launched. The register file is four 16K
-//   quarters, one per scheduler; a block's warps are spread over them, 10 warps put 3 on one
-//   quarter: at most 16384 / 3 / 32 -> 168 registers per thread for a 10-warp block. With 12 warps
-//   each quarter holds one producer warp and two consumer warps: 32 x (40 + 2 x 232) = 16128.
-// Rounding differs from versions 1/2 (k-step order of S, P rounded under the chained max), so the
-// tests compare version 3 with the reference and wgmma2 within tolerance, not bitwise.
+// - a producer warpgroup (384 threads, FA3's shape): cp.async with .L2::256B completing on the
+//   full barriers (cp.async.mbarrier.arrive.noinc); consumers fence.proxy.async after each full
+//   wait. __launch_bounds__(384, 1) compiles at 168 registers; the producer drops to PRODUCER_REGS
+//   and the consumers rise to CONSUMER_REGS (setmaxnreg): the register file is four 16K quarters,
+//   one per scheduler, each holding one producer warp and two consumer warps here,
+//   32 x (40 + 2 x 232) = 16128 (a 10-warp block at 200 registers never launched).
+// Rounding differs from versions 1/2 (k-step order of S, P rounded under the pair's maxima), so
+// the tests compare version 3 with the reference and wgmma2 within tolerance, not bitwise.
 #include "hytopk_cp_async.cuh"
 #include "hytopk_wgmma_common.cuh"
 
@@ -41,40 +40,46 @@ constexpr int DQK = 576, DV = 512, ROWS = 64, NK = 64;
 constexpr int CH = DQK / 8;                       // 16-byte chunks per row: 72
 constexpr int GROUP = CH * 128;                   // Q: bytes per 8 rows (no swizzle): 9216
 constexpr int CT_BYTES = NK * 128;                // one column tile (64 d) of a 64-key tile: 8192
-constexpr int NCT = DQK / 64;                     // column tiles: 9 (8 = the rope, then P)
+constexpr int NCT = DQK / 64;                     // column tiles: 9 (8 = the rope)
+constexpr int NL = 4;                             // region L: column tiles 0-3; region R: 4-8
 constexpr int TILE_BYTES = NCT * CT_BYTES;        // 73728
 constexpr int Q_BYTES = ROWS / 8 * GROUP;         // 73728
+constexpr int P_BYTES = ROWS * NK * 2;            // a 64 x 64 bf16 P tile: 8192
 constexpr int Q_OFF = 0;
 constexpr int K_OFF = Q_OFF + Q_BYTES;
-constexpr int RED_OFF = K_OFF + 2 * TILE_BYTES;   // float [2][64] the chained maxima M_t (by tile parity), [2][64] row sums
+constexpr int P1_OFF = K_OFF + 2 * TILE_BYTES;    // P_1 (P_0 lives in stage 0's rope column tile)
+constexpr int RED_OFF = P1_OFF + P_BYTES;         // float [2][64] the maxima M_0, M_1; [2][64] row sums
 constexpr int MASK_OFF = RED_OFF + 4 * ROWS * 4;  // float [2 stages][64] slot valid 1/0
-constexpr int BAR_OFF = MASK_OFF + 2 * NK * 4;    // fullY[2], fullX[2], emptyY[2], emptyX[2]
+constexpr int BAR_OFF = MASK_OFF + 2 * NK * 4;    // full[stage][L, R], empty[stage][L, R]
 constexpr int SMEM = BAR_OFF + 8 * 8;
 constexpr int LAUNCH_SMEM = SMEM + 1024;          // the base is rounded up to 1024 B (swizzle atoms)
 static_assert(LAUNCH_SMEM <= 227 * 1024, "attend_wgmma3: shared memory over 227 KiB");
 static_assert(K_OFF % 1024 == 0 && TILE_BYTES % 1024 == 0, "attend_wgmma3: atom alignment");
-static_assert(ROWS * NK * 2 == CT_BYTES, "attend_wgmma3: P (64 x 64 bf16) fills the rope column tile");
+static_assert(P_BYTES == CT_BYTES, "attend_wgmma3: P_0 fills the rope column tile");
 constexpr int PRODUCERS = 128;                    // the producer warpgroup
 constexpr int THREADS = 256 + PRODUCERS;          // 384: 12 warps, 3 per register-file quarter
 constexpr int QW = PRODUCERS / 8;                 // producer quarter warps: 16
-constexpr int GN = NK / QW;                       // rows per producer quarter warp: 4
+constexpr int GN = NK / QW;                       // rows per producer quarter warp and tile: 4
 // setmaxnreg budgets: per quarter one producer warp + two consumer warps fit its 16384 registers
-constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+constexpr int PRODUCER_REGS = 48, CONSUMER_REGS = 232;
 constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;   // what __launch_bounds__(384, 1) allows: 168
 static_assert(32 * (PRODUCER_REGS + 2 * CONSUMER_REGS) <= 16384, "attend_wgmma3: budgets exceed a register-file quarter");
 static_assert(PRODUCER_REGS <= LAUNCH_REGS && CONSUMER_REGS >= LAUNCH_REGS, "attend_wgmma3: setmaxnreg must dec / inc");
-// named barriers (0 = __syncthreads): the 256 consumer threads; P ready for warpgroup 0 / 1
-constexpr int BAR_Q = 1, BAR_L = 2, BAR_P0 = 3;   // BAR_P0 + w: P_{t-1} and M_{t-1} for warpgroup w
-constexpr int BAR_WG0 = 5;                        // BAR_WG0 + w: warpgroup w's 128 threads
+// named barriers (0 = __syncthreads), all between the two consumer warpgroups (256 threads): one
+// side arrives, the other waits; each is used once per pair, and neither side can arrive twice
+// before the other has waited (every second arrival follows a wait on the other side)
+constexpr int BAR_Q = 1, BAR_L = 2;
+constexpr int BAR_M0 = 3;                         // M_0 in shared memory (0 -> 1)
+constexpr int BAR_M1 = 4;                         // M_1 (1 -> 0)
+constexpr int BAR_P0 = 5;                         // P_0 stored (0 -> 1)
+constexpr int BAR_P1 = 6;                         // P_1 stored (1 -> 0)
+enum { REG_L = 0, REG_R = 1 };
 
 __device__ __forceinline__ u64 desc_sw128(u32 addr, u32 lead, u32 stride) {
     return (u64)((addr >> 4) & 0x3fffu) | ((u64)((lead >> 4) & 0x3fffu) << 16) | ((u64)((stride >> 4) & 0x3fffu) << 32) | (1ull << 62);
 }
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
-// column tile i (0..8) of region Y_s (i < 4) or X_s (i >= 4) of stage s: S's k-step order too
-__device__ __forceinline__ int region_ct(int s, int i) {
-    return i < 4 ? 4 * (s ^ 1) + i : (i < 8 ? 4 * s + (i - 4) : 8);
-}
+__device__ __forceinline__ float finite_or_zero(float m) { return m == neg_inf() ? 0.0f : m; }
 
 // q [n, Hq, 576] bf16; kv rows at kv + s * kv_stride (16-byte aligned rows); idx [n, kk] int32 in
 // [-1, L) (-1 and out-of-range slots masked); out [n, Hq, 512] float or bf16 bits; lse [n, Hq].
@@ -88,20 +93,26 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
     if (tq >= n) return;
     const u32 raw = smem_addr(smem_raw), base = (raw + 1023u) & ~1023u;
     unsigned char* smem = smem_raw + (base - raw);
-    const u32 sq = base + Q_OFF, sk0 = base + K_OFF;
+    const u32 sq = base + Q_OFF, sk0 = base + K_OFF, sk1 = sk0 + TILE_BYTES, sp1 = base + P1_OFF;
+    const u32 sp0 = sk0 + (u32)(8 * CT_BYTES);                           // P_0: stage 0's rope column tile
     float* red = reinterpret_cast<float*>(smem + RED_OFF);
     float* smask = reinterpret_cast<float*>(smem + MASK_OFF);
-    const u32 fullY = base + BAR_OFF, fullX = fullY + 16, emptyY = fullY + 32, emptyX = fullY + 48;
-    const int ntiles = (kk + NK - 1) / NK;
+    // full / empty barrier of region reg of stage s
+    const u32 bars = base + BAR_OFF;
+    auto full = [&](int s, int reg) { return bars + (u32)(8 * (2 * s + reg)); };
+    auto empty = [&](int s, int reg) { return bars + (u32)(32 + 8 * (2 * s + reg)); };
+    const int ntiles = (kk + NK - 1) / NK, npairs = (ntiles + 1) / 2;   // an odd count ends on an empty tile
     const int* lst = idx + (long long)tq * kk;
 
     if (threadIdx.x == 0) {
-        for (int s = 0; s < 2; ++s) {
-            mbar_init(fullY + 8 * s, 2 * PRODUCERS);   // a plain arrival (mask stored) + a cp.async arrival per thread
-            mbar_init(fullX + 8 * s, PRODUCERS);
-            mbar_init(emptyY + 8 * s, 4);              // the other warpgroup's warps
-            mbar_init(emptyX + 8 * s, 8);              // both warpgroups' warps (the rope tile holds P)
-        }
+        for (int s = 0; s < 2; ++s)
+            for (int reg = 0; reg < 2; ++reg) {
+                // the region a stage's fill starts with (L0, R1) also carries the stage's mask:
+                // a plain arrival after the mask store + a cp.async arrival per producer thread
+                const bool first = reg == (s == 0 ? REG_L : REG_R);
+                mbar_init(full(s, reg), first ? 2 * PRODUCERS : PRODUCERS);
+                mbar_init(empty(s, reg), 4);                          // one warpgroup's warps
+            }
         mbar_fence_init();
     }
     __syncthreads();
@@ -110,46 +121,55 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
         // ---------------------------------------------------------------- producer (one warpgroup)
         regs_dec<PRODUCER_REGS>();
         const int tid = (int)threadIdx.x - 256, r8 = tid & 7, qw = tid >> 3;   // quarter warp qw: rows qw + 16g
-        int nx[GN], nm = -1;
-        auto load_slots = [&](int it) {
-            const int j0 = it * NK;
+        int nx0[GN], nx1[GN];                                            // the pair's two tiles: rows qw + 16g
+        auto load_slots = [&](int b) {
+            const int j0 = 2 * b * NK, j1 = j0 + NK;
 #pragma unroll
             for (int g = 0; g < GN; ++g) {
-                const int j = j0 + qw + QW * g;
-                nx[g] = j < kk ? __ldg(lst + j) : -1;
+                const int j = qw + QW * g;
+                nx0[g] = j0 + j < kk ? __ldg(lst + j0 + j) : -1;
+                nx1[g] = j1 + j < kk ? __ldg(lst + j1 + j) : -1;
             }
-            if (tid < NK) nm = j0 + tid < kk ? __ldg(lst + j0 + tid) : -1;
         };
-        // column tiles [i0, i1) of the region order of stage s: row j's 128 B of tile ct, slot r8 ^ (j % 8)
-        auto copy = [&](u32 stage, int s, int i0, int i1) {
+        // column tiles [c0, c1) of a stage: row j's 128 B of tile ct at slot r8 ^ (j % 8); invalid
+        // slots are zero-filled (src-size 0)
+        auto copy = [&](u32 stage, const int (&nx)[GN], int c0, int c1) {
 #pragma unroll
             for (int g = 0; g < GN; ++g) {
                 const int j = qw + QW * g;                                 // j % 8 = qw % 8
-                const long long sl = nx[g];
+                const long long sl = (int)opaque_u32((u32)nx[g]);       // (address math here, not hoisted over the waits)
                 const bool ok = sl >= 0 && sl < L;
                 const bf16_t* src = kv + (ok ? sl * kv_stride + r8 * 8 : 0);
                 const u32 d = stage + (u32)(j * 128 + ((r8 ^ (qw & 7)) << 4));
 #pragma unroll
-                for (int i = i0; i < i1; ++i) {
-                    const int ct = region_ct(s, i);
-                    cp_async16_l2pf(d + (u32)(ct * CT_BYTES), src + (ok ? ct * 64 : 0), ok);
-                }
+                for (int ct = c0; ct < c1; ++ct) cp_async16_l2pf(d + (u32)(ct * CT_BYTES), src + (ok ? ct * 64 : 0), ok);
             }
         };
-        if (ntiles > 0) load_slots(0);
-        for (int it = 0; it < ntiles; ++it) {
-            const int s = it & 1;
-            const u32 par = (u32)(((it >> 1) - 1) & 1);
-            const u32 stage = sk0 + (u32)(s * TILE_BYTES);
-            if (it >= 2) mbar_wait_or_trap(emptyY + 8 * s, par);             // the other warpgroup's P.V of tile it-2 done
-            if (tid < NK) smask[s * NK + tid] = (nm >= 0 && (long long)nm < L) ? 1.0f : 0.0f;
-            copy(stage, s, 0, 4);
-            mbar_arrive(fullY + 8 * s);                                  // (release: the mask store)
-            cp_async_arrive_noinc(fullY + 8 * s);
-            if (it >= 2) mbar_wait_or_trap(emptyX + 8 * s, par);             // both P.V of tile it-2 done
-            copy(stage, s, 4, NCT);
-            cp_async_arrive_noinc(fullX + 8 * s);
-            if (it + 1 < ntiles) load_slots(it + 1);                     // in flight under the next waits
+        auto store_mask = [&](float* msk, const int (&nx)[GN]) {         // a quarter warp's first lane: its rows
+            if (r8 == 0)
+#pragma unroll
+                for (int g = 0; g < GN; ++g) msk[qw + QW * g] = (nx[g] >= 0 && (long long)nx[g] < L) ? 1.0f : 0.0f;
+        };
+        if (npairs > 0) load_slots(0);
+        for (int b = 0; b < npairs; ++b) {
+            const u32 par = (u32)((b - 1) & 1);                          // pair b-1's releases
+            if (b) mbar_wait_or_trap(empty(0, REG_L), par);              // warpgroup 0's own P.V done
+            store_mask(smask, nx0);
+            copy(sk0, nx0, 0, NL);
+            mbar_arrive(full(0, REG_L));                                 // (release: the mask store)
+            cp_async_arrive_noinc(full(0, REG_L));
+            if (b) mbar_wait_or_trap(empty(1, REG_R), par);              // warpgroup 1's own P.V done
+            store_mask(smask + NK, nx1);
+            copy(sk1, nx1, NL, NCT);
+            mbar_arrive(full(1, REG_R));
+            cp_async_arrive_noinc(full(1, REG_R));
+            if (b) mbar_wait_or_trap(empty(0, REG_R), par);              // warpgroup 1's P_0 . V_0R done
+            copy(sk0, nx0, NL, NCT);
+            cp_async_arrive_noinc(full(0, REG_R));
+            if (b) mbar_wait_or_trap(empty(1, REG_L), par);              // warpgroup 0's P_1 . V_1L done
+            copy(sk1, nx1, 0, NL);
+            cp_async_arrive_noinc(full(1, REG_L));
+            if (b + 1 < npairs) load_slots(b + 1);                       // in flight under the next waits
         }
         cp_async_wait_all();                                             // no copy outlives the thread
     } else {
@@ -174,16 +194,11 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
         float o[128];
 #pragma unroll
         for (int i = 0; i < 128; ++i) o[i] = 0.0f;
-        // O *= exp2(m - M) and l likewise, M the next tile's max (O's MMAs all complete)
-        auto rescale = [&](const float (&mn)[2]) {
-            float a[2];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const float mu = mn[h] == neg_inf() ? 0.0f : mn[h];
-                a[h] = exp2f(m[h] - mu);                                  // m = -inf (nothing yet): 0
-                lsum[h] *= a[h];
-                m[h] = mn[h];
-            }
+        float s[32];
+        u32 pa[4][4];                                                    // P (bf16) as the RS A fragments
+        auto scale_o = [&](const float (&a)[2]) {                        // O and l *= a (O's MMAs complete)
+            lsum[0] *= a[0];
+            lsum[1] *= a[1];
             if (__any_sync(0xffffffffu, a[0] != 1.0f || a[1] != 1.0f)) {
 #pragma unroll
                 for (int i = 0; i < 32; ++i) {
@@ -192,141 +207,177 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
                 }
             }
         };
-        const u32 vcol = (u32)(4 * w * CT_BYTES);                        // this warpgroup's O columns 256w ..
         constexpr u32 QHI = (u32)(GROUP >> 4);
         const u32 a_lo0 = ((sq >> 4) & 0x3fffu) | (8u << 16);
-
-        for (int t = w;; t += 2) {
-            const u32 a_lo = opaque_u32(a_lo0);
-            const bool own = t < ntiles;
-            const u32 stage = opaque_u32(sk0 + (u32)(w * TILE_BYTES));       // (else 36 hoisted descriptors spill)
-            const u32 u = (u32)((t >> 1) & 1);
-            float s[32];
-            if (own) {
-                // S_t = Q K_t^T (64 x 64): region Y first (released early), then X
-                mbar_wait_or_trap(fullY + 8 * w, u);
-                fence_proxy_async();
-                wgmma_fence();
+        // S += Q K^T over column tiles [c0, c1) of a stage (first: the first k-step starts the sum)
+        auto qk = [&](u32 stage_, int c0, int c1, bool first) {
+            const u32 a_lo = opaque_u32(a_lo0), stage = opaque_u32(stage_);   // (else 36 hoisted descriptors spill)
+            fence_proxy_async();
+            wgmma_fence();
 #pragma unroll
-                for (int i = 0; i < 4; ++i)
+            for (int ct = c0; ct < c1; ++ct)
 #pragma unroll
-                    for (int k4 = 0; k4 < 4; ++k4) {
-                        const int ct = region_ct(w, i), ks = ct * 4 + k4;
-                        const u64 b = desc_sw128(stage + (u32)(ct * CT_BYTES + k4 * 32), 16, 1024);
-                        wgmma_m64n64k16_bf16(s, ((u64)QHI << 32) | (a_lo + 16u * ks), b, i + k4 > 0);
-                    }
-                wgmma_commit();
-                if (t >= 2) {                                             // own P.V of tile t-2 done: X_w free (with the other's)
-                    wgmma_wait<1>();
-                    __syncwarp();
-                    if (lane == 0) mbar_arrive(emptyX + 8 * w);
+                for (int k4 = 0; k4 < 4; ++k4) {
+                    const u64 b = desc_sw128(stage + (u32)(ct * CT_BYTES + k4 * 32), 16, 1024);
+                    wgmma_m64n64k16_bf16(s, ((u64)QHI << 32) | (a_lo + 16u * (u32)(ct * 4 + k4)), b, !(first && ct == c0 && k4 == 0));
                 }
-                mbar_wait_or_trap(fullX + 8 * w, u);
-                fence_proxy_async();
-                wgmma_fence();
+            wgmma_commit();
+        };
+        // logits (base 2) under the stage's mask, rowmax folded into mx: s[4nb + e] = row (e < 2 ?
+        // r0 : r1), key 8nb + 2tig + (e & 1)
+        auto mask_max = [&](const float* msk, float (&mx)[2]) {
 #pragma unroll
-                for (int i = 4; i < NCT; ++i)
+            for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
-                    for (int k4 = 0; k4 < 4; ++k4) {
-                        const int ct = region_ct(w, i), ks = ct * 4 + k4;
-                        const u64 b = desc_sw128(stage + (u32)(ct * CT_BYTES + k4 * 32), 16, 1024);
-                        wgmma_m64n64k16_bf16(s, ((u64)QHI << 32) | (a_lo + 16u * ks), b, 1);
-                    }
-                wgmma_commit();
+                for (int e = 0; e < 4; ++e) {
+                    const float wv = msk[nb * 8 + tig * 2 + (e & 1)];
+                    s[4 * nb + e] = wv > 0.0f ? s[4 * nb + e] * scale_log2 : neg_inf();
+                    mx[e >> 1] = fmaxf(mx[e >> 1], s[4 * nb + e]);
+                }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
             }
-            const bool ss = t >= 1 && t - 1 < ntiles;                   // the other warpgroup's tile t-1 exists
-            float mp[2] = {m[0], m[1]};                                   // M_{t-1}
-            if (ss) {                                                     // its M_{t-1} and P_{t-1} are in shared memory
-                bar_sync(BAR_P0 + w, 256);
-                fence_proxy_async();
-                mp[0] = red[((t - 1) & 1) * ROWS + r0];
-                mp[1] = red[((t - 1) & 1) * ROWS + r1];
+        };
+        // O, l rescaled from m to mn; s := P = exp2(s - mn) (float), its row sums into l, pa = bf16 P
+        auto softmax = [&](const float (&mn)[2]) {
+            const float mu[2] = {finite_or_zero(mn[0]), finite_or_zero(mn[1])};
+            const float a[2] = {exp2f(m[0] - mu[0]), exp2f(m[1] - mu[1])};   // m = -inf (nothing yet): 0
+            scale_o(a);
+            m[0] = mn[0];
+            m[1] = mn[1];
+#pragma unroll
+            for (int nb = 0; nb < 8; ++nb) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    s[4 * nb + e] = exp2f(s[4 * nb + e] - mu[e >> 1]);  // masked: exp2(-inf) = 0
+                    lsum[e >> 1] += s[4 * nb + e];
+                }
+                pa[nb >> 1][(nb & 1) * 2 + 0] = pack_bf16x2(s[4 * nb + 0], s[4 * nb + 1]);
+                pa[nb >> 1][(nb & 1) * 2 + 1] = pack_bf16x2(s[4 * nb + 2], s[4 * nb + 3]);
             }
-            // nothing in flight from here to the P.V issues: ptxas serialises every wgmma when
-            // accumulators (s, O) are touched under a pending one
-            wgmma_wait<0>();
-            float ps[2] = {0.0f, 0.0f}, mn[2] = {mp[0], mp[1]};          // M_t = max(M_{t-1}, rowmax S_t)
-            if (own) {
-                // P_t overwrites the rope tile that every warp's part of S_t reads: a warp's wait
-                // covers only its own part, so all four parts are done before any warp stores P
-                // (without it the CPU emulation caught warps writing P under another warp's S)
-                bar_sync(BAR_WG0 + w, 128);
-                // logits (base 2): s[4nb + e] = row (e < 2 ? r0 : r1), key 8nb + 2tig + (e & 1)
-                const float* msk = smask + w * NK;
+        };
+        // a P tile (no swizzle): (row r, key k) at (r/8)*1024 + (k/8)*128 + (r%8)*16 + (k%8)*2
+        const u32 prow = (u32)(warp * 2048 + g8 * 16 + tig * 4);
+        // O (columns vcol ..) += P V over the 64 keys of a stage, P from registers or a P tile
+        auto pv_rs = [&](u32 stage, u32 vcol) {
+            wgmma_fence();
 #pragma unroll
-                for (int nb = 0; nb < 8; ++nb)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const float wv = msk[nb * 8 + tig * 2 + (e & 1)];
-                        s[4 * nb + e] = wv > 0.0f ? s[4 * nb + e] * scale_log2 : neg_inf();
-                        mn[e >> 1] = fmaxf(mn[e >> 1], s[4 * nb + e]);
-                    }
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    mn[h] = fmaxf(mn[h], __shfl_xor_sync(0xffffffffu, mn[h], 1));
-                    mn[h] = fmaxf(mn[h], __shfl_xor_sync(0xffffffffu, mn[h], 2));
-                }
-                // P_t (bf16) into the rope tile (A of both warpgroups' P.V; registers are short):
-                // (row r, key k) at (r/8)*1024 + (k/8)*128 + (r%8)*16 + (k%8)*2
-                const float mu[2] = {mn[0] == neg_inf() ? 0.0f : mn[0], mn[1] == neg_inf() ? 0.0f : mn[1]};
-                const u32 pp = stage + (u32)(8 * CT_BYTES);
-#pragma unroll
-                for (int nb = 0; nb < 8; ++nb) {
-                    float p[4];
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        p[e] = exp2f(s[4 * nb + e] - mu[e >> 1]);         // masked: exp2(-inf) = 0
-                        ps[e >> 1] += p[e];
-                    }
-                    const u32 lo = pack_bf16x2(p[0], p[1]), hi = pack_bf16x2(p[2], p[3]);
-                    const u32 at = pp + (u32)(warp * 2048 + nb * 128 + g8 * 16 + tig * 4);
-                    st_shared_u32(at, lo);
-                    st_shared_u32(at + 1024u, hi);
-                }
-                if (tig == 0) {
-                    red[(t & 1) * ROWS + r0] = mn[0];
-                    red[(t & 1) * ROWS + r1] = mn[1];
-                }
-                fence_proxy_async();                                      // P stores -> the other's wgmma
-                bar_arrive(BAR_P0 + (w ^ 1), 256);
-            }
-            if (ss) {
-                // O_w (at M_{t-1}) += P_{t-1} V_{t-1}[:, 256w ..] (P from the other stage's rope tile)
-                rescale(mp);
-                const u32 ost = opaque_u32(sk0 + (u32)((w ^ 1) * TILE_BYTES)), op = ost + (u32)(8 * CT_BYTES);
-                wgmma_fence();
-#pragma unroll
-                for (int k2 = 0; k2 < 4; ++k2) {
-                    const u32 alo = (((op + (u32)(k2 * 256)) >> 4) & 0x3fffu) | (8u << 16);
-                    const u64 vb = desc_sw128(ost + vcol + (u32)(k2 * 2048), CT_BYTES, 1024);
-                    wgmma_m64n256k16_bf16_tb(o, ((u64)(1024u >> 4) << 32) | alo, vb, 1);
-                }
-                wgmma_commit();
-                wgmma_wait<0>();                                          // (O is rescaled next)
-                __syncwarp();
-                if (lane == 0) {                                          // Y of the other stage free; X once its owner's P.V is done
-                    mbar_arrive(emptyY + 8 * (w ^ 1));
-                    mbar_arrive(emptyX + 8 * (w ^ 1));
-                }
-            }
-            if (!own) break;
-            rescale(mn);
-            lsum[0] += ps[0];
-            lsum[1] += ps[1];
-            // O_w += P_t V_t[:, 256w ..] (P from the own rope tile: every warp's rows stored); completes under the next S
-            bar_sync(BAR_WG0 + w, 128);
-            const u32 pp = stage + (u32)(8 * CT_BYTES);
+            for (int k2 = 0; k2 < 4; ++k2)
+                wgmma_m64n256k16_bf16_rs_tb(o, pa[k2], desc_sw128(stage + vcol + (u32)(k2 * 2048), CT_BYTES, 1024), 1);
+            wgmma_commit();
+        };
+        auto pv_ss = [&](u32 ptile, u32 stage, u32 vcol) {
             wgmma_fence();
 #pragma unroll
             for (int k2 = 0; k2 < 4; ++k2) {
-                const u32 alo = (((pp + (u32)(k2 * 256)) >> 4) & 0x3fffu) | (8u << 16);
-                const u64 vb = desc_sw128(stage + vcol + (u32)(k2 * 2048), CT_BYTES, 1024);
-                wgmma_m64n256k16_bf16_tb(o, ((u64)(1024u >> 4) << 32) | alo, vb, 1);
+                const u32 alo = (((ptile + (u32)(k2 * 256)) >> 4) & 0x3fffu) | (8u << 16);
+                wgmma_m64n256k16_bf16_tb(o, ((u64)(1024u >> 4) << 32) | alo,
+                                         desc_sw128(stage + vcol + (u32)(k2 * 2048), CT_BYTES, 1024), 1);
             }
             wgmma_commit();
+        };
+        auto release = [&](u32 bar) {
+            __syncwarp();
+            if (lane == 0) mbar_arrive(bar);
+        };
+        float* sm0 = red;                                                // M_0 by row (0 -> 1)
+        float* sm1 = red + ROWS;                                         // M_1 (1 -> 0)
+
+        if (w == 0) {
+            // ------------------------------------------------ warpgroup 0: tile 2b, O columns 0-255
+            constexpr u32 VCOL = 0;
+            for (int b = 0; b < npairs; ++b) {
+                const u32 u = (u32)(b & 1);
+                if (b == 0) {                                            // (later pairs: issued under the last P.V)
+                    mbar_wait_or_trap(full(0, REG_L), 0);
+                    qk(sk0, 0, NL, true);
+                    mbar_wait_or_trap(full(0, REG_R), 0);
+                    qk(sk0, NL, NCT, false);
+                    wgmma_wait<0>();
+                }
+                float mn[2] = {m[0], m[1]};                              // M_0 = max(M, rowmax S_0)
+                mask_max(smask, mn);
+                softmax(mn);
+                if (tig == 0) {
+                    sm0[r0] = mn[0];
+                    sm0[r1] = mn[1];
+                }
+                bar_arrive(BAR_M0, 256);
+                pv_rs(sk0, VCOL);                                        // O += P_0 V_0L
+                wgmma_wait<0>();
+                release(empty(0, REG_L));
+                // every warp of warpgroup 0 is past its S_0 (the barrier): the rope tile takes P_0
+                bar_sync(BAR_M1, 256);
+                const float m1[2] = {sm1[r0], sm1[r1]};
+                const float f[2] = {exp2f(m[0] - finite_or_zero(m1[0])), exp2f(m[1] - finite_or_zero(m1[1]))};
+#pragma unroll
+                for (int nb = 0; nb < 8; ++nb) {                         // P_0 at M_1, for warpgroup 1
+                    const u32 at = sp0 + prow + (u32)(nb * 128);
+                    st_shared_u32(at, pack_bf16x2(s[4 * nb + 0] * f[0], s[4 * nb + 1] * f[0]));
+                    st_shared_u32(at + 1024u, pack_bf16x2(s[4 * nb + 2] * f[1], s[4 * nb + 3] * f[1]));
+                }
+                fence_proxy_async();                                     // P_0 stores -> warpgroup 1's wgmma
+                bar_arrive(BAR_P0, 256);
+                scale_o(f);
+                m[0] = m1[0];
+                m[1] = m1[1];
+                bar_sync(BAR_P1, 256);
+                pv_ss(sp1, sk1, VCOL);                                   // O += P_1 V_1L
+                if (b + 1 < npairs) {                                    // the next pair's S_0 under it
+                    mbar_wait_or_trap(full(0, REG_L), u ^ 1u);
+                    qk(sk0, 0, NL, true);
+                    wgmma_wait<1>();
+                    release(empty(1, REG_L));
+                    mbar_wait_or_trap(full(0, REG_R), u ^ 1u);
+                    qk(sk0, NL, NCT, false);
+                    wgmma_wait<0>();
+                } else {
+                    wgmma_wait<0>();
+                    release(empty(1, REG_L));
+                }
+            }
+        } else {
+            // ------------------------------------------- warpgroup 1: tile 2b + 1, O columns 256-511
+            constexpr u32 VCOL = (u32)(NL * CT_BYTES);
+            for (int b = 0; b < npairs; ++b) {
+                const u32 u = (u32)(b & 1);
+                mbar_wait_or_trap(full(1, REG_R), u);
+                qk(sk1, NL, NCT, true);
+                mbar_wait_or_trap(full(1, REG_L), u);
+                qk(sk1, 0, NL, false);
+                wgmma_wait<0>();
+                float mn[2] = {m[0], m[1]};
+                mask_max(smask + NK, mn);
+                bar_sync(BAR_M0, 256);
+                mn[0] = fmaxf(mn[0], sm0[r0]);                           // M_1 = max(M_0, rowmax S_1)
+                mn[1] = fmaxf(mn[1], sm0[r1]);
+                softmax(mn);
+                if (tig == 0) {
+                    sm1[r0] = mn[0];
+                    sm1[r1] = mn[1];
+                }
+                bar_arrive(BAR_M1, 256);
+                pv_rs(sk1, VCOL);                                        // O += P_1 V_1R
+#pragma unroll
+                for (int nb = 0; nb < 8; ++nb) {                         // P_1 (at M_1), for warpgroup 0
+                    const u32 at = sp1 + prow + (u32)(nb * 128);
+                    st_shared_u32(at, pa[nb >> 1][(nb & 1) * 2 + 0]);
+                    st_shared_u32(at + 1024u, pa[nb >> 1][(nb & 1) * 2 + 1]);
+                }
+                fence_proxy_async();                                     // P_1 stores -> warpgroup 0's wgmma
+                bar_arrive(BAR_P1, 256);
+                bar_sync(BAR_P0, 256);
+                pv_ss(sp0, sk0, VCOL);                                   // O += P_0 V_0R
+                wgmma_wait<1>();
+                release(empty(1, REG_R));
+                wgmma_wait<0>();
+                release(empty(0, REG_R));
+            }
         }
 
-        // l = the two warpgroups' sums (both at the last tile's max); out = O / l
+        // l = the two warpgroups' sums (both at the last pair's M_1); out = O / l
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             lsum[h] += __shfl_xor_sync(0xffffffffu, lsum[h], 1);
@@ -354,7 +405,7 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
                     *reinterpret_cast<float2*>(reinterpret_cast<float*>(out) + at) = make_float2(x0, x1);
             }
             if (w == 0 && tig == 0) {
-                const float mm = m[h] == neg_inf() ? 0.0f : m[h];
+                const float mm = finite_or_zero(m[h]);
                 lse[row] = l > 0.0f ? (mm + log2f(l)) * 0.69314718055994531f : neg_inf();
             }
         }

@@ -24,8 +24,9 @@ def test_launch_figures():
 def test_version_3_instantiations():
     assert INST.name_expressions("attend_wgmma3.cu") == ["hytopk_attend_fwd_wgmma3<true>", "hytopk_attend_fwd_wgmma3<false>"]
     assert INST.FILE_OPTIONS["attend_wgmma3.cu"] == ("-arch=sm_90a",)
-    # Q + two 64-key stages (P lives in a stage's rope column tile), maxima / sums, masks, 8 mbarriers, 1 KiB alignment
-    assert INST.ATTEND_WGMMA3_SMEM == 3 * 64 * 576 * 2 + 4 * 64 * 4 + 2 * 64 * 4 + 8 * 8 + 1024 <= INST.ATTEND_SMEM_LIMIT
+    # Q + two 64-key stages + P_1's 64 x 64 tile (P_0 lives in stage 0's rope column tile), maxima / sums, masks,
+    # 8 mbarriers, 1 KiB alignment
+    assert INST.ATTEND_WGMMA3_SMEM == 3 * 64 * 576 * 2 + 64 * 64 * 2 + 4 * 64 * 4 + 2 * 64 * 4 + 8 * 8 + 1024 <= INST.ATTEND_SMEM_LIMIT
     assert INST.ATTEND_WGMMA3_THREADS == 384          # 2 consumer warpgroups + a producer warpgroup (setmaxnreg)
     assert len(INST.geometry_asserts("attend_wgmma3.cu")) == 2
 

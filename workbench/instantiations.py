@@ -201,9 +201,10 @@ def attend_wgmma2_name(out_bf16, cluster, swz, qpt=1) -> str:
     return f"hytopk_attend_fwd_wgmma2<{_b(out_bf16)}, {_b(swz)}, {int(qpt)}>"
 
 
-# attend_wgmma3.cu: version 3 (per-warpgroup 64-key tiles, chained max, P in the rope column tile):
-# Q + two 64-key stages + maxima / sums + masks + 8 mbarriers + 1 KiB to round the base up to 1024 B
-ATTEND_WGMMA3_SMEM = 73728 * 3 + 4 * 64 * 4 + 2 * 64 * 4 + 8 * 8 + 1024     # attw3::LAUNCH_SMEM (static_assert)
+# attend_wgmma3.cu: version 3 (a pair of 64-key tiles per step, one per warpgroup; FlashMLA's sm90 schedule):
+# Q + two 64-key stages + P_1's tile (P_0 lives in stage 0's rope tile) + maxima / sums + masks + 8 mbarriers
+# + 1 KiB to round the base up to 1024 B
+ATTEND_WGMMA3_SMEM = 73728 * 3 + 8192 + 4 * 64 * 4 + 2 * 64 * 4 + 8 * 8 + 1024     # attw3::LAUNCH_SMEM (static_assert)
 ATTEND_WGMMA3_THREADS = 384                                                # 2 consumer warpgroups + 1 producer warpgroup (setmaxnreg)
 
 
