@@ -21,9 +21,10 @@
 // - a producer warpgroup (384 threads, FA3's shape): cp.async with .L2::256B completing on the
 //   full barriers (cp.async.mbarrier.arrive.noinc); consumers fence.proxy.async after each full
 //   wait. __launch_bounds__(384, 1) compiles at 168 registers; the producer drops to PRODUCER_REGS
-//   and the consumers rise to CONSUMER_REGS (setmaxnreg): the register file is four 16K quarters,
-//   one per scheduler, each holding one producer warp and two consumer warps here,
-//   32 x (40 + 2 x 232) = 16128 (a 10-warp block at 200 registers never launched).
+//   and the consumers rise to CONSUMER_REGS (setmaxnreg). The block keeps the registers it launched
+//   with (168 x 384 = 64512): setmaxnreg.inc waits until the .dec has freed enough, so
+//   128 x 40 + 256 x 232 must fit in them (a producer at 48 hung the first H200 run). Why not a
+//   10-warp block at 200: it never launched (3 warps on one of the four 16K register-file quarters).
 // Rounding differs from versions 1/2 (k-step order of S, P rounded under the pair's maxima), so
 // the tests compare version 3 with the reference and wgmma2 within tolerance, not bitwise.
 #include "hytopk_cp_async.cuh"
@@ -60,10 +61,11 @@ constexpr int PRODUCERS = 128;                    // the producer warpgroup
 constexpr int THREADS = 256 + PRODUCERS;          // 384: 12 warps, 3 per register-file quarter
 constexpr int QW = PRODUCERS / 8;                 // producer quarter warps: 16
 constexpr int GN = NK / QW;                       // rows per producer quarter warp and tile: 4
-// setmaxnreg budgets: per quarter one producer warp + two consumer warps fit its 16384 registers
-constexpr int PRODUCER_REGS = 48, CONSUMER_REGS = 232;
+// setmaxnreg budgets: together within the registers the block launched with (else .inc never returns)
+constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
 constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;   // what __launch_bounds__(384, 1) allows: 168
-static_assert(32 * (PRODUCER_REGS + 2 * CONSUMER_REGS) <= 16384, "attend_wgmma3: budgets exceed a register-file quarter");
+static_assert(PRODUCERS * PRODUCER_REGS + 256 * CONSUMER_REGS <= THREADS * LAUNCH_REGS,
+              "attend_wgmma3: setmaxnreg budgets exceed the block's launch registers (.inc would wait forever)");
 static_assert(PRODUCER_REGS <= LAUNCH_REGS && CONSUMER_REGS >= LAUNCH_REGS, "attend_wgmma3: setmaxnreg must dec / inc");
 // named barriers (0 = __syncthreads), all between the two consumer warpgroups (256 threads): one
 // side arrives, the other waits; each is used once per pair, and neither side can arrive twice
