@@ -147,7 +147,7 @@ def test_registered_variant(CA, name):
 @pytest.mark.parametrize("Hq", [128, 16])
 def test_torch_op_backward_is_version_4(CA, Hq, monkeypatch):
     """The op's MLA backward is version 4's bit for bit (deterministic), with a query pair per forward
-    block (16 heads: wgmma2sp) or one (128: wgmma2s); HYTOPK_ATTEND_BWD_WGMMA=0 (TA.WGMMA_BACKWARD
+    block (16 heads: wgmma2sp) or version 3 (128 heads); HYTOPK_ATTEND_BWD_WGMMA=0 (TA.WGMMA_BACKWARD
     False) takes the mma.sync one, close to version 4's."""
     torch = pytest.importorskip("torch")
     import workbench.torch  # noqa: F401

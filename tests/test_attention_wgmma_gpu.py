@@ -210,17 +210,20 @@ def test_variants_are_wgmma2_bit_for_bit(version, Hq, kk):
             np.testing.assert_array_equal(cp.asnumpy(x).view(np.uint8), cp.asnumpy(y).view(np.uint8))
 
 
-def test_torch_op_takes_wgmma2s_for_mla_at_many_heads():
+@pytest.mark.parametrize("v3", [True, False])
+def test_torch_op_takes_wgmma3_for_mla_at_many_heads(v3, monkeypatch):
     """torch.ops.hytopk.sparse_attention at 128 MLA heads (d_qk 576 / d_v 512) on Hopper: the
-    forward is cupy.attend.wgmma2s's, bit for bit; out, lse and the gradients (the wgmma backward,
-    attend_backward version 4, on that forward's out / lse) stay within the reference's tolerance."""
+    forward is cupy.attend.wgmma3's bit for bit (HYTOPK_ATTEND_WGMMA3=0, TA.WGMMA3_FORWARD False:
+    wgmma2s's); out, lse and the gradients (the wgmma backward, attend_backward version 4, on that
+    forward's out / lse) stay within the reference's tolerance."""
     torch = pytest.importorskip("torch")
     import workbench.torch  # noqa: F401
-    from workbench.families.cupy import attend_wgmma2
+    from workbench.families.cupy import attend_wgmma2, attend_wgmma3
     from workbench.torch import attention as TA
     _forward("wgmma2s")                                      # skips off Hopper
     if not TA.WGMMA_FORWARD:
         pytest.skip("HYTOPK_ATTEND_WGMMA=0")
+    monkeypatch.setattr(TA, "WGMMA3_FORWARD", v3)
     g = torch.Generator().manual_seed(3)
     n, L, kk, Hq = 6, 300, 200, 128
     q = torch.randn(n, Hq, 576, generator=g).bfloat16()
@@ -231,9 +234,9 @@ def test_torch_op_takes_wgmma2s_for_mla_at_many_heads():
         leaves = [x.detach().to(dev).requires_grad_() for x in (q, kv)]
         out, lse = torch.ops.hytopk.sparse_attention(leaves[0], leaves[1], None, idx.to(dev), 512, None, True)
         if dev == "cuda":
-            want, want_lse = attend_wgmma2.attend_forward_wgmma2(leaves[0].detach(), leaves[1].detach()[:, None, :],
-                                                                 leaves[1].detach()[:, None, :512], idx.cuda(), None,
-                                                                 swz=True)
+            args = (leaves[0].detach(), leaves[1].detach()[:, None, :], leaves[1].detach()[:, None, :512], idx.cuda(), None)
+            want, want_lse = (attend_wgmma3.attend_forward_wgmma3(*args) if v3
+                              else attend_wgmma2.attend_forward_wgmma2(*args, swz=True))
             assert torch.equal(out.view(torch.int16).cpu(), torch.from_dlpack(want).view(torch.int16).cpu())
             assert torch.equal(lse.cpu(), torch.from_dlpack(want_lse).cpu())
         out.backward(torch.ones_like(out))
