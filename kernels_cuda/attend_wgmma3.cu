@@ -124,7 +124,6 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
         regs_dec<PRODUCER_REGS>();
         const int tid = (int)threadIdx.x - 256, r8 = tid & 7, qw = tid >> 3;   // quarter warp qw: rows qw + 16g
         int nx0[GN], nx1[GN];                                            // the pair's two tiles: rows qw + 16g
-        int pf = -1;                                                     // slot tid of the pair after
         auto load_slots = [&](int b) {
             const int j0 = 2 * b * NK, j1 = j0 + NK;
 #pragma unroll
@@ -133,7 +132,6 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
                 nx0[g] = j0 + j < kk ? __ldg(lst + j0 + j) : -1;
                 nx1[g] = j1 + j < kk ? __ldg(lst + j1 + j) : -1;
             }
-            pf = j0 + 2 * NK + tid < kk ? __ldg(lst + j0 + 2 * NK + tid) : -1;
         };
         // column tiles [c0, c1) of a stage: row j's 128 B of tile ct at slot r8 ^ (j % 8); invalid
         // slots are zero-filled (src-size 0)
@@ -157,9 +155,6 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
         if (npairs > 0) load_slots(0);
         for (int b = 0; b < npairs; ++b) {
             const u32 par = (u32)((b - 1) & 1);                          // pair b-1's releases
-            // pair b+1's rows into L2 (one row per thread): their copies come about a pair later,
-            // after the releases; the gathers' latency is then L2's, not DRAM's
-            if (pf >= 0 && (long long)pf < L) prefetch_l2_bulk(kv + (long long)pf * kv_stride, DQK * 2);
             if (b) mbar_wait_or_trap(empty(0, REG_L), par);              // warpgroup 0's own P.V done
             store_mask(smask, nx0);
             copy(sk0, nx0, 0, NL);

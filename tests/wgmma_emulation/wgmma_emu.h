@@ -481,10 +481,6 @@ inline void cp_async16(u32 dst, const void* src, bool valid) {
     emu::wg::cp_open.push_back({dst, src, valid});
 }
 inline void cp_async16_l2pf(u32 dst, const void* src, bool valid) { cp_async16(dst, src, valid); }
-inline void prefetch_l2_bulk(const void* src, u32 bytes) {     // no effect on the CPU: checked only
-    if (reinterpret_cast<uintptr_t>(src) % 16 || bytes % 16) EMU_FAIL("cp.async.bulk.prefetch: %p / %u bytes not 16-byte aligned", src, bytes);
-    emu::wg::check_global(src, bytes, "cp.async.bulk.prefetch");
-}
 inline void cp_async_commit() {
     emu::wg::cp_groups.push_back(std::move(emu::wg::cp_open));
     emu::wg::cp_open.clear();
