@@ -6,12 +6,13 @@
   heads     8 and 16 heads per query: `pair` (two adjacent queries per block over the union of
             their selections; the union build timed apart too, every union kernel) vs `one`, and
             their _acc2 kernels (two logit accumulators), pair_nk64 (64-key tiles at 16 heads), and
-            on wgmma wgmma2sp (a pair per block) vs wgmma2s (one query); best_pair_vs_best_one: the
-            fastest two-query kernel against the fastest one-query kernel
+            on wgmma wgmma2sp (a pair per block) vs wgmma2s and wgmma3 (one query); best_pair_vs_best_one:
+            the fastest two-query kernel against the fastest one-query kernel
   backward  deterministic, atomic and deterministic_v2 (attend.cu's mma.sync backward), wgmma and
             wgmma_atomic (attend_wgmma_bwd.cu, sm_90a: version 4; wgmma_atomic_vec: 16-byte atomics
             instead of float-by-float ones), effective TFLOP/s
             2 n H k (3 d_qk + 2 d_v) / t (the logits are recomputed), and its ratio to the forward rate
+            (one's, and the op's forward: wgmma3)
   backward16 the same rows at 16 heads (a tensor-parallel shard: where the op switches backwards)
   baseline  dsa.py's gather + einsum vs torch.ops.hytopk.sparse_attention, forward + backward, time
             and peak memory (MHA layout of the DSA layer and the MLA layout, where the gather fits)
@@ -119,7 +120,7 @@ def _forward_fn(name, q, kk, vv, idx):
     return lambda: CA.attend_forward(q, kk, vv, idx, None, **kw)
 
 
-ONE_QUERY = ("one", "one_acc2", "wgmma2s")                       # one query per block (tile)
+ONE_QUERY = ("one", "one_acc2", "wgmma2s", "wgmma3")             # one query per block (tile)
 TWO_QUERIES = ("pair", "pair_acc2", "pair_nk64", "wgmma2sp")      # two adjacent queries per block
 
 
@@ -171,7 +172,7 @@ def forward_rows(n, H, L, k, gemm, variants=("one", "pair")):
 
 def backward_rows(n, H, L, k, fwd_rate, op_rate=None):
     """vs_forward: against `one`'s forward rate (the same mma.sync core); vs_op_forward: against the
-    op's forward (wgmma2s at these shapes), the issue's comparison."""
+    op's forward (wgmma3 at these shapes, the fastest forward), the issue's comparison."""
     q, kv, idx = mla_inputs(n, H, L, k, seed=1)
     kk, vv = kv[:, None, :], kv[:, None, :512]
     out, lse = CA.attend_forward(q, kk, vv, idx, None)
@@ -194,7 +195,7 @@ def backward_rows(n, H, L, k, fwd_rate, op_rate=None):
         vs, vo = rows[name]["vs_forward"], rows[name]["vs_op_forward"]
         print(f"  bwd H={H} n={n} {name:<16} {t['median_ms']:8.3f} ms  {r:6.1f} TFLOP/s "
               + (f"({vs:.2f} of one's forward rate)" if vs else "")
-              + (f" ({vo:.2f} of wgmma2s's)" if vo else ""), flush=True)
+              + (f" ({vo:.2f} of the op's forward, wgmma3)" if vo else ""), flush=True)
     return rows
 
 
@@ -289,10 +290,10 @@ def main(argv=None):
     sections = [
         ("forward", lambda: forward_rows(n, 128, L, k, gemm, ("one", "pair", "wgmma2", "wgmma2s", "wgmma2c", "wgmma2sc", "wgmma3"))),
         ("heads", lambda: {str(H): forward_rows(n, H, L, k, gemm, ("one", "pair", "one_acc2", "pair_acc2",
-                                                                   "pair_nk64", "wgmma2s", "wgmma2sp"))
+                                                                   "pair_nk64", "wgmma2s", "wgmma3", "wgmma2sp"))
                            for H in (8, 16)}),
         ("backward", lambda: backward_rows(n, 128, L, k, res.get("forward", {}).get("one", {}).get("tflops"),
-                                           res.get("forward", {}).get("wgmma2s", {}).get("tflops"))),
+                                           res.get("forward", {}).get("wgmma3", {}).get("tflops"))),
         ("backward16", lambda: backward_rows(n, 16, L, k, None, None)),   # where the op's wgmma backward starts
         ("baseline", lambda: {"mha": baseline_rows(256 if args.quick else 1024, 16, 128, 16384, k, mla=False),
                               "mla": baseline_rows(64 if args.quick else 256, 16, 576, 16384, k, mla=True)}),
