@@ -1,4 +1,9 @@
-"""(session probe, not committed) wgmma3 under extra #defines, same run, against wgmma2s."""
+"""Run 3's probe (run from the repository root): wgmma3 under extra #defines of a scratch copy of
+kernels_cuda (HYTOPK_KERNEL_DIR), same run, against wgmma2s. The macros lived in c0709d4's
+attend_wgmma3.cu plus an uncommitted edit: NO_PREFETCH dropped the producer's
+cp.async.bulk.prefetch.L2 of the next pair's rows; EVICT_LAST gave the copies and the prefetch an
+L2::evict_last policy (createpolicy.fractional); EARLY_P0 moved warpgroup 0's wait for its own
+P.V after the P_0 stores. None helped (README), all were removed; this file is the record."""
 import json, os, shutil, sys, tempfile
 from pathlib import Path
 sys.path.insert(0, "scripts")

@@ -2,9 +2,11 @@
 
 Variant of the `attend` stage (MLA only, the same function as cupy.attend.wgmma2*, other
 rounding: compared with the reference within tolerance, not bitwise with wgmma2):
-  cupy.attend.wgmma3   each consumer warpgroup owns every other 64-key tile (S at N = 64), the row
-                       max chained between the two warpgroups, P exchanged through the tile's rope
-                       columns, key stages released in two regions; version 2s's swizzled gather
+  cupy.attend.wgmma3   FlashMLA's sm90 schedule: a pair of 64-key tiles per step, one S per consumer
+                       warpgroup (N = 64), O split by columns, each warpgroup's own P from registers
+                       and the other's through shared memory, the row max chained through the pair;
+                       stages released in two regions; version 2s's swizzled gather. The op's
+                       forward above 32 heads per kv head.
 """
 from __future__ import annotations
 
