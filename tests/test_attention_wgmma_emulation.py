@@ -7,8 +7,9 @@ reference's tolerance on random inputs.
 
 wgmma2 first: it is GPU-verified (bit for bit with the removed version 1 on the H200), so its tests
 validate the emulator; then the same tests on wgmma3. The emulator also fails a run (EmulationError)
-on a deadlock (its watchdog), an out-of-bounds shared or global access, an mbarrier misuse, or a
-wgmma whose shared-memory operands change between the warps' issues or before its wait_group.
+on a deadlock (its watchdog; also a setmaxnreg.inc the launch's registers cannot serve), an
+out-of-bounds shared or global access, an mbarrier misuse, or a wgmma whose shared-memory operands
+change between the warps' issues or before its wait_group.
 Skips without g++ (C++20); the longer sweeps only with HYTOPK_EMULATION_SWEEP=1. The 2-CTA cluster
 kernels (wgmma2c / wgmma2sc) are not emulated.
 
@@ -209,6 +210,26 @@ def test_planted_bugs_are_caught(tmp_path):
             break
     else:
         pytest.fail("the wgmma3 race was not caught in 30 runs")
+
+
+def test_setmaxnreg_beyond_the_launch_registers_deadlocks(tmp_path):
+    """The emulation keeps setmaxnreg's pool: the registers the block launched with (168 x 384).
+    wgmma3 with its producer at 48 (128 x 48 + 256 x 232 = 65536 > 64512: the first H200 run of the
+    FlashMLA schedule hung so) never gets its consumers their 232: a deadlock, reported with the
+    waiting setmaxnreg.inc (the kernel's static_assert, which stops this at compile time, taken out)."""
+    src3 = (E.KERNELS / "attend_wgmma3.cu").read_text()
+    budget = "constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;"
+    guard = src3[src3.index("static_assert(PRODUCERS * PRODUCER_REGS"):src3.index("static_assert(PRODUCER_REGS <= LAUNCH_REGS")]
+    assert src3.count(budget) == 1 and "setmaxnreg" in guard
+    bad3 = src3.replace(budget, budget.replace("40", "48")).replace(guard, "")
+    drv = E.build(tmp_path, sources={"attend_wgmma3.cu": bad3})
+    rng = np.random.default_rng(5)
+    kv, _ = bf16(rng.standard_normal((100, 576)))
+    qd, _ = bf16(rng.standard_normal((1, 64, 576)))
+    idx = make_idx(rng, 1, 100, 64, "random")
+    with pytest.raises(E.EmulationError, match="deadlock") as e:
+        E.forward(drv, qd, kv, idx, version="wgmma3", env={"HYTOPK_EMU_STALL_S": "3"})
+    assert "setmaxnreg.inc from 168 to 232" in str(e.value)
 
 
 @pytest.mark.slow

@@ -13,6 +13,9 @@
 //   the accumulator elements it owns (a warp issues it as one: a rendezvous); the result reaches the
 //   registers only at the wait_group that retires it; errors: the operand bytes a thread read changed
 //   before that wait, or the warps of a warpgroup saw different operands for the same wgmma
+// - setmaxnreg as a pool: a block holds the registers it launched with (__launch_bounds__(threads,
+//   1)'s bound per thread, HYTOPK_EMU_LAUNCH_REGS overrides); .dec returns some, .inc waits until
+//   enough are free (budgets over the launch's never get them: a deadlock, as on the GPU)
 // - HYTOPK_EMU_JITTER=p: random short sleeps at synchronisation points (other interleavings)
 // - a watchdog: no synchronisation progress for HYTOPK_EMU_STALL_S seconds (default 10) = a
 //   deadlock: every thread's wait is printed and the process exits 3. Every emulation error exits 3
@@ -46,7 +49,7 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 
 // ---- errors and per-thread wait states (for the deadlock report)
-enum Kind { RUNNING = 0, BAR_SYNC, MBAR_WAIT, EXITED };
+enum Kind { RUNNING = 0, BAR_SYNC, MBAR_WAIT, REGS_WAIT, EXITED };
 struct TState { std::atomic<int> kind{RUNNING}; std::atomic<u32> a{0}, b{0}; };
 inline std::vector<TState>* states = nullptr;
 inline void dump_states();
@@ -96,7 +99,12 @@ struct Sync {
     std::condition_variable cv;
     std::map<u32, MBar> mbar;
     NBar nbar[16];
+    long long regs_free = 0;       // registers released by setmaxnreg.dec, not yet taken by .inc
 };
+// registers per thread the block launched with: __launch_bounds__(threads, 1)'s bound (the wgmma
+// kernels compile at it: tests/test_attention_wgmma*_gpu.py check the driver's num_regs);
+// HYTOPK_EMU_LAUNCH_REGS overrides
+inline thread_local int regs_now = 0;
 inline Sync* sync = nullptr;
 inline std::atomic<u64> progress{0};
 inline void bump() { progress.fetch_add(1, std::memory_order_relaxed); }
@@ -118,6 +126,8 @@ inline void dump_states() {
         while (j < nt && (*states)[j].kind == k && (*states)[j].a == a && (*states)[j].b == b) ++j;
         std::fprintf(stderr, "  threads %d-%d: ", i, j - 1);
         if (k == RUNNING) std::fprintf(stderr, "running (or in a warp collective / __syncthreads)\n");
+        else if (k == REGS_WAIT) std::fprintf(stderr, "setmaxnreg.inc from %u to %u registers (%lld free in the block)\n",
+                                              a, b, sync->regs_free);
         else if (k == EXITED) std::fprintf(stderr, "exited\n");
         else if (k == BAR_SYNC) {
             const NBar& nb = sync->nbar[a & 15];
@@ -381,6 +391,22 @@ inline void wait_groups(size_t n) {
     while (wg_groups.size() > n) { retire(wg_groups.front()); wg_groups.pop_front(); }
 }
 
+// ---- setmaxnreg's pool: this thread moves to n registers per thread, giving back to the block's pool
+// or taking from it (waiting until it holds enough: never, if the budgets exceed the launch's)
+inline void regs_set(int n) {
+    std::unique_lock<std::mutex> lk(sync->m);
+    const long long need = n - regs_now;
+    if (need > 0 && sync->regs_free < need) {
+        set_state(REGS_WAIT, (u32)regs_now, (u32)n);
+        sync->cv.wait(lk, [&] { return sync->regs_free >= need; });
+        set_state(RUNNING);
+    }
+    sync->regs_free -= need;
+    regs_now = n;
+    bump();
+    if (need < 0) wake();
+}
+
 // ---- launch: blocks one after another, 'threads' std::threads each, a watchdog per block
 template <class K>
 inline void launch(unsigned grid, unsigned threads, size_t dyn_bytes, K kernel) {
@@ -426,8 +452,9 @@ inline void launch(unsigned grid, unsigned threads, size_t dyn_bytes, K kernel) 
         std::vector<std::thread> ts;
         ts.reserve(threads);
         for (unsigned t = 0; t < threads; ++t)
-            ts.emplace_back([t, bl, &kernel, &blk] {
+            ts.emplace_back([t, bl, &kernel, &blk, threads] {
                 tidx = {t, 0, 0};
+                regs_now = (int)env_num("HYTOPK_EMU_LAUNCH_REGS", std::min(255u, 65536u / threads / 8u * 8u));
                 bidx = {bl, 0, 0};                      // block and bidx are thread-local (cuda_emu.h's clusters)
                 block = &blk;
                 kernel();
@@ -555,10 +582,18 @@ inline void bulk_g2s(u32 dst, const void* src, u32 bytes, u32 bar) {
     std::memcpy(emu::wg::sh(dst, bytes, "cp.async.bulk"), src, bytes);
     emu::wg::complete_tx(bar, bytes);
 }
+// setmaxnreg: the block keeps the registers it launched with; .dec gives some back to its pool,
+// .inc takes from it and waits (a deadlock, for the watchdog) until the pool has enough
 template <int REGS>
-inline void regs_dec() {}
+inline void regs_dec() {
+    if (REGS > emu::wg::regs_now) EMU_FAIL("setmaxnreg.dec to %d registers, above the thread's %d", REGS, emu::wg::regs_now);
+    emu::wg::regs_set(REGS);
+}
 template <int REGS>
-inline void regs_inc() {}
+inline void regs_inc() {
+    if (REGS < emu::wg::regs_now) EMU_FAIL("setmaxnreg.inc to %d registers, below the thread's %d", REGS, emu::wg::regs_now);
+    emu::wg::regs_set(REGS);
+}
 
 // %globaltimer runs HYTOPK_EMU_TIMER_DIV (default 8) times slower than the host clock: the kernels'
 // 2-second trap timeouts stay longer than the emulation's slow but live waits
