@@ -3,6 +3,8 @@
   forward   MLA 128 heads, d_qk 576 / d_v 512, k 2048, 8192 queries, bf16: effective TFLOP/s
             2 n H k (d_qk + d_v) / t over the bf16 GEMM rate of the same run (`one`, `pair`, and
             `wgmma2*`: attend_wgmma2.cu, s: swizzled tile, c: 2-CTA cluster, `wgmma3`: attend_wgmma3.cu, sm_90a)
+  forward_kv wgmma2s and wgmma3 at kv lengths 8192 / 32768 / 131072 (the forward section's is 65536):
+            how much of the forward's time is the gathers missing L2
   heads     8 and 16 heads per query: `pair` (two adjacent queries per block over the union of
             their selections; the union build timed apart too, every union kernel) vs `one`, and
             their _acc2 kernels (two logit accumulators), pair_nk64 (64-key tiles at 16 heads), and
@@ -134,12 +136,12 @@ def forward_rows(n, H, L, k, gemm, variants=("one", "pair")):
             t = timed(fn)
         except Exception as e:                     # a failing variant must not lose the others' rows
             rows[name] = {"error": f"{type(e).__name__}: {e}"}
-            print(f"  fwd H={H:<3} n={n} {name:<8} FAILED {type(e).__name__}: {e}", flush=True)
+            print(f"  fwd H={H:<3} n={n} L={L} {name:<8} FAILED {type(e).__name__}: {e}", flush=True)
             continue
         err = max_error(q, kk, vv, idx, fn()[0])
         rows[name] = dict(t, tflops=rate(fwd_flops(n, H, k), t), vs_gemm=rate(fwd_flops(n, H, k), t) / gemm,
                           max_abs_error_vs_torch_f32=err)
-        print(f"  fwd H={H:<3} n={n} {name:<8} {t['median_ms']:8.3f} ms  {rows[name]['tflops']:6.1f} TFLOP/s "
+        print(f"  fwd H={H:<3} n={n} L={L} {name:<8} {t['median_ms']:8.3f} ms  {rows[name]['tflops']:6.1f} TFLOP/s "
               f"({rows[name]['vs_gemm']:.2f} of GEMM)  max err {err:.2e}", flush=True)
     if "median_ms" in rows.get("wgmma2s", {}) and "median_ms" in rows.get("one", {}):
         rows["wgmma2s_vs_one"] = rows["one"]["median_ms"] / rows["wgmma2s"]["median_ms"]
@@ -275,7 +277,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path, required=True, help="write the results here")
     ap.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
-    ap.add_argument("--skip", default="", help="comma list of sections to skip: forward,heads,backward,backward16,baseline,step")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: forward,forward_kv,heads,backward,backward16,baseline,step")
     args = ap.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
     n = 1024 if args.quick else 8192
@@ -289,6 +291,10 @@ def main(argv=None):
     print(f"GPU {props.name}  bf16 GEMM {gemm:.0f} TFLOP/s", flush=True)
     sections = [
         ("forward", lambda: forward_rows(n, 128, L, k, gemm, ("one", "pair", "wgmma2", "wgmma2s", "wgmma2c", "wgmma2sc", "wgmma3"))),
+        # the kv length: 8192 rows (9 MiB) stay in L2, 131072 (151 MiB) mostly miss it; FlashMLA's sparse
+        # prefill figures span s_kv 8192 .. 131072 at 128 heads, k 2048
+        ("forward_kv", lambda: {str(lk): forward_rows(n, 128, lk, k, gemm, ("wgmma2s", "wgmma3"))
+                                for lk in (8192, 32768, 131072)}),
         ("heads", lambda: {str(H): forward_rows(n, H, L, k, gemm, ("one", "pair", "one_acc2", "pair_acc2",
                                                                    "pair_nk64", "wgmma2s", "wgmma3", "wgmma2sp"))
                            for H in (8, 16)}),
