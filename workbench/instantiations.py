@@ -206,6 +206,7 @@ def attend_wgmma2_name(out_bf16, cluster, swz, qpt=1) -> str:
 # + 1 KiB to round the base up to 1024 B
 ATTEND_WGMMA3_SMEM = 73728 * 3 + 8192 + 4 * 64 * 4 + 2 * 64 * 4 + 8 * 8 + 1024     # attw3::LAUNCH_SMEM (static_assert)
 ATTEND_WGMMA3_THREADS = 384                                                # 2 consumer warpgroups + 1 producer warpgroup (setmaxnreg)
+ATTEND_WGMMA3_ROLES = ((128, 40), (256, 232))      # (threads, setmaxnreg): the producer, the consumers
 
 
 def attend_wgmma3_name(out_bf16) -> str:
@@ -300,7 +301,9 @@ def geometry_asserts(file: str, shapes=SHAPES) -> list[str]:
                 f'{ATTEND_WGMMA_BWD_ROLES[1][1]}, "instantiations.ATTEND_WGMMA_BWD_ROLES drifted");']
     if file == "attend_wgmma3.cu":
         return [f'static_assert(hytopk::attw3::LAUNCH_SMEM == {ATTEND_WGMMA3_SMEM}, "instantiations.ATTEND_WGMMA3_SMEM drifted");',
-                f'static_assert(hytopk::attw3::THREADS == {ATTEND_WGMMA3_THREADS}, "instantiations.ATTEND_WGMMA3_THREADS drifted");']
+                f'static_assert(hytopk::attw3::THREADS == {ATTEND_WGMMA3_THREADS}, "instantiations.ATTEND_WGMMA3_THREADS drifted");',
+                f'static_assert(hytopk::attw3::PRODUCER_REGS == {ATTEND_WGMMA3_ROLES[0][1]} && hytopk::attw3::CONSUMER_REGS == '
+                f'{ATTEND_WGMMA3_ROLES[1][1]}, "instantiations.ATTEND_WGMMA3_ROLES drifted");']
     if file != "wgmma_ws.cu":
         return []
     from workbench.geometry import ws_static_asserts

@@ -32,7 +32,8 @@ _FITS: dict[int, object] = {}     # id -> function already checked (held, so ids
 def _fn(name: str):
     fn = loader.module(FILE, (name,), options=INST.FILE_OPTIONS[FILE]).function(name)
     if id(fn) not in _FITS:           # a launch that cannot fit says why (registers x threads)
-        check_launch(fn.num_regs, fn.max_threads_per_block, INST.ATTEND_WGMMA3_THREADS, name)
+        check_launch(fn.num_regs, fn.max_threads_per_block, INST.ATTEND_WGMMA3_THREADS, name,
+                     roles=INST.ATTEND_WGMMA3_ROLES)
         _FITS[id(fn)] = fn
     return fn
 
