@@ -68,7 +68,7 @@ constexpr int LAUNCH_SMEM = SMEM + 128;            // the base is rounded up to 
 static_assert(LAUNCH_SMEM <= 227 * 1024, "attend_wgmma_bwd: shared memory over 227 KiB");
 constexpr int THREADS = 384;
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
-static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 384 * (65536 / 384 / 8 * 8),   // the 168 x 384 launched with
+static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= THREADS * (65536 / THREADS / 8 * 8),   // the 168 x 384 launched with
               "attend_wgmma_bwd: setmaxnreg budgets exceed the block's launch registers (.inc would wait forever)");
 constexpr int QCOLS = DQK / 2, QN = QCOLS / 2;     // dQ columns per consumer (288) in two m64n144 halves
 static_assert(QN == 144, "attend_wgmma_bwd: dQ halves are m64n144");

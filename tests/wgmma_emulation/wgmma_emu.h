@@ -413,6 +413,7 @@ inline void launch(unsigned grid, unsigned threads, size_t dyn_bytes, K kernel) 
     gdim = {grid, 1, 1};
     bdim = {threads, 1, 1};
     const double stall_s = env_num("HYTOPK_EMU_STALL_S", 10.0);
+    const int launch_regs = (int)env_num("HYTOPK_EMU_LAUNCH_REGS", std::min(255u, 65536u / threads / 8u * 8u));
     const size_t win_bytes = smem_off + dyn_bytes;
     std::vector<unsigned char> mem(win_bytes + 4096);
     unsigned char* aligned = mem.data() + (4096 - reinterpret_cast<uintptr_t>(mem.data()) % 4096) % 4096;
@@ -452,9 +453,9 @@ inline void launch(unsigned grid, unsigned threads, size_t dyn_bytes, K kernel) 
         std::vector<std::thread> ts;
         ts.reserve(threads);
         for (unsigned t = 0; t < threads; ++t)
-            ts.emplace_back([t, bl, &kernel, &blk, threads] {
+            ts.emplace_back([t, bl, &kernel, &blk, launch_regs] {
                 tidx = {t, 0, 0};
-                regs_now = (int)env_num("HYTOPK_EMU_LAUNCH_REGS", std::min(255u, 65536u / threads / 8u * 8u));
+                regs_now = launch_regs;
                 bidx = {bl, 0, 0};                      // block and bidx are thread-local (cuda_emu.h's clusters)
                 block = &blk;
                 kernel();
