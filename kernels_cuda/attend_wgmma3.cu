@@ -27,6 +27,9 @@
 //   10-warp block at 200: it never launched (3 warps on one of the four 16K register-file quarters).
 // Rounding differs from versions 1/2 (k-step order of S, P rounded under the pair's maxima), so
 // the tests compare version 3 with the reference and wgmma2 within tolerance, not bitwise.
+// QPT 2 (`wgmma3p`, Hq <= 32): two adjacent queries per block over the union of their selections,
+// as wgmma2sp: at 8 / 16 heads one query fills 8 / 16 of the 64 MMA rows, and the block's time is
+// the gather's, so a pair gathers its shared keys once (about half the key tiles per query).
 #include "hytopk_cp_async.cuh"
 #include "hytopk_wgmma_common.cuh"
 
@@ -50,7 +53,7 @@ constexpr int Q_OFF = 0;
 constexpr int K_OFF = Q_OFF + Q_BYTES;
 constexpr int P1_OFF = K_OFF + 2 * TILE_BYTES;    // P_1 (P_0 lives in stage 0's rope column tile)
 constexpr int RED_OFF = P1_OFF + P_BYTES;         // float [2][64] the maxima M_0, M_1; [2][64] row sums
-constexpr int MASK_OFF = RED_OFF + 4 * ROWS * 4;  // float [2 stages][64] slot valid 1/0
+constexpr int MASK_OFF = RED_OFF + 4 * ROWS * 4;  // [2 stages][64] slot valid: float 1/0 (QPT 2: u32, two 16-bit counts)
 constexpr int BAR_OFF = MASK_OFF + 2 * NK * 4;    // full[stage][L, R], empty[stage][L, R]
 constexpr int SMEM = BAR_OFF + 8 * 8;
 constexpr int LAUNCH_SMEM = SMEM + 1024;          // the base is rounded up to 1024 B (swizzle atoms)
@@ -85,25 +88,42 @@ __device__ __forceinline__ float finite_or_zero(float m) { return m == neg_inf()
 
 // q [n, Hq, 576] bf16; kv rows at kv + s * kv_stride (16-byte aligned rows); idx [n, kk] int32 in
 // [-1, L) (-1 and out-of-range slots masked); out [n, Hq, 512] float or bf16 bits; lse [n, Hq].
-template <bool OUT_BF16>
+// QPT 2 (nhb 1, Hq <= 32): block t serves queries 2t, 2t+1 (rows 0 .. Hq-1, Hq .. 2Hq-1, the rest
+// zero rows) over their union: idx = the union rows [pairs, kk] (kk = its width), lens [pairs] the
+// union sizes, mult [pairs, kk, 2] how many slots of each query hold the key (0 masks it for that
+// query; a key counts mult times in the softmax, as wgmma2sp). QPT 1: lens, mult unused.
+template <bool OUT_BF16, int QPT>
 __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv,
-                                                  long long kv_stride, const int* __restrict__ idx, int kk, int n,
-                                                  long long L, int Hq, int nhb, float scale_log2,
+                                                  long long kv_stride, const int* __restrict__ idx,
+                                                  const int* __restrict__ lens, const int* __restrict__ mult, int kk,
+                                                  int n, long long L, int Hq, int nhb, float scale_log2,
                                                   void* __restrict__ out, float* __restrict__ lse) {
+    static_assert(QPT == 1 || QPT == 2, "attend_wgmma3: one query or a query pair per block");
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const int tq = (int)(blockIdx.x / (unsigned)nhb), h0 = (int)(blockIdx.x % (unsigned)nhb) * ROWS;
-    if (tq >= n) return;
+    if (tq * QPT >= n) return;
+    // row r of the block: its row of q / out / lse, or false (a zero row)
+    auto row_of = [&](int r, long long& row) {
+        if (QPT == 1) {
+            row = (long long)tq * Hq + h0 + r;
+            return h0 + r < Hq;
+        }
+        const int j = r / Hq, t = 2 * tq + j;
+        row = (long long)t * Hq + (r - j * Hq);
+        return j < 2 && t < n;
+    };
     const u32 raw = smem_addr(smem_raw), base = (raw + 1023u) & ~1023u;
     unsigned char* smem = smem_raw + (base - raw);
     const u32 sq = base + Q_OFF, sk0 = base + K_OFF, sk1 = sk0 + TILE_BYTES, sp1 = base + P1_OFF;
     const u32 sp0 = sk0 + (u32)(8 * CT_BYTES);                           // P_0: stage 0's rope column tile
     float* red = reinterpret_cast<float*>(smem + RED_OFF);
-    float* smask = reinterpret_cast<float*>(smem + MASK_OFF);
+    float* smask = reinterpret_cast<float*>(smem + MASK_OFF);             // (QPT 2: u32 bits)
     // full / empty barrier of region reg of stage s
     const u32 bars = base + BAR_OFF;
     auto full = [&](int s, int reg) { return bars + (u32)(8 * (2 * s + reg)); };
     auto empty = [&](int s, int reg) { return bars + (u32)(32 + 8 * (2 * s + reg)); };
-    const int ntiles = (kk + NK - 1) / NK, npairs = (ntiles + 1) / 2;   // an odd count ends on an empty tile
+    const int len = QPT == 2 ? min(kk, lens[tq]) : kk;                  // slots of this block's list
+    const int ntiles = (len + NK - 1) / NK, npairs = (ntiles + 1) / 2;  // an odd count ends on an empty tile
     const int* lst = idx + (long long)tq * kk;
 
     if (threadIdx.x == 0) {
@@ -129,8 +149,8 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
 #pragma unroll
             for (int g = 0; g < GN; ++g) {
                 const int j = qw + QW * g;
-                nx0[g] = j0 + j < kk ? __ldg(lst + j0 + j) : -1;
-                nx1[g] = j1 + j < kk ? __ldg(lst + j1 + j) : -1;
+                nx0[g] = j0 + j < len ? __ldg(lst + j0 + j) : -1;
+                nx1[g] = j1 + j < len ? __ldg(lst + j1 + j) : -1;
             }
         };
         // column tiles [c0, c1) of a stage: row j's 128 B of tile ct at slot r8 ^ (j % 8); invalid
@@ -147,22 +167,37 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
                 for (int ct = c0; ct < c1; ++ct) cp_async16_l2pf(d + (u32)(ct * CT_BYTES), src + (ok ? ct * 64 : 0), ok);
             }
         };
-        auto store_mask = [&](float* msk, const int (&nx)[GN]) {         // a quarter warp's first lane: its rows
+        // a quarter warp's first lane: its rows' mask (QPT 2: the slot's two counts, 16 bits each;
+        // tile j0's, loaded after the copies are issued)
+        auto store_mask = [&](float* msk, const int (&nx)[GN], int j0) {
             if (r8 == 0)
 #pragma unroll
-                for (int g = 0; g < GN; ++g) msk[qw + QW * g] = (nx[g] >= 0 && (long long)nx[g] < L) ? 1.0f : 0.0f;
+                for (int g = 0; g < GN; ++g) {
+                    const bool ok = nx[g] >= 0 && (long long)nx[g] < L;
+                    if (QPT == 1) {
+                        msk[qw + QW * g] = ok ? 1.0f : 0.0f;
+                    } else {
+                        u32 wv = 0u;
+                        if (ok) {   // (the address made here, none held over the loop: the producer spilled)
+                            const long long at = (long long)tq * kk + (int)opaque_u32((u32)(j0 + qw + QW * g));
+                            const int2 c = __ldg(reinterpret_cast<const int2*>(mult) + at);
+                            wv = (u32)min(max(c.x, 0), 0xffff) | ((u32)min(max(c.y, 0), 0xffff) << 16);
+                        }
+                        reinterpret_cast<u32*>(msk)[qw + QW * g] = wv;
+                    }
+                }
         };
         if (npairs > 0) load_slots(0);
         for (int b = 0; b < npairs; ++b) {
             const u32 par = (u32)((b - 1) & 1);                          // pair b-1's releases
             if (b) mbar_wait_or_trap(empty(0, REG_L), par);              // warpgroup 0's own P.V done
-            store_mask(smask, nx0);
             copy(sk0, nx0, 0, NL);
+            store_mask(smask, nx0, 2 * b * NK);
             mbar_arrive(full(0, REG_L));                                 // (release: the mask store)
             cp_async_arrive_noinc(full(0, REG_L));
             if (b) mbar_wait_or_trap(empty(1, REG_R), par);              // warpgroup 1's own P.V done
-            store_mask(smask + NK, nx1);
             copy(sk1, nx1, NL, NCT);
+            store_mask(smask + NK, nx1, (2 * b + 1) * NK);
             mbar_arrive(full(1, REG_R));
             cp_async_arrive_noinc(full(1, REG_R));
             if (b) mbar_wait_or_trap(empty(0, REG_R), par);              // warpgroup 1's P_0 . V_0R done
@@ -180,11 +215,14 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
         const int w = (int)(threadIdx.x >> 7), tid = (int)(threadIdx.x & 127);
         const int warp = tid >> 5, lane = tid & 31, g8 = lane >> 2, tig = lane & 3;
         const int r0 = warp * 16 + g8, r1 = r0 + 8;
+        // QPT 2: the shift of row r's query's count in a slot's mask word (a zero row: query 0's)
+        const int wsh[2] = {QPT == 2 && r0 >= Hq && r0 < 2 * Hq ? 16 : 0, QPT == 2 && r1 >= Hq && r1 < 2 * Hq ? 16 : 0};
 
         for (int i = (int)threadIdx.x; i < ROWS * CH; i += 256) {
             const int r = (i & 7) + ((i >> 3) / CH) * 8, ch = (i >> 3) % CH;
-            const bool ok = h0 + r < Hq;
-            const long long row = ok ? (long long)tq * Hq + h0 + r : 0;
+            long long row;
+            const bool ok = row_of(r, row);
+            if (!ok) row = 0;
             cp_async16(sq + (u32)((r >> 3) * GROUP + ch * 128 + (r & 7) * 16), q + row * DQK + ch * 8, ok);
         }
         cp_async_commit();
@@ -225,6 +263,11 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
                 }
             wgmma_commit();
         };
+        // the count of key `key` of a stage's mask for row half h (QPT 1: 1 / 0)
+        auto count_of = [&](const float* msk, int key, int h) {
+            if (QPT == 1) return msk[key];
+            return (float)((reinterpret_cast<const u32*>(msk)[key] >> wsh[h]) & 0xffffu);
+        };
         // logits (base 2) under the stage's mask, rowmax folded into mx: s[4nb + e] = row (e < 2 ?
         // r0 : r1), key 8nb + 2tig + (e & 1)
         auto mask_max = [&](const float* msk, float (&mx)[2]) {
@@ -232,7 +275,7 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
             for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    const float wv = msk[nb * 8 + tig * 2 + (e & 1)];
+                    const float wv = count_of(msk, nb * 8 + tig * 2 + (e & 1), e >> 1);
                     s[4 * nb + e] = wv > 0.0f ? s[4 * nb + e] * scale_log2 : neg_inf();
                     mx[e >> 1] = fmaxf(mx[e >> 1], s[4 * nb + e]);
                 }
@@ -242,8 +285,9 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
                 mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
             }
         };
-        // O, l rescaled from m to mn; s := P = exp2(s - mn) (float), its row sums into l, pa = bf16 P
-        auto softmax = [&](const float (&mn)[2]) {
+        // O, l rescaled from m to mn; s := P = exp2(s - mn) (float; QPT 2: times the key's count), its
+        // row sums into l, pa = bf16 P
+        auto softmax = [&](const float* msk, const float (&mn)[2]) {
             const float mu[2] = {finite_or_zero(mn[0]), finite_or_zero(mn[1])};
             const float a[2] = {exp2f(m[0] - mu[0]), exp2f(m[1] - mu[1])};   // m = -inf (nothing yet): 0
             scale_o(a);
@@ -254,6 +298,7 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     s[4 * nb + e] = exp2f(s[4 * nb + e] - mu[e >> 1]);  // masked: exp2(-inf) = 0
+                    if (QPT == 2) s[4 * nb + e] *= count_of(msk, nb * 8 + tig * 2 + (e & 1), e >> 1);
                     lsum[e >> 1] += s[4 * nb + e];
                 }
                 pa[nb >> 1][(nb & 1) * 2 + 0] = pack_bf16x2(s[4 * nb + 0], s[4 * nb + 1]);
@@ -301,7 +346,7 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
                 }
                 float mn[2] = {m[0], m[1]};                              // M_0 = max(M, rowmax S_0)
                 mask_max(smask, mn);
-                softmax(mn);
+                softmax(smask, mn);
                 if (tig == 0) {
                     sm0[r0] = mn[0];
                     sm0[r1] = mn[1];
@@ -355,7 +400,7 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
                 bar_sync(BAR_M0, 256);
                 mn[0] = fmaxf(mn[0], sm0[r0]);                           // M_1 = max(M_0, rowmax S_1)
                 mn[1] = fmaxf(mn[1], sm0[r1]);
-                softmax(mn);
+                softmax(smask + NK, mn);
                 if (tig == 0) {
                     sm1[r0] = mn[0];
                     sm1[r1] = mn[1];
@@ -396,9 +441,9 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int r = h ? r1 : r0;
-            if (h0 + r >= Hq) continue;
+            long long row;
+            if (!row_of(r, row)) continue;
             const float l = red[2 * ROWS + r] + red[3 * ROWS + r];
-            const long long row = (long long)tq * Hq + h0 + r;
 #pragma unroll
             for (int nb = 0; nb < 32; ++nb) {
                 const float x0 = l > 0.0f ? __fdiv_rn(o[4 * nb + 2 * h], l) : 0.0f;
@@ -422,11 +467,13 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
 
 using namespace hytopk::attw3;
 
-// one query x 64 heads per CTA (grid n * nhb), 2 consumer warpgroups + 1 producer warpgroup
-template <bool OUT_BF16>
+// QPT 1: one query x 64 heads per CTA (grid n * nhb); QPT 2: a query pair per CTA (grid ceil(n / 2),
+// Hq <= 32, idx / lens / mult its union); 2 consumer warpgroups + 1 producer warpgroup
+template <bool OUT_BF16, int QPT>
 __global__ void __launch_bounds__(THREADS, 1)
 hytopk_attend_fwd_wgmma3(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv, long long kv_stride,
-                         const int* __restrict__ idx, int kk, int n, long long L, int Hq, int nhb,
-                         float scale_log2, void* __restrict__ out, float* __restrict__ lse) {
-    attend_fwd_wgmma3<OUT_BF16>(q, kv, kv_stride, idx, kk, n, L, Hq, nhb, scale_log2, out, lse);
+                         const int* __restrict__ idx, const int* __restrict__ lens, const int* __restrict__ mult,
+                         int kk, int n, long long L, int Hq, int nhb, float scale_log2, void* __restrict__ out,
+                         float* __restrict__ lse) {
+    attend_fwd_wgmma3<OUT_BF16, QPT>(q, kv, kv_stride, idx, lens, mult, kk, n, L, Hq, nhb, scale_log2, out, lse);
 }

@@ -8,7 +8,8 @@
   heads     8 and 16 heads per query: `pair` (two adjacent queries per block over the union of
             their selections; the union build timed apart too, every union kernel) vs `one`, and
             their _acc2 kernels (two logit accumulators), pair_nk64 (64-key tiles at 16 heads), and
-            on wgmma wgmma2sp (a pair per block) vs wgmma2s and wgmma3 (one query); best_pair_vs_best_one:
+            on wgmma wgmma2sp / wgmma3p (a pair per block; versions 2 and 3) vs wgmma2s and wgmma3
+            (one query); the pair kernels' time includes the union build; best_pair_vs_best_one:
             the fastest two-query kernel against the fastest one-query kernel
   backward  deterministic, atomic and deterministic_v2 (attend.cu's mma.sync backward), wgmma and
             wgmma_atomic (attend_wgmma_bwd.cu, sm_90a: version 4; wgmma_atomic_vec: 16-byte atomics
@@ -111,9 +112,10 @@ def max_error(q, kk, vv, idx, out):
 def _forward_fn(name, q, kk, vv, idx):
     """The forward of variant `name` (bf16 out): one / pair and their _acc2 / pair_nk64 kernels
     (attend.cu), wgmma2 / wgmma2c / wgmma2s / wgmma2sc (attend_wgmma2.cu) or wgmma3 (attend_wgmma3.cu)."""
-    if name == "wgmma3":                             # version 3: producer warpgroup, per-warpgroup tiles, chained max
+    if name in ("wgmma3", "wgmma3p"):                # version 3: producer warpgroup, per-warpgroup tiles, chained max
         from workbench.families.cupy import attend_wgmma3 as AW3
-        return lambda: AW3.attend_forward_wgmma3(q, kk, vv, idx, None)
+        qpt = 2 if name == "wgmma3p" else 1
+        return lambda: AW3.attend_forward_wgmma3(q, kk, vv, idx, None, qpt=qpt)
     if name.startswith("wgmma2"):                    # version 2 (attend_wgmma2.cu): c the 2-CTA cluster, s the swizzled tile
         from workbench.families.cupy import attend_wgmma2 as AW2
         cluster, swz, qpt = name.endswith("c"), name.startswith("wgmma2s"), 2 if name == "wgmma2sp" else 1
@@ -123,7 +125,7 @@ def _forward_fn(name, q, kk, vv, idx):
 
 
 ONE_QUERY = ("one", "one_acc2", "wgmma2s", "wgmma3")             # one query per block (tile)
-TWO_QUERIES = ("pair", "pair_acc2", "pair_nk64", "wgmma2sp")      # two adjacent queries per block
+TWO_QUERIES = ("pair", "pair_acc2", "pair_nk64", "wgmma2sp", "wgmma3p")   # two adjacent queries per block
 
 
 def forward_rows(n, H, L, k, gemm, variants=("one", "pair")):
@@ -153,7 +155,7 @@ def forward_rows(n, H, L, k, gemm, variants=("one", "pair")):
         rows["pair_union_reg_only"] = timed(lambda: CA.pair_union(ic, L, kernel="reg"))     # the register sort
         rows["pair_union_smem_only"] = timed(lambda: CA.pair_union(ic, L, kernel="smem"))   # the first kernel
         for a, b in (("pair_acc2", "one"), ("pair_acc2", "one_acc2"), ("pair_nk64", "one"), ("wgmma2sp", "wgmma2s"),
-                     ("wgmma2sp", "one")):
+                     ("wgmma2sp", "one"), ("wgmma3p", "wgmma3"), ("wgmma3p", "wgmma2sp")):
             if "median_ms" in rows.get(a, {}) and "median_ms" in rows.get(b, {}):
                 rows[f"{a}_vs_{b}"] = rows[b]["median_ms"] / rows[a]["median_ms"]
                 print(f"  {a} vs {b}: {rows[f'{a}_vs_{b}']:.2f}x", flush=True)
@@ -296,7 +298,8 @@ def main(argv=None):
         ("forward_kv", lambda: {str(lk): forward_rows(n, 128, lk, k, gemm, ("wgmma2s", "wgmma3"))
                                 for lk in (8192, 32768, 131072)}),
         ("heads", lambda: {str(H): forward_rows(n, H, L, k, gemm, ("one", "pair", "one_acc2", "pair_acc2",
-                                                                   "pair_nk64", "wgmma2s", "wgmma3", "wgmma2sp"))
+                                                                   "pair_nk64", "wgmma2s", "wgmma3", "wgmma2sp",
+                                                                   "wgmma3p"))
                            for H in (8, 16)}),
         ("backward", lambda: backward_rows(n, 128, L, k, res.get("forward", {}).get("one", {}).get("tflops"),
                                            res.get("forward", {}).get("wgmma3", {}).get("tflops"))),

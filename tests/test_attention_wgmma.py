@@ -22,7 +22,8 @@ def test_launch_figures():
 
 
 def test_version_3_instantiations():
-    assert INST.name_expressions("attend_wgmma3.cu") == ["hytopk_attend_fwd_wgmma3<true>", "hytopk_attend_fwd_wgmma3<false>"]
+    assert INST.name_expressions("attend_wgmma3.cu") == ["hytopk_attend_fwd_wgmma3<true, 1>", "hytopk_attend_fwd_wgmma3<false, 1>",
+                                                         "hytopk_attend_fwd_wgmma3<true, 2>", "hytopk_attend_fwd_wgmma3<false, 2>"]
     assert INST.FILE_OPTIONS["attend_wgmma3.cu"] == ("-arch=sm_90a",)
     # Q + two 64-key stages + P_1's 64 x 64 tile (P_0 lives in stage 0's rope column tile), maxima / sums, masks,
     # 8 mbarriers, 1 KiB alignment

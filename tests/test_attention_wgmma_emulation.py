@@ -119,23 +119,31 @@ def test_random_inputs_match_reference(driver, version, n, Hq, kk, kind):
     assert np.all(out[empty] == 0) and np.all(np.isneginf(lse[empty]))
 
 
-@pytest.mark.parametrize("Hq,kind,n", [(8, "shared", 3), (16, "dups", 4), (32, "empty", 3), (8, "disjoint", 2)])
-def test_pair_exact_hot_cold_logits_bit_for_bit(driver, Hq, kind, n):
-    """wgmma2sp (a query pair per block over its union, the rows of query 2p+1 after those of 2p)."""
-    check_hot_cold(driver, "wgmma2sp", Hq, kind, n, tag="wgmma-pair")
+PAIR_VERSIONS = ["wgmma2sp", "wgmma3p"]          # a query pair per block over its union
 
 
+@pytest.mark.parametrize("version", PAIR_VERSIONS)
+@pytest.mark.parametrize("Hq,kind,n", [(8, "shared", 3), (16, "dups", 4), (32, "empty", 3), (8, "disjoint", 2),
+                                       (5, "dups", 3)])
+def test_pair_exact_hot_cold_logits_bit_for_bit(driver, version, Hq, kind, n):
+    """A query pair per block over its union, the rows of query 2p+1 after those of 2p (a key listed
+    twice by a query counts twice; keys only the other query selected masked)."""
+    check_hot_cold(driver, version, Hq, kind, n, tag="wgmma-pair")
+
+
+@pytest.mark.parametrize("version", PAIR_VERSIONS)
 @pytest.mark.parametrize("n,Hq,kk,kind", [(3, 8, 100, "shared"), (2, 16, 130, "dups"), (1, 32, 64, "empty"),
                                           (4, 8, 257, "disjoint"), (2, 16, 64, "pad_only"), (5, 32, 40, "random")])
-def test_pair_random_inputs_match_reference(driver, n, Hq, kk, kind):
-    """wgmma2sp on random bf16 inputs: the reference's tolerance, odd n (the last block's second
-    query absent), unions of one to several key tiles, queries without a key (out 0, lse -inf)."""
+def test_pair_random_inputs_match_reference(driver, version, n, Hq, kk, kind):
+    """On random bf16 inputs: the reference's tolerance, odd n (the last block's second query
+    absent), unions of one to several key tiles (odd and even tile counts), queries without a key
+    (out 0, lse -inf)."""
     rng = np.random.default_rng(seed("wgmma-pair-rand", n, Hq, kk, kind))
     L = 300
     kv, kh = bf16(rng.standard_normal((L, 576)))
     qd, qh = bf16(rng.standard_normal((n, Hq, 576)))
     idx = make_idx(rng, n, L, kk, kind)
-    out, lse = E.forward(driver, qd, kv, idx, None, version="wgmma2sp")
+    out, lse = E.forward(driver, qd, kv, idx, None, version=version)
     ro, rl = reference(qh, kh, idx)
     np.testing.assert_allclose(out, ro, rtol=2e-2, atol=2e-2)
     np.testing.assert_allclose(lse, rl, rtol=1e-4, atol=1e-3)

@@ -1,6 +1,7 @@
 """The wgmma MLA forwards (kernels_cuda/attend_wgmma2.cu: cupy.attend.wgmma2, its 2-CTA cluster
 kernel wgmma2c, and both with the swizzled key tile, wgmma2s and wgmma2sc; attend_wgmma3.cu:
-cupy.attend.wgmma3, other rounding, so close to wgmma2, never bitwise) on a Hopper GPU (skipped elsewhere with the reason); every test runs on each kernel
+cupy.attend.wgmma3, other rounding, so close to wgmma2, never bitwise; the query-pair kernels
+wgmma2sp and wgmma3p) on a Hopper GPU (skipped elsewhere with the reason); every test runs on each kernel
 (`FWD`: the c versions forced onto the cluster kernel at every head count, the odd head-block counts
 padded with an empty block).
 
@@ -261,31 +262,55 @@ def test_torch_op_takes_wgmma3_for_mla_at_many_heads(v3, monkeypatch):
         assert float((a[fin] - b[fin]).abs().max()) <= 3e-2 * scale
 
 
-# ------------------------------------------------------------ wgmma2sp: a query pair per block
-def _pair():
-    from workbench.families.cupy import attend_wgmma2
+# ------------------------------------------------ wgmma2sp, wgmma3p: a query pair per block
+PAIR_VERSIONS = ["wgmma2sp", "wgmma3p"]
+
+
+def _pair(version="wgmma2sp"):
+    from workbench.families.cupy import attend_wgmma2, attend_wgmma3
     _forward("wgmma2s")                                      # skips off Hopper
+    if version == "wgmma3p":
+        return lambda *a, **kw: attend_wgmma3.attend_forward_wgmma3(*a, qpt=2, **kw)
     return lambda *a, **kw: attend_wgmma2.attend_forward_wgmma2(*a, swz=True, qpt=2, **kw)
+
+
+@pytest.fixture(scope="module", params=PAIR_VERSIONS)
+def PAIR(request):
+    """The forward of one query-pair kernel: (q, k, v, idx, scale, out_dtype=...) -> (out, lse)."""
+    return _pair(request.param)
 
 
 @pytest.mark.parametrize("Hq", [8, 16, 32, 5])
 @pytest.mark.parametrize("kind", ["random", "dups", "shared", "disjoint", "empty"])
-def test_pair_exact_hot_cold_logits_bit_for_bit(Hq, kind):
-    """wgmma2sp over each pair's union (keys only the other query selected masked); odd n: a lone last query."""
-    check_hot_cold(_pair(), Hq, kind, 7, tag="wgmma-pair")
+def test_pair_exact_hot_cold_logits_bit_for_bit(PAIR, Hq, kind):
+    """Over each pair's union (keys only the other query selected masked); odd n: a lone last query."""
+    check_hot_cold(PAIR, Hq, kind, 7, tag="wgmma-pair")
 
 
 @pytest.mark.parametrize("Hq", [8, 16, 32])
 @pytest.mark.parametrize("kk", [64, 100, 300, 2048])
 @pytest.mark.parametrize("kind", KINDS)
-def test_pair_random_inputs_match_reference(Hq, kk, kind):
-    check_random(_pair(), Hq, kk, kind, 5000, tag="wgmma-pair")
+def test_pair_random_inputs_match_reference(PAIR, Hq, kk, kind):
+    check_random(PAIR, Hq, kk, kind, 5000, tag="wgmma-pair")
 
 
-def test_pair_close_to_the_mma_sync_pair_and_bf16_out(CA):
-    """wgmma2sp within tolerance of cupy.attend.pair (the same union, other MMA order) over many
-    pairs at k 2048; its bf16 out is the rounded float32 out; more than 32 heads refused."""
-    FWD = _pair()
+def test_pair_runs_are_bit_identical(PAIR):
+    """10 runs of a query-pair forward at k 2048 (many union tiles, odd n) give the same bits."""
+    rng = np.random.default_rng(13)
+    n, L, kk, Hq = 257, 20000, 2048, 16
+    k, v, _, _ = layout(True, L, 1, 576, 512, rng)
+    qd, _ = bf16(rng.standard_normal((n, Hq, 576)))
+    idx = cp.asarray(make_idx(rng, n, L, kk, "shared"))
+    o0, l0 = PAIR(qd, k, v, idx, None, out_dtype="float32")
+    for _ in range(9):
+        o, l = PAIR(qd, k, v, idx, None, out_dtype="float32")
+        assert cp.array_equal(o.view(cp.uint32), o0.view(cp.uint32)) and cp.array_equal(l.view(cp.uint32), l0.view(cp.uint32))
+
+
+def test_pair_close_to_the_mma_sync_pair_and_bf16_out(CA, PAIR):
+    """Within tolerance of cupy.attend.pair (the same union, other MMA order) over many pairs at
+    k 2048; the bf16 out is the rounded float32 out; more than 32 heads refused."""
+    FWD = PAIR
     rng = np.random.default_rng(12)
     n, L, kk, Hq = 301, 20000, 2048, 16
     k, v, _, _ = layout(True, L, 1, 576, 512, rng)
@@ -303,14 +328,17 @@ def test_pair_close_to_the_mma_sync_pair_and_bf16_out(CA):
         FWD(q48, k, v, idx[:4], None)
 
 
-def test_torch_op_takes_wgmma2sp_for_mla_at_few_heads():
-    """torch.ops.hytopk.sparse_attention at 16 MLA heads on Hopper: the forward is wgmma2sp's, bit for bit."""
+@pytest.mark.parametrize("v3", [True, False])
+def test_torch_op_takes_a_pair_kernel_for_mla_at_few_heads(v3, monkeypatch):
+    """torch.ops.hytopk.sparse_attention at 16 MLA heads on Hopper: the forward is wgmma3p's, bit for
+    bit (HYTOPK_ATTEND_WGMMA3=0, TA.WGMMA3_FORWARD False: wgmma2sp's)."""
     torch = pytest.importorskip("torch")
     import workbench.torch  # noqa: F401
     from workbench.torch import attention as TA
-    FWD = _pair()
+    FWD = _pair("wgmma3p" if v3 else "wgmma2sp")
     if not TA.WGMMA_FORWARD:
         pytest.skip("HYTOPK_ATTEND_WGMMA=0")
+    monkeypatch.setattr(TA, "WGMMA3_FORWARD", v3)
     g = torch.Generator().manual_seed(5)
     n, L, kk, Hq = 9, 400, 150, 16
     q = torch.randn(n, Hq, 576, generator=g).bfloat16().cuda()
@@ -322,15 +350,16 @@ def test_torch_op_takes_wgmma2sp_for_mla_at_few_heads():
     assert torch.equal(lse.cpu(), torch.from_dlpack(want_lse).cpu())
 
 
-def test_pair_registered_variant():
+@pytest.mark.parametrize("name", ["cupy.attend.wgmma2sp", "cupy.attend.wgmma3p"])
+def test_pair_registered_variant(name):
     from workbench import registry
     _pair()
-    assert "cupy.attend.wgmma2sp" in [v.name for v in registry.variants("attend", "cupy")]
+    assert name in [v.name for v in registry.variants("attend", "cupy")]
     rng = np.random.default_rng(9)
     k, v, kh, vh = layout(True, 500, 1, 576, 512, rng)
     qd, qh = bf16(rng.standard_normal((5, 16, 576)))
     idx = make_idx(rng, 5, 500, 200, "shared")
-    out, lse = registry.get("cupy.attend.wgmma2sp")(qd, k, v, cp.asarray(idx), None)
+    out, lse = registry.get(name)(qd, k, v, cp.asarray(idx), None)
     ro, rl = registry.get("reference.attend")(qh, kh, vh, idx, None)
     np.testing.assert_allclose(cp.asnumpy(out), ro, rtol=2e-2, atol=2e-2)
     np.testing.assert_allclose(cp.asnumpy(lse), rl, rtol=1e-4, atol=1e-3)
@@ -351,13 +380,14 @@ def test_version_3_close_to_version_2(Hq, kk):
     np.testing.assert_allclose(cp.asnumpy(l3), cp.asnumpy(l2), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("qpt", [1, 2])
 @pytest.mark.parametrize("out_bf16", [True, False])
-def test_version_3_fits_the_launch(out_bf16):
+def test_version_3_fits_the_launch(out_bf16, qpt):
     """The driver's view of version 3 (the first one, 320 threads at 200 registers, got
     max_threads_per_block 256 and never launched): 168 registers at launch, 384 threads allowed."""
     from workbench import instantiations as INST
     from workbench.families.cupy import attend_wgmma3
     _forward("wgmma3")                                       # (skips off Hopper)
-    fn = attend_wgmma3._fn(INST.attend_wgmma3_name(out_bf16))
+    fn = attend_wgmma3._fn(INST.attend_wgmma3_name(out_bf16, qpt))
     assert fn.num_regs == 168
     assert fn.max_threads_per_block >= INST.ATTEND_WGMMA3_THREADS == 384

@@ -209,8 +209,9 @@ ATTEND_WGMMA3_THREADS = 384                                                # 2 c
 ATTEND_WGMMA3_ROLES = ((128, 40), (256, 232))      # (threads, setmaxnreg): the producer, the consumers
 
 
-def attend_wgmma3_name(out_bf16) -> str:
-    return f"hytopk_attend_fwd_wgmma3<{_b(out_bf16)}>"
+def attend_wgmma3_name(out_bf16, qpt=1) -> str:
+    """qpt 2: a query pair per block over its union (wgmma3p)."""
+    return f"hytopk_attend_fwd_wgmma3<{_b(out_bf16)}, {int(qpt)}>"
 
 
 # attend_wgmma_bwd.cu: the MLA backward (dims as ATTEND_WGMMA_DIMS, 64 heads per block): Q + dO + two
@@ -334,7 +335,7 @@ def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
         return tuple(attend_wgmma2_name(b, c, z) for z in (False, True) for c in (False, True) for b in (True, False)) \
             + tuple(attend_wgmma2_name(b, False, True, 2) for b in (True, False))
     if file == "attend_wgmma3.cu":
-        return tuple(attend_wgmma3_name(b) for b in (True, False))
+        return tuple(attend_wgmma3_name(b, qpt) for qpt in (1, 2) for b in (True, False))
     if file == "attend_wgmma_bwd.cu":
         # part rows 16 bytes at a time; atomics both ways (the bench compares them)
         return (attend_wgmma_bwd_name(False, True), attend_wgmma_bwd_name(True, False), attend_wgmma_bwd_name(True, True))

@@ -31,6 +31,7 @@
 
 struct uint4 { unsigned x, y, z, w; };
 struct uint2 { unsigned x, y; };
+struct int2 { int x, y; };
 inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 struct emu_dim3 { unsigned x, y, z; };
 

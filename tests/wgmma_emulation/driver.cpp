@@ -17,8 +17,9 @@ void emu_attend_wgmma2(bool out_bf16, bool swz, int qpt, const bf16_t* q, const 
 void emu_attend_wgmma_bwd(int atomic, const bf16_t* q, const bf16_t* kv, long long ks, const int* idx, int kk, int n,
                           int t0, int count, long long L, int Hq, float scale, float sl2, const bf16_t* dout,
                           const float* lse, const float* delta, float* dq, float* out);
-void emu_attend_wgmma3(bool out_bf16, const bf16_t* q, const bf16_t* kv, long long kv_stride, const int* idx, int kk,
-                       int n, long long L, int Hq, float scale_log2, void* out, float* lse);
+void emu_attend_wgmma3(bool out_bf16, int qpt, const bf16_t* q, const bf16_t* kv, long long kv_stride, const int* idx,
+                       const int* lens, const int* mult, int kk, int n, long long L, int Hq, float scale_log2,
+                       void* out, float* lse);
 
 // a buffer of exactly n bytes at a 256-byte boundary (cudaMalloc's alignment), bounds as registered
 static unsigned char* buffer(std::vector<unsigned char>& store, size_t n, const char* name) {
@@ -103,7 +104,8 @@ int main(int argc, char** argv) {
     const int* ip = reinterpret_cast<const int*>(idx);
     if (version == 2 && qpt == 2) emu_attend_wgmma2(out_bf16, true, 2, qp, kvp, stride, up, cp, mp, U, n, L, Hq, scale_log2, out, lse);
     else if (version == 2) emu_attend_wgmma2(out_bf16, swz, 1, qp, kvp, stride, ip, nullptr, nullptr, kk, n, L, Hq, scale_log2, out, lse);
-    else if (version == 3) emu_attend_wgmma3(out_bf16, qp, kvp, stride, ip, kk, n, L, Hq, scale_log2, out, lse);
+    else if (version == 3 && qpt == 2) emu_attend_wgmma3(out_bf16, 2, qp, kvp, stride, up, cp, mp, U, n, L, Hq, scale_log2, out, lse);
+    else if (version == 3) emu_attend_wgmma3(out_bf16, 1, qp, kvp, stride, ip, nullptr, nullptr, kk, n, L, Hq, scale_log2, out, lse);
     else { std::fprintf(stderr, "driver: version %d\n", version); return 2; }
     std::ofstream of(argv[2], std::ios::binary);
     of.write(reinterpret_cast<const char*>(out), (std::streamsize)ob);

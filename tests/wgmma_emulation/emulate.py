@@ -38,7 +38,7 @@ from table_emulation.emulate import _inline, inline_text
 HERE = Path(__file__).resolve().parent
 CORE = HERE.parent / "table_emulation"
 KERNELS = HERE.parent.parent / "kernels_cuda"
-VERSIONS = ("wgmma2", "wgmma2s", "wgmma2sp", "wgmma3")     # wgmma2sp: wgmma2s with a query pair per block
+VERSIONS = ("wgmma2", "wgmma2s", "wgmma2sp", "wgmma3", "wgmma3p")   # *p: a query pair per block
 DQK, DV = 576, 512
 
 
@@ -64,12 +64,16 @@ void emu_attend_wgmma2(bool ob, bool swz, int qpt, const bf16_t* q, const bf16_t
 }
 """,
     "attend_wgmma3.cu": """
-void emu_attend_wgmma3(bool ob, const bf16_t* q, const bf16_t* kv, long long ks, const int* idx, int kk, int n,
-                       long long L, int Hq, float sl2, void* out, float* lse) {
+void emu_attend_wgmma3(bool ob, int qpt, const bf16_t* q, const bf16_t* kv, long long ks, const int* idx,
+                       const int* lens, const int* mult, int kk, int n, long long L, int Hq, float sl2, void* out,
+                       float* lse) {
     const int nhb = (Hq + ROWS - 1) / ROWS;
-    emu::wg::launch((unsigned)(n * nhb), THREADS, LAUNCH_SMEM, [&] {
-        if (ob) hytopk_attend_fwd_wgmma3<true>(q, kv, ks, idx, kk, n, L, Hq, nhb, sl2, out, lse);
-        else hytopk_attend_fwd_wgmma3<false>(q, kv, ks, idx, kk, n, L, Hq, nhb, sl2, out, lse);
+    const unsigned blocks = qpt == 2 ? (unsigned)((n + 1) / 2) : (unsigned)(n * nhb);
+    emu::wg::launch(blocks, THREADS, LAUNCH_SMEM, [&] {
+        if (qpt == 2 && ob) hytopk_attend_fwd_wgmma3<true, 2>(q, kv, ks, idx, lens, mult, kk, n, L, Hq, nhb, sl2, out, lse);
+        else if (qpt == 2) hytopk_attend_fwd_wgmma3<false, 2>(q, kv, ks, idx, lens, mult, kk, n, L, Hq, nhb, sl2, out, lse);
+        else if (ob) hytopk_attend_fwd_wgmma3<true, 1>(q, kv, ks, idx, lens, mult, kk, n, L, Hq, nhb, sl2, out, lse);
+        else hytopk_attend_fwd_wgmma3<false, 1>(q, kv, ks, idx, lens, mult, kk, n, L, Hq, nhb, sl2, out, lse);
     });
 }
 """,
@@ -141,9 +145,10 @@ def forward(driver, q, kv, idx, scale=None, *, version="wgmma2", out_dtype="floa
     kk = idx.shape[1]
     scale_log2 = np.float32(RA.check_scale(scale, DQK) / math.log(2.0))
     out_bf16 = out_dtype == "bfloat16"
-    vnum = 3 if version == "wgmma3" else 2
+    assert version in VERSIONS, version
+    vnum = 3 if version.startswith("wgmma3") else 2
     swz = int(version in ("wgmma2s", "wgmma2sp"))
-    qpt = 2 if version == "wgmma2sp" else 1
+    qpt = 2 if version.endswith("p") else 1
     head = np.array([vnum, swz, int(out_bf16), n, Hq, kk, L, stride, smem_off, 0, qpt], np.int32)
     head[9] = scale_log2.view(np.int32)
     tail = b""

@@ -481,6 +481,11 @@ inline void launch(unsigned grid, unsigned threads, size_t dyn_bytes, K kernel) 
 }  // namespace emu
 
 inline int __ldg(const int* p) { emu::wg::check_global(p, 4, "__ldg"); return *p; }
+inline int2 __ldg(const int2* p) {                  // a vector load faults on the GPU unless 8-byte aligned
+    if (reinterpret_cast<unsigned long long>(p) % 8) EMU_FAIL("__ldg: int2 address %p not 8-byte aligned", (const void*)p);
+    emu::wg::check_global(p, 8, "__ldg");
+    return *p;
+}
 inline bool __any_sync(unsigned, int pred) {
     return emu::collective(pred ? 1 : 0, [](const unsigned long long* v, unsigned) {
         unsigned long long any = 0;

@@ -7,6 +7,9 @@ rounding: compared with the reference within tolerance, not bitwise with wgmma2)
                        and the other's through shared memory, the row max chained through the pair;
                        stages released in two regions; version 2s's swizzled gather. The op's
                        forward above 32 heads per kv head.
+  cupy.attend.wgmma3p  the same with two adjacent queries per block over the union of their
+                       selections (as wgmma2sp; at most 32 heads: rows = 2 x heads, the rest zero
+                       rows): one gather of the shared keys for both queries at 8 or 16 heads
 """
 from __future__ import annotations
 
@@ -19,8 +22,8 @@ from ... import loader
 from ...cubin_info import check_launch
 from ...registry import register
 from ._launch import launch_stream
-from .attend import Bound
-from .attend_wgmma2 import unsupported
+from .attend import NULL, Bound, pair_union
+from .attend_wgmma2 import PAIR_MAX_K, unsupported
 from .wgmma import require_sm90
 
 FILE = "attend_wgmma3.cu"
@@ -38,10 +41,13 @@ def _fn(name: str):
     return fn
 
 
-def attend_forward_wgmma3(q, k, v, idx, scale=None, *, out_dtype="bfloat16"):
-    """(out [n, Hq, 512], lse float32 [n, Hq]) on a Hopper GPU; inputs as attend.attend_forward."""
+def attend_forward_wgmma3(q, k, v, idx, scale=None, *, out_dtype="bfloat16", qpt=1):
+    """(out [n, Hq, 512], lse float32 [n, Hq]) on a Hopper GPU; inputs as attend.attend_forward.
+    qpt 2: two adjacent queries per block over their union (attend.pair_union; Hq <= 32)."""
     if out_dtype not in ("bfloat16", "float32"):
         raise ValueError(f"argument 'out_dtype' must be 'bfloat16' or 'float32', got {out_dtype!r}")
+    if qpt not in (1, 2):
+        raise ValueError(f"argument 'qpt' must be 1 or 2, got {qpt!r}")
     require_sm90()
     with launch_stream():
         b = Bound(q, k, v, idx, scale)
@@ -52,17 +58,27 @@ def attend_forward_wgmma3(q, k, v, idx, scale=None, *, out_dtype="bfloat16"):
         out = cp.empty((b.n, b.Hq, b.DV), cp.uint16 if out_bf16 else cp.float32)
         lse = cp.empty((b.n, b.Hq), cp.float32)
         nhb = -(-b.Hq // INST.ATTEND_WGMMA_HEADS)            # head blocks per query: adjacent blocks
+        if qpt == 2 and 2 * b.Hq > INST.ATTEND_WGMMA_HEADS:
+            raise ValueError(f"argument 'q': a query pair per block takes at most {INST.ATTEND_WGMMA_HEADS // 2} "
+                             f"heads, got {b.Hq}; use qpt=1")
+        if qpt == 2 and b.kk >= PAIR_MAX_K:
+            raise ValueError(f"argument 'idx': a query pair per block takes kk < {PAIR_MAX_K}, got {b.kk}")
         if b.n == 0 or b.Hq == 0:
             return out, lse
         if b.n * nhb >= 2 ** 31:
             raise ValueError(f"argument 'q': {b.n} queries x {nhb} head blocks exceed one launch's 2^31 - 1 blocks")
-        fn = _fn(INST.attend_wgmma3_name(out_bf16))
+        if qpt == 2:                                         # the pairs' union rows (their widths: 2 kk)
+            lst, mult, lens = pair_union(b.idx, b.L)
+            blocks, width = lst.shape[0], lst.shape[1]
+        else:
+            lst, mult, lens, blocks, width = b.idx, NULL, NULL, b.n * nhb, b.kk
+        fn = _fn(INST.attend_wgmma3_name(out_bf16, qpt))
         smem = INST.ATTEND_WGMMA3_SMEM
         if fn.max_dynamic_shared_size_bytes < smem:
             fn.max_dynamic_shared_size_bytes = smem
-        fn((b.n * nhb,), (INST.ATTEND_WGMMA3_THREADS,),
-           (b.q, b.k, np.int64(b.k_stride), b.idx, np.int32(b.kk), np.int32(b.n), np.int64(b.L), np.int32(b.Hq),
-            np.int32(nhb), b.scale_log2, out, lse), shared_mem=smem)
+        fn((blocks,), (INST.ATTEND_WGMMA3_THREADS,),
+           (b.q, b.k, np.int64(b.k_stride), lst, lens, mult, np.int32(width), np.int32(b.n), np.int64(b.L),
+            np.int32(b.Hq), np.int32(nhb), b.scale_log2, out, lse), shared_mem=smem)
         return out, lse
 
 
@@ -70,3 +86,9 @@ def attend_forward_wgmma3(q, k, v, idx, scale=None, *, out_dtype="bfloat16"):
 def attend_wgmma3(q, k, v, idx, scale=None):
     """MLA on wgmma (sm_90a), version 3: per-warpgroup 64-key tiles, chained max, P exchange."""
     return attend_forward_wgmma3(q, k, v, idx, scale, out_dtype="float32")
+
+
+@register("attend", "cupy.attend.wgmma3p", gpu_only=True)
+def attend_wgmma3p(q, k, v, idx, scale=None):
+    """MLA on wgmma (sm_90a), version 3 with two adjacent queries per block over their union (<= 32 heads)."""
+    return attend_forward_wgmma3(q, k, v, idx, scale, out_dtype="float32", qpt=2)
