@@ -144,6 +144,9 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
         regs_dec<PRODUCER_REGS>();
         const int tid = (int)threadIdx.x - 256, r8 = tid & 7, qw = tid >> 3;   // quarter warp qw: rows qw + 16g
         int nx0[GN], nx1[GN];                                            // the pair's two tiles: rows qw + 16g
+#ifdef HYTOPK_ATTW3_PREFETCH
+        int pf = -1;                      // probe: slot tid of the pair HYTOPK_ATTW3_PREFETCH after the next
+#endif
         auto load_slots = [&](int b) {
             const int j0 = 2 * b * NK, j1 = j0 + NK;
 #pragma unroll
@@ -152,6 +155,9 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
                 nx0[g] = j0 + j < len ? __ldg(lst + j0 + j) : -1;
                 nx1[g] = j1 + j < len ? __ldg(lst + j1 + j) : -1;
             }
+#ifdef HYTOPK_ATTW3_PREFETCH
+            pf = j0 + 2 * NK * HYTOPK_ATTW3_PREFETCH + tid < len ? __ldg(lst + j0 + 2 * NK * HYTOPK_ATTW3_PREFETCH + tid) : -1;
+#endif
         };
         // column tiles [c0, c1) of a stage: row j's 128 B of tile ct at slot r8 ^ (j % 8); invalid
         // slots are zero-filled (src-size 0)
@@ -190,6 +196,10 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
         if (npairs > 0) load_slots(0);
         for (int b = 0; b < npairs; ++b) {
             const u32 par = (u32)((b - 1) & 1);                          // pair b-1's releases
+#ifdef HYTOPK_ATTW3_PREFETCH
+            // probe: a later pair's rows into L2, one row per thread (its copies then hit L2, not DRAM)
+            if (pf >= 0 && (long long)pf < L) prefetch_l2_bulk(kv + (long long)pf * kv_stride, DQK * 2);
+#endif
             if (b) mbar_wait_or_trap(empty(0, REG_L), par);              // warpgroup 0's own P.V done
             copy(sk0, nx0, 0, NL);
             store_mask(smask, nx0, 2 * b * NK);

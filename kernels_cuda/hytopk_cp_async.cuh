@@ -29,6 +29,11 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 // all of this thread's cp.async, committed or not
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+// L2 prefetch of `bytes` (a multiple of 16) from a 16-byte aligned global address: no destination,
+// no completion to wait for; a later copy of the same bytes then hits in L2
+__device__ __forceinline__ void prefetch_l2_bulk(const void* src, u32 bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+}
 // one arrival on mbarrier `bar` once all of this thread's earlier cp.async have landed (counted in its init)
 __device__ __forceinline__ void cp_async_arrive_noinc(u32 bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");

@@ -329,13 +329,13 @@ def test_pair_close_to_the_mma_sync_pair_and_bf16_out(CA, PAIR):
 
 
 @pytest.mark.parametrize("v3", [True, False])
-def test_torch_op_takes_a_pair_kernel_for_mla_at_few_heads(v3, monkeypatch):
-    """torch.ops.hytopk.sparse_attention at 16 MLA heads on Hopper: the forward is wgmma3p's, bit for
-    bit (HYTOPK_ATTEND_WGMMA3=0, TA.WGMMA3_FORWARD False: wgmma2sp's)."""
+def test_torch_op_takes_wgmma2sp_for_mla_at_few_heads(v3, monkeypatch):
+    """torch.ops.hytopk.sparse_attention at 16 MLA heads on Hopper: the forward is wgmma2sp's, bit for
+    bit, whatever HYTOPK_ATTEND_WGMMA3 says (TA.WGMMA3_FORWARD: version 3 only above 32 heads)."""
     torch = pytest.importorskip("torch")
     import workbench.torch  # noqa: F401
     from workbench.torch import attention as TA
-    FWD = _pair("wgmma3p" if v3 else "wgmma2sp")
+    FWD = _pair("wgmma2sp")
     if not TA.WGMMA_FORWARD:
         pytest.skip("HYTOPK_ATTEND_WGMMA=0")
     monkeypatch.setattr(TA, "WGMMA3_FORWARD", v3)

@@ -10,9 +10,8 @@ q's dtype, lse (natural log of the softmax denominator, -inf for a query with no
 
 CPU: the float64 reference (reference.attention), rounded. CUDA: bf16 inputs run the CuPy
 kernels on PyTorch's current stream: MLA rows of d_qk 576 / d_v 512 on Hopper take the wgmma
-forward (HYTOPK_ATTEND_WGMMA=0 turns it off): `wgmma3p` (attend_wgmma3.cu, a query pair per block)
-up to PAIR_MAX_HEADS heads, `wgmma3` above (HYTOPK_ATTEND_WGMMA3=0: attend_wgmma2.cu's `wgmma2sp` /
-`wgmma2s`); everything else `pair` (kernels_cuda/attend.cu) when
+forward (HYTOPK_ATTEND_WGMMA=0 turns it off): `wgmma2sp` (attend_wgmma2.cu, a query pair per block)
+up to PAIR_MAX_HEADS heads, `wgmma3` above (attend_wgmma3.cu; HYTOPK_ATTEND_WGMMA3=0: `wgmma2s`); everything else `pair` (kernels_cuda/attend.cu) when
 a kv head has at most PAIR_MAX_HEADS query heads, else `one`; other dtypes, graph capture or no CuPy
 take a chunked pure-torch path. Those MLA rows' backward runs on wgmma too (attend_wgmma_bwd.cu;
 HYTOPK_ATTEND_BWD_WGMMA=0 turns it off), everything else attend.cu's. ``deterministic`` (None = torch.are_deterministic_algorithms_enabled()) picks
@@ -28,13 +27,14 @@ from torch import Tensor
 
 from reference import attention as RA
 
-PAIR_MAX_HEADS = 32          # query heads per kv head up to which two queries share a block (wgmma3p: 2 x 32 rows)
+PAIR_MAX_HEADS = 32          # query heads per kv head up to which two queries share a block (wgmma2sp: 2 x 32 rows)
 # the sm_90a forward for MLA (run 6 of results/h200-2026-12-01: 10.8 ms against one's 41.2 ms at
 # 128 heads, n 8192, k 2048)
 WGMMA_FORWARD = os.environ.get("HYTOPK_ATTEND_WGMMA", "1") != "0"
-# version 3 (FlashMLA's schedule) rather than version 2: wgmma3 above PAIR_MAX_HEADS rather than
-# wgmma2s (run 2 of results/h200-2026-12-02-s4: 9.67 against 11.17 ms at 128 heads, n 8192, k 2048),
-# wgmma3p up to it rather than wgmma2sp; other rounding
+# above PAIR_MAX_HEADS, version 3 (FlashMLA's schedule) rather than wgmma2s (run 2 of
+# results/h200-2026-12-02-s4: 9.67 against 11.17 ms at 128 heads, n 8192, k 2048); other rounding.
+# Up to it wgmma2sp, not version 3's pair kernel wgmma3p (run 1 of results/h200-2026-12-02-s5: 3.77 /
+# 3.71 ms against 3.82 / 3.84 at 8 / 16 heads: both wait on the union's gathers, not on the MMAs)
 WGMMA3_FORWARD = os.environ.get("HYTOPK_ATTEND_WGMMA3", "1") != "0"
 # the backward of those MLA rows on wgmma too (attend_wgmma_bwd.cu, attend_backward version 4; run 6
 # of results/h200-2026-12-02-s3, n 8192: 128 heads atomics 48.8 ms against the mma.sync kernel's
@@ -99,9 +99,9 @@ def _kernel_forward(q, k, vv, idx, sc):
     if _wgmma_applies(q, k, vv):                  # MLA on Hopper: a query pair per block up to 32 heads, else version 3
         from workbench.families.cupy import attend_wgmma2 as AW2
         pair = heads <= PAIR_MAX_HEADS and idx.shape[1] < AW2.PAIR_MAX_K
-        if WGMMA3_FORWARD:
+        if not pair and WGMMA3_FORWARD:
             from workbench.families.cupy import attend_wgmma3 as AW3
-            return AW3.attend_forward_wgmma3(q, k, vv, idx, sc, qpt=2 if pair else 1)
+            return AW3.attend_forward_wgmma3(q, k, vv, idx, sc)
         return AW2.attend_forward_wgmma2(q, k, vv, idx, sc, swz=True, qpt=2 if pair else 1)
     return CA.attend_forward(q, k, vv, idx, sc, qpt=2 if heads <= PAIR_MAX_HEADS else 1)
 
