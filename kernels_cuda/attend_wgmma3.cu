@@ -52,9 +52,11 @@ constexpr int P_BYTES = ROWS * NK * 2;            // a 64 x 64 bf16 P tile: 8192
 constexpr int Q_OFF = 0;
 constexpr int K_OFF = Q_OFF + Q_BYTES;
 constexpr int P1_OFF = K_OFF + 2 * TILE_BYTES;    // P_1 (P_0 lives in stage 0's rope column tile)
-constexpr int RED_OFF = P1_OFF + P_BYTES;         // float [2][64] the maxima M_0, M_1; [2][64] row sums
-constexpr int MASK_OFF = RED_OFF + 4 * ROWS * 4;  // [2 stages][64] slot valid: float 1/0 (QPT 2: u32, two 16-bit counts)
-constexpr int BAR_OFF = MASK_OFF + 2 * NK * 4;    // full[stage][L, R], empty[stage][L, R]
+constexpr int RED_OFF = P1_OFF + P_BYTES;         // float [2][64] the maxima M_0, M_1 (the row sums: in Q's, at the end)
+// [2 pair parities][2 stages][64] slot valid: float 1/0 (QPT 1: parity 0 only); QPT 2: u32, the
+// slot's two 16-bit counts, a pair's written a pair ahead (their global loads off the copies' path)
+constexpr int MASK_OFF = RED_OFF + 2 * ROWS * 4;
+constexpr int BAR_OFF = MASK_OFF + 4 * NK * 4;    // full[stage][L, R], empty[stage][L, R]
 constexpr int SMEM = BAR_OFF + 8 * 8;
 constexpr int LAUNCH_SMEM = SMEM + 1024;          // the base is rounded up to 1024 B (swizzle atoms)
 static_assert(LAUNCH_SMEM <= 227 * 1024, "attend_wgmma3: shared memory over 227 KiB");
@@ -92,12 +94,17 @@ __device__ __forceinline__ float finite_or_zero(float m) { return m == neg_inf()
 // zero rows) over their union: idx = the union rows [pairs, kk] (kk = its width), lens [pairs] the
 // union sizes, mult [pairs, kk, 2] how many slots of each query hold the key (0 masks it for that
 // query; a key counts mult times in the softmax, as wgmma2sp). QPT 1: lens, mult unused.
+// prefetch > 0: the producer pulls the rows of the pair `prefetch` pairs after the next into L2
+// (cp.async.bulk.prefetch.L2, one row per thread) while it waits: its copies then hit L2. It pays
+// where the gathers are first touches (one head block per query or pair), not where a query's
+// other head blocks pulled the rows just before (128 heads).
 template <bool OUT_BF16, int QPT>
 __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv,
                                                   long long kv_stride, const int* __restrict__ idx,
                                                   const int* __restrict__ lens, const int* __restrict__ mult, int kk,
-                                                  int n, long long L, int Hq, int nhb, float scale_log2,
-                                                  void* __restrict__ out, float* __restrict__ lse) {
+                                                  int n, long long L, int Hq, int nhb, int prefetch,
+                                                  float scale_log2, void* __restrict__ out,
+                                                  float* __restrict__ lse) {
     static_assert(QPT == 1 || QPT == 2, "attend_wgmma3: one query or a query pair per block");
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const int tq = (int)(blockIdx.x / (unsigned)nhb), h0 = (int)(blockIdx.x % (unsigned)nhb) * ROWS;
@@ -118,13 +125,13 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
     const u32 sp0 = sk0 + (u32)(8 * CT_BYTES);                           // P_0: stage 0's rope column tile
     float* red = reinterpret_cast<float*>(smem + RED_OFF);
     float* smask = reinterpret_cast<float*>(smem + MASK_OFF);             // (QPT 2: u32 bits)
+    auto mask_of = [&](int b, int stage) { return smask + (QPT == 2 ? (b & 1) * 2 * NK : 0) + stage * NK; };
     // full / empty barrier of region reg of stage s
     const u32 bars = base + BAR_OFF;
     auto full = [&](int s, int reg) { return bars + (u32)(8 * (2 * s + reg)); };
     auto empty = [&](int s, int reg) { return bars + (u32)(32 + 8 * (2 * s + reg)); };
     const int len = QPT == 2 ? min(kk, lens[tq]) : kk;                  // slots of this block's list
     const int ntiles = (len + NK - 1) / NK, npairs = (ntiles + 1) / 2;  // an odd count ends on an empty tile
-    const int* lst = idx + (long long)tq * kk;
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < 2; ++s)
@@ -144,20 +151,20 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
         regs_dec<PRODUCER_REGS>();
         const int tid = (int)threadIdx.x - 256, r8 = tid & 7, qw = tid >> 3;   // quarter warp qw: rows qw + 16g
         int nx0[GN], nx1[GN];                                            // the pair's two tiles: rows qw + 16g
-#ifdef HYTOPK_ATTW3_PREFETCH
-        int pf = -1;                      // probe: slot tid of the pair HYTOPK_ATTW3_PREFETCH after the next
-#endif
+        int pf = -1;                                                     // prefetch: slot tid of a later pair
         auto load_slots = [&](int b) {
             const int j0 = 2 * b * NK, j1 = j0 + NK;
+            const int* lst = idx + (long long)(int)opaque_u32((u32)tq) * kk;     // (made here: not held over the loop)
 #pragma unroll
             for (int g = 0; g < GN; ++g) {
                 const int j = qw + QW * g;
                 nx0[g] = j0 + j < len ? __ldg(lst + j0 + j) : -1;
                 nx1[g] = j1 + j < len ? __ldg(lst + j1 + j) : -1;
             }
-#ifdef HYTOPK_ATTW3_PREFETCH
-            pf = j0 + 2 * NK * HYTOPK_ATTW3_PREFETCH + tid < len ? __ldg(lst + j0 + 2 * NK * HYTOPK_ATTW3_PREFETCH + tid) : -1;
-#endif
+            if (prefetch > 0) {
+                const int jp = j0 + 2 * NK * prefetch + tid;
+                pf = jp < len ? __ldg(lst + jp) : -1;
+            }
         };
         // column tiles [c0, c1) of a stage: row j's 128 B of tile ct at slot r8 ^ (j % 8); invalid
         // slots are zero-filled (src-size 0)
@@ -193,21 +200,29 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
                     }
                 }
         };
-        if (npairs > 0) load_slots(0);
+        // QPT 2: pair b's masks go out with its slots, a pair ahead of its copies (mask parity b & 1:
+        // pair b - 2's, whose readers released their regions before the waits of pair b - 1)
+        auto store_masks_early = [&](int b) {
+            if (QPT == 2) {
+                store_mask(mask_of(b, 0), nx0, 2 * b * NK);
+                store_mask(mask_of(b, 1), nx1, (2 * b + 1) * NK);
+            }
+        };
+        if (npairs > 0) {
+            load_slots(0);
+            store_masks_early(0);
+        }
         for (int b = 0; b < npairs; ++b) {
             const u32 par = (u32)((b - 1) & 1);                          // pair b-1's releases
-#ifdef HYTOPK_ATTW3_PREFETCH
-            // probe: a later pair's rows into L2, one row per thread (its copies then hit L2, not DRAM)
             if (pf >= 0 && (long long)pf < L) prefetch_l2_bulk(kv + (long long)pf * kv_stride, DQK * 2);
-#endif
             if (b) mbar_wait_or_trap(empty(0, REG_L), par);              // warpgroup 0's own P.V done
             copy(sk0, nx0, 0, NL);
-            store_mask(smask, nx0, 2 * b * NK);
+            if (QPT == 1) store_mask(mask_of(b, 0), nx0, 2 * b * NK);
             mbar_arrive(full(0, REG_L));                                 // (release: the mask store)
             cp_async_arrive_noinc(full(0, REG_L));
             if (b) mbar_wait_or_trap(empty(1, REG_R), par);              // warpgroup 1's own P.V done
             copy(sk1, nx1, NL, NCT);
-            store_mask(smask + NK, nx1, (2 * b + 1) * NK);
+            if (QPT == 1) store_mask(mask_of(b, 1), nx1, (2 * b + 1) * NK);
             mbar_arrive(full(1, REG_R));
             cp_async_arrive_noinc(full(1, REG_R));
             if (b) mbar_wait_or_trap(empty(0, REG_R), par);              // warpgroup 1's P_0 . V_0R done
@@ -216,7 +231,10 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
             if (b) mbar_wait_or_trap(empty(1, REG_L), par);              // warpgroup 0's P_1 . V_1L done
             copy(sk1, nx1, 0, NL);
             cp_async_arrive_noinc(full(1, REG_L));
-            if (b + 1 < npairs) load_slots(b + 1);                       // in flight under the next waits
+            if (b + 1 < npairs) {                                        // in flight under the next waits
+                load_slots(b + 1);
+                store_masks_early(b + 1);
+            }
         }
         cp_async_wait_all();                                             // no copy outlives the thread
     } else {
@@ -355,8 +373,8 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
                     wgmma_wait<0>();
                 }
                 float mn[2] = {m[0], m[1]};                              // M_0 = max(M, rowmax S_0)
-                mask_max(smask, mn);
-                softmax(smask, mn);
+                mask_max(mask_of(b, 0), mn);
+                softmax(mask_of(b, 0), mn);
                 if (tig == 0) {
                     sm0[r0] = mn[0];
                     sm0[r1] = mn[1];
@@ -406,11 +424,11 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
                 qk(sk1, 0, NL, false);
                 wgmma_wait<0>();
                 float mn[2] = {m[0], m[1]};
-                mask_max(smask + NK, mn);
+                mask_max(mask_of(b, 1), mn);
                 bar_sync(BAR_M0, 256);
                 mn[0] = fmaxf(mn[0], sm0[r0]);                           // M_1 = max(M_0, rowmax S_1)
                 mn[1] = fmaxf(mn[1], sm0[r1]);
-                softmax(smask + NK, mn);
+                softmax(mask_of(b, 1), mn);
                 if (tig == 0) {
                     sm1[r0] = mn[0];
                     sm1[r1] = mn[1];
@@ -437,15 +455,18 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
             }
         }
 
-        // l = the two warpgroups' sums (both at the last pair's M_1); out = O / l
+        // l = the two warpgroups' sums (both at the last pair's M_1); out = O / l. The sums go to
+        // Q's tile: every S wgmma has completed (each warpgroup's own before its last softmax, the
+        // other's before the named barrier this one passed last)
+        float* sums = reinterpret_cast<float*>(smem + Q_OFF);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             lsum[h] += __shfl_xor_sync(0xffffffffu, lsum[h], 1);
             lsum[h] += __shfl_xor_sync(0xffffffffu, lsum[h], 2);
         }
         if (tig == 0) {
-            red[2 * ROWS + w * ROWS + r0] = lsum[0];
-            red[2 * ROWS + w * ROWS + r1] = lsum[1];
+            sums[w * ROWS + r0] = lsum[0];
+            sums[w * ROWS + r1] = lsum[1];
         }
         bar_sync(BAR_L, 256);
 #pragma unroll
@@ -453,7 +474,7 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
             const int r = h ? r1 : r0;
             long long row;
             if (!row_of(r, row)) continue;
-            const float l = red[2 * ROWS + r] + red[3 * ROWS + r];
+            const float l = sums[r] + sums[ROWS + r];
 #pragma unroll
             for (int nb = 0; nb < 32; ++nb) {
                 const float x0 = l > 0.0f ? __fdiv_rn(o[4 * nb + 2 * h], l) : 0.0f;
@@ -483,7 +504,8 @@ template <bool OUT_BF16, int QPT>
 __global__ void __launch_bounds__(THREADS, 1)
 hytopk_attend_fwd_wgmma3(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv, long long kv_stride,
                          const int* __restrict__ idx, const int* __restrict__ lens, const int* __restrict__ mult,
-                         int kk, int n, long long L, int Hq, int nhb, float scale_log2, void* __restrict__ out,
-                         float* __restrict__ lse) {
-    attend_fwd_wgmma3<OUT_BF16, QPT>(q, kv, kv_stride, idx, lens, mult, kk, n, L, Hq, nhb, scale_log2, out, lse);
+                         int kk, int n, long long L, int Hq, int nhb, int prefetch, float scale_log2,
+                         void* __restrict__ out, float* __restrict__ lse) {
+    attend_fwd_wgmma3<OUT_BF16, QPT>(q, kv, kv_stride, idx, lens, mult, kk, n, L, Hq, nhb, prefetch, scale_log2, out,
+                                     lse);
 }

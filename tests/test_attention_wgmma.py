@@ -25,9 +25,9 @@ def test_version_3_instantiations():
     assert INST.name_expressions("attend_wgmma3.cu") == ["hytopk_attend_fwd_wgmma3<true, 1>", "hytopk_attend_fwd_wgmma3<false, 1>",
                                                          "hytopk_attend_fwd_wgmma3<true, 2>", "hytopk_attend_fwd_wgmma3<false, 2>"]
     assert INST.FILE_OPTIONS["attend_wgmma3.cu"] == ("-arch=sm_90a",)
-    # Q + two 64-key stages + P_1's 64 x 64 tile (P_0 lives in stage 0's rope column tile), maxima / sums, masks,
-    # 8 mbarriers, 1 KiB alignment
-    assert INST.ATTEND_WGMMA3_SMEM == 3 * 64 * 576 * 2 + 64 * 64 * 2 + 4 * 64 * 4 + 2 * 64 * 4 + 8 * 8 + 1024 <= INST.ATTEND_SMEM_LIMIT
+    # Q + two 64-key stages + P_1's 64 x 64 tile (P_0 lives in stage 0's rope column tile), maxima, masks of
+    # two pairs (the row sums end in Q's tile), 8 mbarriers, 1 KiB alignment
+    assert INST.ATTEND_WGMMA3_SMEM == 3 * 64 * 576 * 2 + 64 * 64 * 2 + 2 * 64 * 4 + 2 * 2 * 64 * 4 + 8 * 8 + 1024 <= INST.ATTEND_SMEM_LIMIT
     assert INST.ATTEND_WGMMA3_THREADS == 384          # 2 consumer warpgroups + a producer warpgroup (setmaxnreg)
     assert len(INST.geometry_asserts("attend_wgmma3.cu")) == 3
     # the setmaxnreg budgets fill the launch's 168 x 384 registers exactly (48 for the producer hung the H200)

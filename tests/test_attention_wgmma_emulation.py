@@ -151,6 +151,24 @@ def test_pair_random_inputs_match_reference(driver, version, n, Hq, kk, kind):
     assert np.all(out[empty] == 0) and np.all(np.isneginf(lse[empty]))
 
 
+@pytest.mark.parametrize("version,Hq", [("wgmma3", 16), ("wgmma3", 128), ("wgmma3p", 16)])
+def test_prefetch_changes_no_bit(driver, version, Hq):
+    """Version 3's L2 prefetch (the producer's cp.async.bulk.prefetch.L2 of the rows 1 or 2 pairs of
+    tiles ahead; the emulation checks each address lies in kv) leaves every bit as it was, over
+    lists of several pairs whose ends fall inside the prefetch distance, with padding and keys past L."""
+    rng = np.random.default_rng(seed("wgmma-prefetch", version, Hq))
+    n, L, kk = 3, 500, 333
+    kv, _ = bf16(rng.standard_normal((L, 576)))
+    qd, _ = bf16(rng.standard_normal((n, Hq, 576)))
+    idx = make_idx(rng, n, L, kk, "shared")
+    idx[0, 300], idx[1, 10] = L + 3, -1
+    o0, l0 = E.forward(driver, qd, kv, idx, version=version, prefetch=0)
+    for pf in (1, 2):
+        o, lv = E.forward(driver, qd, kv, idx, version=version, prefetch=pf)
+        np.testing.assert_array_equal(bits(o), bits(o0))
+        np.testing.assert_array_equal(bits(lv), bits(l0))
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_bf16_output_is_the_rounded_float32_one(driver, version):
     rng = np.random.default_rng(6)
@@ -242,20 +260,23 @@ def test_setmaxnreg_beyond_the_launch_registers_deadlocks(tmp_path):
 
 @pytest.mark.slow
 @sweep
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("version", VERSIONS + PAIR_VERSIONS)
 @pytest.mark.parametrize("rep", range(3))
 def test_random_sweep(driver, version, rep):
-    """Many shapes per version: every head-block remainder, 1 to ~330 slots, every selection kind."""
+    """Many shapes per version: every head-block remainder (query pairs: 1 to 32 heads, odd n), 1 to
+    ~330 slots, every selection kind; version 3 with and without its L2 prefetch."""
     rng = np.random.default_rng(seed("sweep", version, rep))
     for kind in ("random", "dups", "shared", "disjoint", "empty", "pad_only"):
-        n, Hq, kk = int(rng.integers(1, 4)), int(rng.choice([16, 64, 96, 128, 160])), int(rng.integers(1, 330))
+        heads = [1, 5, 8, 16, 32] if version in PAIR_VERSIONS else [16, 64, 96, 128, 160]
+        n, Hq, kk = int(rng.integers(1, 6)), int(rng.choice(heads)), int(rng.integers(1, 330))
         L = int(rng.integers(max(1, kk // 2), 700))
         kv, kh = bf16(rng.standard_normal((L, 576)) * rng.choice([0.5, 1.0, 3.0]))
         qd, qh = bf16(rng.standard_normal((n, Hq, 576)))
         idx = make_idx(rng, n, L, kk, kind)
         jitter = {"HYTOPK_EMU_JITTER": "0.02", "HYTOPK_EMU_SEED": str(rep)} if rep else None   # other interleavings
         out, lse = E.forward(driver, qd, kv, idx, None, version=version,
-                             out_dtype=str(rng.choice(["float32", "bfloat16"])), env=jitter)
+                             out_dtype=str(rng.choice(["float32", "bfloat16"])), env=jitter,
+                             prefetch=int(rng.integers(0, 3)) if version.startswith("wgmma3") else 0)
         if out.dtype == np.uint16:
             out = bf16_bits_to_float32(out)
         ro, rl = reference(qh, kh, idx)

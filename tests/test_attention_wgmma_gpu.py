@@ -380,6 +380,28 @@ def test_version_3_close_to_version_2(Hq, kk):
     np.testing.assert_allclose(cp.asnumpy(l3), cp.asnumpy(l2), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("qpt,Hq", [(1, 16), (1, 128), (2, 16)])
+def test_version_3_prefetch_changes_no_bit(qpt, Hq):
+    """Version 3's L2 prefetch (0, 1, 2 pairs of key tiles ahead; the default picks by heads) gives
+    the same bits at k 2048 (list ends inside the prefetch distance, padding, out-of-range keys);
+    a bad distance is refused naming the argument."""
+    from workbench.families.cupy import attend_wgmma3
+    _forward("wgmma3")                                       # (skips off Hopper)
+    rng = np.random.default_rng(seed("wgmma-v3-prefetch", qpt, Hq))
+    n, L, kk = 37, 20000, 2048
+    k, v, _, _ = layout(True, L, 1, 576, 512, rng)
+    qd, _ = bf16(rng.standard_normal((n, Hq, 576)))
+    idx = make_idx(rng, n, L, kk, "shared")
+    idx[0, 2000], idx[3, 5] = L + 11, -1
+    idx = cp.asarray(idx)
+    o0, l0 = attend_wgmma3.attend_forward_wgmma3(qd, k, v, idx, None, out_dtype="float32", qpt=qpt, prefetch=0)
+    for pf in (1, 2, None):
+        o, lv = attend_wgmma3.attend_forward_wgmma3(qd, k, v, idx, None, out_dtype="float32", qpt=qpt, prefetch=pf)
+        assert cp.array_equal(o.view(cp.uint32), o0.view(cp.uint32)) and cp.array_equal(lv.view(cp.uint32), l0.view(cp.uint32))
+    with pytest.raises(ValueError, match="'prefetch'"):
+        attend_wgmma3.attend_forward_wgmma3(qd, k, v, idx, None, qpt=qpt, prefetch=-1)
+
+
 @pytest.mark.parametrize("qpt", [1, 2])
 @pytest.mark.parametrize("out_bf16", [True, False])
 def test_version_3_fits_the_launch(out_bf16, qpt):

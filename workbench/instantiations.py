@@ -202,11 +202,19 @@ def attend_wgmma2_name(out_bf16, cluster, swz, qpt=1) -> str:
 
 
 # attend_wgmma3.cu: version 3 (a pair of 64-key tiles per step, one per warpgroup; FlashMLA's sm90 schedule):
-# Q + two 64-key stages + P_1's tile (P_0 lives in stage 0's rope tile) + maxima / sums + masks + 8 mbarriers
-# + 1 KiB to round the base up to 1024 B
-ATTEND_WGMMA3_SMEM = 73728 * 3 + 8192 + 4 * 64 * 4 + 2 * 64 * 4 + 8 * 8 + 1024     # attw3::LAUNCH_SMEM (static_assert)
+# Q + two 64-key stages + P_1's tile (P_0 lives in stage 0's rope tile) + maxima + masks (two pair parities)
+# + 8 mbarriers + 1 KiB to round the base up to 1024 B
+ATTEND_WGMMA3_SMEM = 73728 * 3 + 8192 + 2 * 64 * 4 + 4 * 64 * 4 + 8 * 8 + 1024     # attw3::LAUNCH_SMEM (static_assert)
 ATTEND_WGMMA3_THREADS = 384                                                # 2 consumer warpgroups + 1 producer warpgroup (setmaxnreg)
 ATTEND_WGMMA3_ROLES = ((128, 40), (256, 232))      # (threads, setmaxnreg): the producer, the consumers
+
+
+def attend_wgmma3_prefetch(heads, qpt) -> int:
+    """attend_wgmma3's L2 prefetch distance (pairs of key tiles ahead) by default: where a block's
+    gathers are first touches (one head block per query or query pair: at most 32 heads), one pair;
+    at more heads a query's other head blocks have just pulled the rows (none). Measured: run 2 of
+    results/h200-2026-12-02-s5 (one query at 16 heads 4.77 against 5.31 ms; 128 heads no change)."""
+    return 1 if heads <= 32 else 0
 
 
 def attend_wgmma3_name(out_bf16, qpt=1) -> str:

@@ -1,4 +1,4 @@
-"""Run 2's probe (run from the repository root; OUT=dir): why a query pair per block gains less
+"""Run 2's probe (commit ca5d39f's kernels: HYTOPK_ATTW3_PREFETCH was a macro then; run from the repository root; OUT=dir): why a query pair per block gains less
 than the key tiles it saves at 8 / 16 heads. One run, n 8192, L 65536, k 2048, bf16 out, union
 build inside the pair kernels' time:
 - `wgmma3` (one query per block) on the bench's selection (queries 2p, 2p+1 share ~90 % of their

@@ -17,7 +17,7 @@ void emu_attend_wgmma2(bool out_bf16, bool swz, int qpt, const bf16_t* q, const 
 void emu_attend_wgmma_bwd(int atomic, const bf16_t* q, const bf16_t* kv, long long ks, const int* idx, int kk, int n,
                           int t0, int count, long long L, int Hq, float scale, float sl2, const bf16_t* dout,
                           const float* lse, const float* delta, float* dq, float* out);
-void emu_attend_wgmma3(bool out_bf16, int qpt, const bf16_t* q, const bf16_t* kv, long long kv_stride, const int* idx,
+void emu_attend_wgmma3(bool out_bf16, int qpt, int prefetch, const bf16_t* q, const bf16_t* kv, long long kv_stride, const int* idx,
                        const int* lens, const int* mult, int kk, int n, long long L, int Hq, float scale_log2,
                        void* out, float* lse);
 
@@ -69,6 +69,7 @@ int main(int argc, char** argv) {
     std::ifstream in(argv[1], std::ios::binary);
     int h[11];
     in.read(reinterpret_cast<char*>(h), sizeof h);
+    // (version 3: h[1] = the prefetch distance in pairs)
     const int version = h[0], swz = h[1], out_bf16 = h[2], n = h[3], Hq = h[4], kk = h[5], L = h[6], stride = h[7];
     const int qpt = h[10];                          // 2: the pairs' union rows [P, 2 kk], counts [P], mult [P, 2 kk, 2] follow
     emu::wg::smem_off = (unsigned)h[8];
@@ -104,8 +105,8 @@ int main(int argc, char** argv) {
     const int* ip = reinterpret_cast<const int*>(idx);
     if (version == 2 && qpt == 2) emu_attend_wgmma2(out_bf16, true, 2, qp, kvp, stride, up, cp, mp, U, n, L, Hq, scale_log2, out, lse);
     else if (version == 2) emu_attend_wgmma2(out_bf16, swz, 1, qp, kvp, stride, ip, nullptr, nullptr, kk, n, L, Hq, scale_log2, out, lse);
-    else if (version == 3 && qpt == 2) emu_attend_wgmma3(out_bf16, 2, qp, kvp, stride, up, cp, mp, U, n, L, Hq, scale_log2, out, lse);
-    else if (version == 3) emu_attend_wgmma3(out_bf16, 1, qp, kvp, stride, ip, nullptr, nullptr, kk, n, L, Hq, scale_log2, out, lse);
+    else if (version == 3 && qpt == 2) emu_attend_wgmma3(out_bf16, 2, swz, qp, kvp, stride, up, cp, mp, U, n, L, Hq, scale_log2, out, lse);
+    else if (version == 3) emu_attend_wgmma3(out_bf16, 1, swz, qp, kvp, stride, ip, nullptr, nullptr, kk, n, L, Hq, scale_log2, out, lse);
     else { std::fprintf(stderr, "driver: version %d\n", version); return 2; }
     std::ofstream of(argv[2], std::ios::binary);
     of.write(reinterpret_cast<const char*>(out), (std::streamsize)ob);

@@ -5,7 +5,7 @@ named barriers, cp.async, wgmma.mma_async with its descriptors and fragments), o
 CUDA thread (tests/table_emulation/cuda_emu.h), driven case by case by driver.cpp.
 
     build(out_dir) -> the driver's path (needs g++ with C++20)
-    forward(driver, q, kv, idx, scale=None, version="wgmma2", out_dtype="float32") -> (out, lse)
+    forward(driver, q, kv, idx, scale=None, version="wgmma2", out_dtype="float32", prefetch=0) -> (out, lse)
     backward(driver, q, kv, idx, dout, lse, delta, scale=None, atomic=False, t0=0, count=None) -> (dq, out)
 
 q: uint16 bf16 bits [n, Hq, 576]; kv: uint16 bf16 bits [L, stride >= 576] (MLA's shared rows, V =
@@ -64,16 +64,16 @@ void emu_attend_wgmma2(bool ob, bool swz, int qpt, const bf16_t* q, const bf16_t
 }
 """,
     "attend_wgmma3.cu": """
-void emu_attend_wgmma3(bool ob, int qpt, const bf16_t* q, const bf16_t* kv, long long ks, const int* idx,
+void emu_attend_wgmma3(bool ob, int qpt, int pf, const bf16_t* q, const bf16_t* kv, long long ks, const int* idx,
                        const int* lens, const int* mult, int kk, int n, long long L, int Hq, float sl2, void* out,
                        float* lse) {
     const int nhb = (Hq + ROWS - 1) / ROWS;
     const unsigned blocks = qpt == 2 ? (unsigned)((n + 1) / 2) : (unsigned)(n * nhb);
     emu::wg::launch(blocks, THREADS, LAUNCH_SMEM, [&] {
-        if (qpt == 2 && ob) hytopk_attend_fwd_wgmma3<true, 2>(q, kv, ks, idx, lens, mult, kk, n, L, Hq, nhb, sl2, out, lse);
-        else if (qpt == 2) hytopk_attend_fwd_wgmma3<false, 2>(q, kv, ks, idx, lens, mult, kk, n, L, Hq, nhb, sl2, out, lse);
-        else if (ob) hytopk_attend_fwd_wgmma3<true, 1>(q, kv, ks, idx, lens, mult, kk, n, L, Hq, nhb, sl2, out, lse);
-        else hytopk_attend_fwd_wgmma3<false, 1>(q, kv, ks, idx, lens, mult, kk, n, L, Hq, nhb, sl2, out, lse);
+        if (qpt == 2 && ob) hytopk_attend_fwd_wgmma3<true, 2>(q, kv, ks, idx, lens, mult, kk, n, L, Hq, nhb, pf, sl2, out, lse);
+        else if (qpt == 2) hytopk_attend_fwd_wgmma3<false, 2>(q, kv, ks, idx, lens, mult, kk, n, L, Hq, nhb, pf, sl2, out, lse);
+        else if (ob) hytopk_attend_fwd_wgmma3<true, 1>(q, kv, ks, idx, lens, mult, kk, n, L, Hq, nhb, pf, sl2, out, lse);
+        else hytopk_attend_fwd_wgmma3<false, 1>(q, kv, ks, idx, lens, mult, kk, n, L, Hq, nhb, pf, sl2, out, lse);
     });
 }
 """,
@@ -134,8 +134,9 @@ def build(out_dir, sources: dict | None = None) -> Path:
 
 
 def forward(driver, q, kv, idx, scale=None, *, version="wgmma2", out_dtype="float32", smem_off=0x410,
-            timeout=900, env=None):
-    """(out, lse) of one forward of `version` on the CPU (module docstring)."""
+            timeout=900, env=None, prefetch=0):
+    """(out, lse) of one forward of `version` on the CPU (module docstring); prefetch: version 3's
+    L2 prefetch distance in pairs (0: none; the emulation checks its addresses, nothing else)."""
     q = np.ascontiguousarray(q, np.uint16)
     kv = np.ascontiguousarray(kv, np.uint16)
     idx = np.ascontiguousarray(idx, np.int32)
@@ -147,7 +148,7 @@ def forward(driver, q, kv, idx, scale=None, *, version="wgmma2", out_dtype="floa
     out_bf16 = out_dtype == "bfloat16"
     assert version in VERSIONS, version
     vnum = 3 if version.startswith("wgmma3") else 2
-    swz = int(version in ("wgmma2s", "wgmma2sp"))
+    swz = int(version in ("wgmma2s", "wgmma2sp")) if vnum == 2 else int(prefetch)   # (version 3: the prefetch)
     qpt = 2 if version.endswith("p") else 1
     head = np.array([vnum, swz, int(out_bf16), n, Hq, kk, L, stride, smem_off, 0, qpt], np.int32)
     head[9] = scale_log2.view(np.int32)

@@ -514,6 +514,11 @@ inline void cp_async16(u32 dst, const void* src, bool valid) {
     emu::wg::cp_open.push_back({dst, src, valid});
 }
 inline void cp_async16_l2pf(u32 dst, const void* src, bool valid) { cp_async16(dst, src, valid); }
+// an L2 prefetch has no effect to emulate; its source must lie in a buffer (and 16-byte aligned)
+inline void prefetch_l2_bulk(const void* src, u32 bytes) {
+    if (reinterpret_cast<unsigned long long>(src) % 16 || bytes % 16) EMU_FAIL("prefetch_l2_bulk: %p, %u bytes not 16-byte aligned", src, bytes);
+    emu::wg::check_global(src, bytes, "cp.async.bulk.prefetch.L2");
+}
 inline void cp_async_commit() {
     emu::wg::cp_groups.push_back(std::move(emu::wg::cp_open));
     emu::wg::cp_open.clear();
