@@ -95,9 +95,8 @@ __device__ __forceinline__ float finite_or_zero(float m) { return m == neg_inf()
 // union sizes, mult [pairs, kk, 2] how many slots of each query hold the key (0 masks it for that
 // query; a key counts mult times in the softmax, as wgmma2sp). QPT 1: lens, mult unused.
 // prefetch > 0: the producer pulls the rows of the pair `prefetch` pairs after the next into L2
-// (cp.async.bulk.prefetch.L2, one row per thread) while it waits: its copies then hit L2. It pays
-// where the gathers are first touches (one head block per query or pair), not where a query's
-// other head blocks pulled the rows just before (128 heads).
+// (cp.async.bulk.prefetch.L2, one row per thread) while it waits, so its copies hit L2. Measured
+// no gain (one query) or a loss (the query pair): off by default (instantiations.attend_wgmma3_prefetch).
 template <bool OUT_BF16, int QPT>
 __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv,
                                                   long long kv_stride, const int* __restrict__ idx,

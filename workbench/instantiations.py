@@ -210,11 +210,12 @@ ATTEND_WGMMA3_ROLES = ((128, 40), (256, 232))      # (threads, setmaxnreg): the 
 
 
 def attend_wgmma3_prefetch(heads, qpt) -> int:
-    """attend_wgmma3's L2 prefetch distance (pairs of key tiles ahead) by default: where a block's
-    gathers are first touches (one head block per query or query pair: at most 32 heads), one pair;
-    at more heads a query's other head blocks have just pulled the rows (none). Measured: run 2 of
-    results/h200-2026-12-02-s5 (one query at 16 heads 4.77 against 5.31 ms; 128 heads no change)."""
-    return 1 if heads <= 32 else 0
+    """attend_wgmma3's L2 prefetch distance (pairs of key tiles ahead) by default: none. Run 3 of
+    results/h200-2026-12-02-s5 (one process, n 8192, k 2048): one query at 16 heads 5.14 / 5.06 /
+    5.14 ms at 0 / 1 / 2 pairs ahead, 128 heads 10.65 / 10.71, the query pair at 16 heads 3.98 /
+    4.36 / 4.31 (run 2's 10 % gain at 16 heads was the first row of its process). A knob to
+    measure with, not a default."""
+    return 0
 
 
 def attend_wgmma3_name(out_bf16, qpt=1) -> str:
