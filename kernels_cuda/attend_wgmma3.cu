@@ -97,12 +97,14 @@ __device__ __forceinline__ float finite_or_zero(float m) { return m == neg_inf()
 // prefetch > 0: the producer pulls the rows of the pair `prefetch` pairs after the next into L2
 // (cp.async.bulk.prefetch.L2, one row per thread) while it waits, so its copies hit L2. Measured
 // no gain (one query) or a loss (the query pair): off by default (instantiations.attend_wgmma3_prefetch).
+// interleave: tile t of the list's T tiles holds its slots t, t + T, t + 2T, ... (else t's 64 in a
+// row): the same keys in another order (other rounding), every tile spanning a sorted list's range.
 template <bool OUT_BF16, int QPT>
 __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv,
                                                   long long kv_stride, const int* __restrict__ idx,
                                                   const int* __restrict__ lens, const int* __restrict__ mult, int kk,
                                                   int n, long long L, int Hq, int nhb, int prefetch,
-                                                  float scale_log2, void* __restrict__ out,
+                                                  int interleave, float scale_log2, void* __restrict__ out,
                                                   float* __restrict__ lse) {
     static_assert(QPT == 1 || QPT == 2, "attend_wgmma3: one query or a query pair per block");
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -151,18 +153,22 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
         const int tid = (int)threadIdx.x - 256, r8 = tid & 7, qw = tid >> 3;   // quarter warp qw: rows qw + 16g
         int nx0[GN], nx1[GN];                                            // the pair's two tiles: rows qw + 16g
         int pf = -1;                                                     // prefetch: slot tid of a later pair
+        // the list slot of row j of tile t (-1: none)
+        auto slot_of = [&](int t, int j) {
+            const int s = interleave ? t + ntiles * j : t * NK + j;
+            return s < len && t < ntiles ? s : -1;
+        };
         auto load_slots = [&](int b) {
-            const int j0 = 2 * b * NK, j1 = j0 + NK;
             const int* lst = idx + (long long)(int)opaque_u32((u32)tq) * kk;     // (made here: not held over the loop)
 #pragma unroll
             for (int g = 0; g < GN; ++g) {
-                const int j = qw + QW * g;
-                nx0[g] = j0 + j < len ? __ldg(lst + j0 + j) : -1;
-                nx1[g] = j1 + j < len ? __ldg(lst + j1 + j) : -1;
+                const int j = qw + QW * g, s0 = slot_of(2 * b, j), s1 = slot_of(2 * b + 1, j);
+                nx0[g] = s0 >= 0 ? __ldg(lst + s0) : -1;
+                nx1[g] = s1 >= 0 ? __ldg(lst + s1) : -1;
             }
             if (prefetch > 0) {
-                const int jp = j0 + 2 * NK * prefetch + tid;
-                pf = jp < len ? __ldg(lst + jp) : -1;
+                const int sp = slot_of(2 * (b + prefetch) + (tid >> 6), tid & 63);
+                pf = sp >= 0 ? __ldg(lst + sp) : -1;
             }
         };
         // column tiles [c0, c1) of a stage: row j's 128 B of tile ct at slot r8 ^ (j % 8); invalid
@@ -179,9 +185,9 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
                 for (int ct = c0; ct < c1; ++ct) cp_async16_l2pf(d + (u32)(ct * CT_BYTES), src + (ok ? ct * 64 : 0), ok);
             }
         };
-        // a quarter warp's first lane: its rows' mask (QPT 2: the slot's two counts, 16 bits each;
-        // tile j0's, loaded after the copies are issued)
-        auto store_mask = [&](float* msk, const int (&nx)[GN], int j0) {
+        // a quarter warp's first lane: its rows' mask (QPT 2: the slot's two counts, 16 bits each)
+        // for tile t
+        auto store_mask = [&](float* msk, const int (&nx)[GN], int t) {
             if (r8 == 0)
 #pragma unroll
                 for (int g = 0; g < GN; ++g) {
@@ -191,7 +197,7 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
                     } else {
                         u32 wv = 0u;
                         if (ok) {   // (the address made here, none held over the loop: the producer spilled)
-                            const long long at = (long long)tq * kk + (int)opaque_u32((u32)(j0 + qw + QW * g));
+                            const long long at = (long long)tq * kk + (int)opaque_u32((u32)slot_of(t, qw + QW * g));
                             const int2 c = __ldg(reinterpret_cast<const int2*>(mult) + at);
                             wv = (u32)min(max(c.x, 0), 0xffff) | ((u32)min(max(c.y, 0), 0xffff) << 16);
                         }
@@ -203,8 +209,8 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
         // pair b - 2's, whose readers released their regions before the waits of pair b - 1)
         auto store_masks_early = [&](int b) {
             if (QPT == 2) {
-                store_mask(mask_of(b, 0), nx0, 2 * b * NK);
-                store_mask(mask_of(b, 1), nx1, (2 * b + 1) * NK);
+                store_mask(mask_of(b, 0), nx0, 2 * b);
+                store_mask(mask_of(b, 1), nx1, 2 * b + 1);
             }
         };
         if (npairs > 0) {
@@ -216,12 +222,12 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
             if (pf >= 0 && (long long)pf < L) prefetch_l2_bulk(kv + (long long)pf * kv_stride, DQK * 2);
             if (b) mbar_wait_or_trap(empty(0, REG_L), par);              // warpgroup 0's own P.V done
             copy(sk0, nx0, 0, NL);
-            if (QPT == 1) store_mask(mask_of(b, 0), nx0, 2 * b * NK);
+            if (QPT == 1) store_mask(mask_of(b, 0), nx0, 2 * b);
             mbar_arrive(full(0, REG_L));                                 // (release: the mask store)
             cp_async_arrive_noinc(full(0, REG_L));
             if (b) mbar_wait_or_trap(empty(1, REG_R), par);              // warpgroup 1's own P.V done
             copy(sk1, nx1, NL, NCT);
-            if (QPT == 1) store_mask(mask_of(b, 1), nx1, (2 * b + 1) * NK);
+            if (QPT == 1) store_mask(mask_of(b, 1), nx1, 2 * b + 1);
             mbar_arrive(full(1, REG_R));
             cp_async_arrive_noinc(full(1, REG_R));
             if (b) mbar_wait_or_trap(empty(0, REG_R), par);              // warpgroup 1's P_0 . V_0R done
@@ -503,8 +509,8 @@ template <bool OUT_BF16, int QPT>
 __global__ void __launch_bounds__(THREADS, 1)
 hytopk_attend_fwd_wgmma3(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv, long long kv_stride,
                          const int* __restrict__ idx, const int* __restrict__ lens, const int* __restrict__ mult,
-                         int kk, int n, long long L, int Hq, int nhb, int prefetch, float scale_log2,
-                         void* __restrict__ out, float* __restrict__ lse) {
-    attend_fwd_wgmma3<OUT_BF16, QPT>(q, kv, kv_stride, idx, lens, mult, kk, n, L, Hq, nhb, prefetch, scale_log2, out,
-                                     lse);
+                         int kk, int n, long long L, int Hq, int nhb, int prefetch, int interleave,
+                         float scale_log2, void* __restrict__ out, float* __restrict__ lse) {
+    attend_fwd_wgmma3<OUT_BF16, QPT>(q, kv, kv_stride, idx, lens, mult, kk, n, L, Hq, nhb, prefetch, interleave,
+                                     scale_log2, out, lse);
 }

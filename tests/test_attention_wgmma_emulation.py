@@ -60,7 +60,7 @@ def reference(qh, kvh, idx):
     return RA.attend(qh, kvh[:, None, :], kvh[:, None, :512], idx)
 
 
-def check_hot_cold(driver, version, Hq, kind, n, tag="wgmma"):
+def check_hot_cold(driver, version, Hq, kind, n, tag="wgmma", **kw):
     """tests/test_attention_wgmma_gpu.py's case: hot keys (logit 0) and cold keys (exp2 underflows to
     exactly 0): out = the exact mean of the hot keys' small-integer values (the float32 quotient; a
     key listed twice counts twice)."""
@@ -74,7 +74,7 @@ def check_hot_cold(driver, version, Hq, kind, n, tag="wgmma"):
     q[:, :, 0] = np.where(rng.random((n, Hq)) < 0.8, 2.0, 0.0)
     qd, qh = bf16(q)
     idx = make_idx(rng, n, L, kk, kind)
-    out, lse = E.forward(driver, qd, kv, idx, 1.0, version=version)
+    out, lse = E.forward(driver, qd, kv, idx, 1.0, version=version, **kw)
     want = np.zeros((n, Hq, 512), np.float32)
     for t in range(n):
         sl = idx[t][idx[t] >= 0]
@@ -167,6 +167,25 @@ def test_prefetch_changes_no_bit(driver, version, Hq):
         o, lv = E.forward(driver, qd, kv, idx, version=version, prefetch=pf)
         np.testing.assert_array_equal(bits(o), bits(o0))
         np.testing.assert_array_equal(bits(lv), bits(l0))
+
+
+@pytest.mark.parametrize("version,Hq,kind,n", [("wgmma3", 128, "dups", 3), ("wgmma3", 16, "empty", 2),
+                                               ("wgmma3p", 16, "dups", 4), ("wgmma3p", 8, "disjoint", 3)])
+def test_interleaved_slot_order(driver, version, Hq, kind, n):
+    """Version 3 with tile t of T taking slots t, t + T, ... (interleave): exact hot/cold bits (a key
+    listed twice counts twice) and the reference's tolerance on random inputs over 1 to 5 tiles
+    (odd counts, a partial last column of slots, padding)."""
+    check_hot_cold(driver, version, Hq, kind, n, tag="wgmma-il", interleave=True)
+    rng = np.random.default_rng(seed("wgmma-il-rand", version, Hq, kind))
+    L = 300
+    kv, kh = bf16(rng.standard_normal((L, 576)))
+    for kk in (1, 130, 257):
+        qd, qh = bf16(rng.standard_normal((n, Hq, 576)))
+        idx = make_idx(rng, n, L, kk, kind)
+        out, lse = E.forward(driver, qd, kv, idx, None, version=version, interleave=True, prefetch=kk % 3)
+        ro, rl = reference(qh, kh, idx)
+        np.testing.assert_allclose(out, ro, rtol=2e-2, atol=2e-2)
+        np.testing.assert_allclose(lse, rl, rtol=1e-4, atol=1e-3)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -276,7 +295,8 @@ def test_random_sweep(driver, version, rep):
         jitter = {"HYTOPK_EMU_JITTER": "0.02", "HYTOPK_EMU_SEED": str(rep)} if rep else None   # other interleavings
         out, lse = E.forward(driver, qd, kv, idx, None, version=version,
                              out_dtype=str(rng.choice(["float32", "bfloat16"])), env=jitter,
-                             prefetch=int(rng.integers(0, 3)) if version.startswith("wgmma3") else 0)
+                             prefetch=int(rng.integers(0, 3)) if version.startswith("wgmma3") else 0,
+                             interleave=bool(rng.integers(0, 2)) and version.startswith("wgmma3"))
         if out.dtype == np.uint16:
             out = bf16_bits_to_float32(out)
         ro, rl = reference(qh, kh, idx)

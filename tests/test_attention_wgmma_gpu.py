@@ -402,6 +402,19 @@ def test_version_3_prefetch_changes_no_bit(qpt, Hq):
         attend_wgmma3.attend_forward_wgmma3(qd, k, v, idx, None, qpt=qpt, prefetch=-1)
 
 
+@pytest.mark.parametrize("qpt,Hq", [(1, 128), (1, 16), (2, 16), (2, 8)])
+@pytest.mark.parametrize("kk", [100, 2048])
+def test_version_3_interleaved_slot_order(qpt, Hq, kk):
+    """Version 3 with interleave (tile t of T takes slots t, t + T, ...): exact hot/cold bits and the
+    reference's tolerance on random inputs with padding, duplicates and shared neighbours."""
+    from workbench.families.cupy import attend_wgmma3
+    _forward("wgmma3")                                       # (skips off Hopper)
+    FWD = lambda *a, **kw: attend_wgmma3.attend_forward_wgmma3(*a, qpt=qpt, interleave=True, **kw)
+    check_hot_cold(FWD, Hq, "dups", 7, tag=f"wgmma-il-{qpt}")
+    for kind in ("shared", "empty", "dups"):
+        check_random(FWD, Hq, kk, kind, 5000, tag=f"wgmma-il-{qpt}")
+
+
 @pytest.mark.parametrize("qpt", [1, 2])
 @pytest.mark.parametrize("out_bf16", [True, False])
 def test_version_3_fits_the_launch(out_bf16, qpt):

@@ -218,6 +218,12 @@ def attend_wgmma3_prefetch(heads, qpt) -> int:
     return 0
 
 
+def attend_wgmma3_interleave(qpt) -> bool:
+    """attend_wgmma3's slot order by default: 64 consecutive slots per tile (False) or tile t of T
+    taking slots t, t + T, ... (True)."""
+    return False
+
+
 def attend_wgmma3_name(out_bf16, qpt=1) -> str:
     """qpt 2: a query pair per block over its union (wgmma3p)."""
     return f"hytopk_attend_fwd_wgmma3<{_b(out_bf16)}, {int(qpt)}>"

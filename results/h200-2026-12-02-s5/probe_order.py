@@ -4,7 +4,9 @@ one-query bench lists are random. One run, n 8192, L 65536, k 2048, bf16 out; th
 here on a union built once (its build time not inside, unlike the bench), its slots:
 - sorted (as built), shuffled (a random permutation within each row's count), interleaved (tile t
   of a row with T tiles holds its slots t, t + T, t + 2T, ...: every tile spans the key range);
-- wgmma3 (one query) on the bench's random lists and on the same lists sorted per query."""
+- wgmma3 (one query) on the bench's random lists and on the same lists sorted per query;
+- the kernels' own interleave (attend_forward_wgmma3(..., interleave=True): the same slot order as
+  the interleaved union above, made in the kernel), and the pair kernels with the build inside."""
 import json, os, sys, time
 from pathlib import Path
 sys.path.insert(0, "scripts")
@@ -51,6 +53,11 @@ for H in (16, 8):
     row(f"H{H} wgmma3 random lists", lambda: AW3.attend_forward_wgmma3(q, kk, vv, idx, None))
     isorted = torch.sort(idx, dim=1).values.contiguous()
     row(f"H{H} wgmma3 sorted lists", lambda: AW3.attend_forward_wgmma3(q, kk, vv, isorted, None))
+    row(f"H{H} wgmma3 sorted lists, interleave", lambda: AW3.attend_forward_wgmma3(q, kk, vv, isorted, None, interleave=True))
+    row(f"H{H} wgmma3 random lists, interleave", lambda: AW3.attend_forward_wgmma3(q, kk, vv, idx, None, interleave=True))
+    row(f"H{H} wgmma3p (build inside)", lambda: AW3.attend_forward_wgmma3(q, kk, vv, idx, None, qpt=2))
+    row(f"H{H} wgmma3p interleave (build inside)", lambda: AW3.attend_forward_wgmma3(q, kk, vv, idx, None, qpt=2, interleave=True))
+    row(f"H{H} wgmma2sp (build inside)", lambda: AW2.attend_forward_wgmma2(q, kk, vv, idx, None, swz=True, qpt=2))
     ic = cp.from_dlpack(idx)
     res["rows"][f"H{H} union build"] = timed(lambda: CA.pair_union(ic, L))
     ref = None
@@ -58,6 +65,9 @@ for H in (16, 8):
         AW3.pair_union = AW2.pair_union = (lambda u: lambda *a, **kw: u)(u)
         row(f"H{H} wgmma3p union {name} (build excluded)", lambda: AW3.attend_forward_wgmma3(q, kk, vv, idx, None, qpt=2))
         row(f"H{H} wgmma2sp union {name} (build excluded)", lambda: AW2.attend_forward_wgmma2(q, kk, vv, idx, None, swz=True, qpt=2))
+        if name == "sorted":
+            row(f"H{H} wgmma3p union sorted, interleave (build excluded)",
+                lambda: AW3.attend_forward_wgmma3(q, kk, vv, idx, None, qpt=2, interleave=True))
         out = torch.from_dlpack(AW3.attend_forward_wgmma3(q, kk, vv, idx, None, qpt=2, out_dtype="float32")[0])
         if ref is None:
             ref = out

@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
     std::ifstream in(argv[1], std::ios::binary);
     int h[11];
     in.read(reinterpret_cast<char*>(h), sizeof h);
-    // (version 3: h[1] = the prefetch distance in pairs)
+    // (version 3: h[1] = the prefetch distance in pairs | interleave << 8)
     const int version = h[0], swz = h[1], out_bf16 = h[2], n = h[3], Hq = h[4], kk = h[5], L = h[6], stride = h[7];
     const int qpt = h[10];                          // 2: the pairs' union rows [P, 2 kk], counts [P], mult [P, 2 kk, 2] follow
     emu::wg::smem_off = (unsigned)h[8];

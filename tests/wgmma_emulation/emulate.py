@@ -70,10 +70,11 @@ void emu_attend_wgmma3(bool ob, int qpt, int pf, const bf16_t* q, const bf16_t* 
     const int nhb = (Hq + ROWS - 1) / ROWS;
     const unsigned blocks = qpt == 2 ? (unsigned)((n + 1) / 2) : (unsigned)(n * nhb);
     emu::wg::launch(blocks, THREADS, LAUNCH_SMEM, [&] {
-        if (qpt == 2 && ob) hytopk_attend_fwd_wgmma3<true, 2>(q, kv, ks, idx, lens, mult, kk, n, L, Hq, nhb, pf, sl2, out, lse);
-        else if (qpt == 2) hytopk_attend_fwd_wgmma3<false, 2>(q, kv, ks, idx, lens, mult, kk, n, L, Hq, nhb, pf, sl2, out, lse);
-        else if (ob) hytopk_attend_fwd_wgmma3<true, 1>(q, kv, ks, idx, lens, mult, kk, n, L, Hq, nhb, pf, sl2, out, lse);
-        else hytopk_attend_fwd_wgmma3<false, 1>(q, kv, ks, idx, lens, mult, kk, n, L, Hq, nhb, pf, sl2, out, lse);
+        const int p = pf & 0xff, il = pf >> 8;            // the prefetch distance, interleave
+        if (qpt == 2 && ob) hytopk_attend_fwd_wgmma3<true, 2>(q, kv, ks, idx, lens, mult, kk, n, L, Hq, nhb, p, il, sl2, out, lse);
+        else if (qpt == 2) hytopk_attend_fwd_wgmma3<false, 2>(q, kv, ks, idx, lens, mult, kk, n, L, Hq, nhb, p, il, sl2, out, lse);
+        else if (ob) hytopk_attend_fwd_wgmma3<true, 1>(q, kv, ks, idx, lens, mult, kk, n, L, Hq, nhb, p, il, sl2, out, lse);
+        else hytopk_attend_fwd_wgmma3<false, 1>(q, kv, ks, idx, lens, mult, kk, n, L, Hq, nhb, p, il, sl2, out, lse);
     });
 }
 """,
@@ -134,9 +135,10 @@ def build(out_dir, sources: dict | None = None) -> Path:
 
 
 def forward(driver, q, kv, idx, scale=None, *, version="wgmma2", out_dtype="float32", smem_off=0x410,
-            timeout=900, env=None, prefetch=0):
+            timeout=900, env=None, prefetch=0, interleave=False):
     """(out, lse) of one forward of `version` on the CPU (module docstring); prefetch: version 3's
-    L2 prefetch distance in pairs (0: none; the emulation checks its addresses, nothing else)."""
+    L2 prefetch distance in pairs (0: none; the emulation checks its addresses, nothing else);
+    interleave: version 3's interleaved slot order."""
     q = np.ascontiguousarray(q, np.uint16)
     kv = np.ascontiguousarray(kv, np.uint16)
     idx = np.ascontiguousarray(idx, np.int32)
@@ -148,7 +150,7 @@ def forward(driver, q, kv, idx, scale=None, *, version="wgmma2", out_dtype="floa
     out_bf16 = out_dtype == "bfloat16"
     assert version in VERSIONS, version
     vnum = 3 if version.startswith("wgmma3") else 2
-    swz = int(version in ("wgmma2s", "wgmma2sp")) if vnum == 2 else int(prefetch)   # (version 3: the prefetch)
+    swz = int(version in ("wgmma2s", "wgmma2sp")) if vnum == 2 else int(prefetch) | (int(bool(interleave)) << 8)
     qpt = 2 if version.endswith("p") else 1
     head = np.array([vnum, swz, int(out_bf16), n, Hq, kk, L, stride, smem_off, 0, qpt], np.int32)
     head[9] = scale_log2.view(np.int32)

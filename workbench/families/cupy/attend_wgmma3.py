@@ -41,11 +41,13 @@ def _fn(name: str):
     return fn
 
 
-def attend_forward_wgmma3(q, k, v, idx, scale=None, *, out_dtype="bfloat16", qpt=1, prefetch=None):
+def attend_forward_wgmma3(q, k, v, idx, scale=None, *, out_dtype="bfloat16", qpt=1, prefetch=None, interleave=None):
     """(out [n, Hq, 512], lse float32 [n, Hq]) on a Hopper GPU; inputs as attend.attend_forward.
     qpt 2: two adjacent queries per block over their union (attend.pair_union; Hq <= 32).
     prefetch: how many pairs of key tiles ahead the producer pulls rows into L2 (0: none; None:
-    INST.attend_wgmma3_prefetch's choice for these heads and qpt)."""
+    INST.attend_wgmma3_prefetch's choice for these heads and qpt). interleave: tile t of a list of T
+    tiles takes its slots t, t + T, ... (every tile spans a sorted list's key range; other rounding),
+    else 64 consecutive slots (None: INST.attend_wgmma3_interleave(qpt))."""
     if out_dtype not in ("bfloat16", "float32"):
         raise ValueError(f"argument 'out_dtype' must be 'bfloat16' or 'float32', got {out_dtype!r}")
     if qpt not in (1, 2):
@@ -69,6 +71,9 @@ def attend_forward_wgmma3(q, k, v, idx, scale=None, *, out_dtype="bfloat16", qpt
             prefetch = INST.attend_wgmma3_prefetch(b.Hq, qpt)
         if not isinstance(prefetch, (int, np.integer)) or not 0 <= prefetch <= 8:
             raise ValueError(f"argument 'prefetch' must be an int in [0, 8], got {prefetch!r}")
+        interleave = INST.attend_wgmma3_interleave(qpt) if interleave is None else interleave
+        if interleave not in (False, True, 0, 1):
+            raise ValueError(f"argument 'interleave' must be a bool, got {interleave!r}")
         if b.n == 0 or b.Hq == 0:
             return out, lse
         if b.n * nhb >= 2 ** 31:
@@ -84,7 +89,7 @@ def attend_forward_wgmma3(q, k, v, idx, scale=None, *, out_dtype="bfloat16", qpt
             fn.max_dynamic_shared_size_bytes = smem
         fn((blocks,), (INST.ATTEND_WGMMA3_THREADS,),
            (b.q, b.k, np.int64(b.k_stride), lst, lens, mult, np.int32(width), np.int32(b.n), np.int64(b.L),
-            np.int32(b.Hq), np.int32(nhb), np.int32(prefetch), b.scale_log2, out, lse), shared_mem=smem)
+            np.int32(b.Hq), np.int32(nhb), np.int32(prefetch), np.int32(bool(interleave)), b.scale_log2, out, lse), shared_mem=smem)
         return out, lse
 
 
