@@ -220,8 +220,11 @@ def attend_wgmma3_prefetch(heads, qpt) -> int:
 
 def attend_wgmma3_interleave(qpt) -> bool:
     """attend_wgmma3's slot order by default: 64 consecutive slots per tile (False) or tile t of T
-    taking slots t, t + T, ... (True)."""
-    return False
+    taking slots t, t + T, ... (True). True for the query pair, whose union lists are sorted by key:
+    run 5 of results/h200-2026-12-02-s5 (alternating rounds, n 8192, k 2048) wgmma3p 3.86 against
+    4.13 ms at 16 heads, 3.77 against 4.10 at 8; the one-query lists (any order) gain nothing
+    (4.72 / 4.70 ms)."""
+    return qpt == 2
 
 
 def attend_wgmma3_name(out_bf16, qpt=1) -> str:
