@@ -102,16 +102,8 @@ __device__ __forceinline__ void attend_fwd_wgmma2(const bf16_t* __restrict__ q, 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const int t = (int)(blockIdx.x / (unsigned)nhb), h0 = (int)(blockIdx.x % (unsigned)nhb) * ROWS;
     if (!CLUSTER && t * QPT >= n) return;           // (the whole block; the launch never has t >= n)
-    // row r of the block: its query (QPT 2: r / Hq) and its row of q / out / lse, or false (a zero row)
-    auto row_of = [&](int r, long long& row) {
-        if (QPT == 1) {
-            row = (long long)t * Hq + h0 + r;
-            return h0 + r < Hq;
-        }
-        const int j = r / Hq, tq = 2 * t + j;
-        row = (long long)tq * Hq + (r - j * Hq);
-        return j < 2 && tq < n;
-    };
+    // row r of the block: its row of q / out / lse, or false (a zero row)
+    auto row_of = [&](int r, long long& row) { return attend_block_row<QPT>(t, h0, r, Hq, n, row); };
     const u32 raw = smem_addr(smem_raw), base = (raw + 1023u) & ~1023u;   // the same in both cluster blocks
     unsigned char* smem = smem_raw + (base - raw);
     const u32 sq = base + Q_OFF, sk0 = base + K_OFF, sp0 = base + P_OFF;

@@ -111,15 +111,7 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
     const int tq = (int)(blockIdx.x / (unsigned)nhb), h0 = (int)(blockIdx.x % (unsigned)nhb) * ROWS;
     if (tq * QPT >= n) return;
     // row r of the block: its row of q / out / lse, or false (a zero row)
-    auto row_of = [&](int r, long long& row) {
-        if (QPT == 1) {
-            row = (long long)tq * Hq + h0 + r;
-            return h0 + r < Hq;
-        }
-        const int j = r / Hq, t = 2 * tq + j;
-        row = (long long)t * Hq + (r - j * Hq);
-        return j < 2 && t < n;
-    };
+    auto row_of = [&](int r, long long& row) { return attend_block_row<QPT>(tq, h0, r, Hq, n, row); };
     const u32 raw = smem_addr(smem_raw), base = (raw + 1023u) & ~1023u;
     unsigned char* smem = smem_raw + (base - raw);
     const u32 sq = base + Q_OFF, sk0 = base + K_OFF, sk1 = sk0 + TILE_BYTES, sp1 = base + P1_OFF;

@@ -151,5 +151,19 @@ __device__ __forceinline__ void mbar_wait_or_trap(u32 bar, u32 parity) {
     } while (!done);
 }
 
+// Row r of an attention block (the MLA forwards, 64 rows): QPT 1, head h0 + r of query t; QPT 2 (a
+// query pair, Hq <= 32), head r % Hq of query 2t + r / Hq. Its row of q / out / lse in `row`;
+// false: a zero row (past the heads, or the absent second query of an odd n).
+template <int QPT>
+__device__ __forceinline__ bool attend_block_row(int t, int h0, int r, int Hq, int n, long long& row) {
+    if (QPT == 1) {
+        row = (long long)t * Hq + h0 + r;
+        return h0 + r < Hq;
+    }
+    const int j = r / Hq, tq = 2 * t + j;
+    row = (long long)tq * Hq + (r - j * Hq);
+    return j < 2 && tq < n;
+}
+
 }  // namespace wgp
 }  // namespace hytopk
