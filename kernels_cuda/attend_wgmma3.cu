@@ -94,8 +94,8 @@ __device__ __forceinline__ float finite_or_zero(float m) { return m == neg_inf()
 // zero rows) over their union: idx = the union rows [pairs, kk] (kk = its width), lens [pairs] the
 // union sizes, mult [pairs, kk, 2] how many slots of each query hold the key (0 masks it for that
 // query; a key counts mult times in the softmax, as wgmma2sp). QPT 1: lens, mult unused.
-// prefetch > 0: the producer pulls the rows of the pair `prefetch` pairs after the next into L2
-// (cp.async.bulk.prefetch.L2, one row per thread) while it waits, so its copies hit L2. Measured
+// prefetch > 0: while it issues pair b's copies the producer pulls pair b + prefetch's rows into L2
+// (cp.async.bulk.prefetch.L2, one row per thread), so their copies hit L2. Measured
 // no gain (one query) or a loss (the query pair): off by default (instantiations.attend_wgmma3_prefetch).
 // interleave: tile t of the list's T tiles holds its slots t, t + T, t + 2T, ... (else t's 64 in a
 // row): the same keys in another order (other rounding), every tile spanning a sorted list's range.

@@ -2,6 +2,8 @@
 static_asserts check ATTEND_WGMMA2_SMEM and the thread count in the compile check)."""
 from __future__ import annotations
 
+import pytest
+
 from workbench import instantiations as INST
 
 
@@ -50,3 +52,15 @@ def test_backward_instantiations_and_launch_figures():
     assert INST.ATTEND_WGMMA_BWD_SMEM == (64 * 576 * 2 + 64 * 512 * 2 + 2 * 32 * 576 * 2 + 2 * 64 * 32 * 2
                                           + 2 * 32 * 4 + 4 * 8 + 96 + 64 * 16 * 2 + 128) <= INST.ATTEND_SMEM_LIMIT
     assert INST.ATTEND_WGMMA_BWD_THREADS == 384
+
+
+@pytest.mark.parametrize("kw,arg", [({"qpt": 3}, "qpt"), ({"qpt": True}, "qpt"), ({"prefetch": True}, "prefetch"),
+                                    ({"prefetch": -1}, "prefetch"), ({"prefetch": 9}, "prefetch"),
+                                    ({"prefetch": 1.0}, "prefetch"), ({"interleave": 1.0}, "interleave"),
+                                    ({"interleave": 2}, "interleave")])
+def test_version_3_refuses_bad_options_naming_them(kw, arg):
+    """attend_forward_wgmma3's options are checked before anything else (no GPU needed past CuPy's import)."""
+    pytest.importorskip("cupy")
+    from workbench.families.cupy import attend_wgmma3
+    with pytest.raises(ValueError, match=f"argument '{arg}'"):
+        attend_wgmma3.attend_forward_wgmma3(None, None, None, None, **kw)

@@ -52,14 +52,20 @@ def attend_forward_wgmma3(q, k, v, idx, scale=None, *, out_dtype="bfloat16", qpt
     else 64 consecutive slots (None: INST.attend_wgmma3_interleave(qpt))."""
     if out_dtype not in ("bfloat16", "float32"):
         raise ValueError(f"argument 'out_dtype' must be 'bfloat16' or 'float32', got {out_dtype!r}")
-    if qpt not in (1, 2):
+    if qpt not in (1, 2) or isinstance(qpt, bool):
         raise ValueError(f"argument 'qpt' must be 1 or 2, got {qpt!r}")
+    if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer))
+                                 or not 0 <= prefetch <= 8):
+        raise ValueError(f"argument 'prefetch' must be None or an int in [0, 8], got {prefetch!r}")
+    if interleave is not None and not isinstance(interleave, (bool, np.bool_)):
+        raise ValueError(f"argument 'interleave' must be None or a bool, got {interleave!r}")
+    name = "cupy.attend.wgmma3p" if qpt == 2 else "cupy.attend.wgmma3"
     require_sm90()
     with launch_stream():
         b = Bound(q, k, v, idx, scale)
         why = unsupported(b)
         if why:
-            raise ValueError(f"arguments 'k', 'v': cupy.attend.wgmma3 {why}; use cupy.attend.one")
+            raise ValueError(f"arguments 'k', 'v': {name} {why}; use cupy.attend.one")
         out_bf16 = out_dtype == "bfloat16"
         out = cp.empty((b.n, b.Hq, b.DV), cp.uint16 if out_bf16 else cp.float32)
         lse = cp.empty((b.n, b.Hq), cp.float32)
@@ -69,13 +75,8 @@ def attend_forward_wgmma3(q, k, v, idx, scale=None, *, out_dtype="bfloat16", qpt
                              f"heads, got {b.Hq}; use qpt=1")
         if qpt == 2 and b.kk >= PAIR_MAX_K:
             raise ValueError(f"argument 'idx': a query pair per block takes kk < {PAIR_MAX_K}, got {b.kk}")
-        if prefetch is None:
-            prefetch = INST.attend_wgmma3_prefetch(b.Hq, qpt)
-        if not isinstance(prefetch, (int, np.integer)) or not 0 <= prefetch <= 8:
-            raise ValueError(f"argument 'prefetch' must be an int in [0, 8], got {prefetch!r}")
-        interleave = INST.attend_wgmma3_interleave(qpt) if interleave is None else interleave
-        if interleave not in (False, True, 0, 1):
-            raise ValueError(f"argument 'interleave' must be a bool, got {interleave!r}")
+        prefetch = INST.attend_wgmma3_prefetch(b.Hq, qpt) if prefetch is None else int(prefetch)
+        interleave = INST.attend_wgmma3_interleave(qpt) if interleave is None else bool(interleave)
         if b.n == 0 or b.Hq == 0:
             return out, lse
         if b.n * nhb >= 2 ** 31:
