@@ -96,7 +96,7 @@ __device__ __forceinline__ float finite_or_zero(float m) { return m == neg_inf()
 // query; a key counts mult times in the softmax, as wgmma2sp). QPT 1: lens, mult unused.
 // prefetch > 0: while it issues pair b's copies the producer pulls pair b + prefetch's rows into L2
 // (cp.async.bulk.prefetch.L2, one row per thread), so their copies hit L2. Measured
-// no gain (one query) or a loss (the query pair): off by default (instantiations.attend_wgmma3_prefetch).
+// no gain (one query) or a loss (the query pair): off by default (instantiations.ATTEND_WGMMA3_PREFETCH).
 // interleave: tile t of the list's T tiles holds its slots t, t + T, t + 2T, ... (else t's 64 in a
 // row): the same keys in another order (other rounding), every tile spanning a sorted list's range.
 template <bool OUT_BF16, int QPT>

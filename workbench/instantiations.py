@@ -209,13 +209,11 @@ ATTEND_WGMMA3_THREADS = 384                                                # 2 c
 ATTEND_WGMMA3_ROLES = ((128, 40), (256, 232))      # (threads, setmaxnreg): the producer, the consumers
 
 
-def attend_wgmma3_prefetch(heads, qpt) -> int:
-    """attend_wgmma3's L2 prefetch distance (pairs of key tiles ahead) by default: none. Run 3 of
-    results/h200-2026-12-02-s5 (one process, n 8192, k 2048): one query at 16 heads 5.14 / 5.06 /
-    5.14 ms at 0 / 1 / 2 pairs ahead, 128 heads 10.65 / 10.71, the query pair at 16 heads 3.98 /
-    4.36 / 4.31 (run 2's 10 % gain at 16 heads was the first row of its process). A knob to
-    measure with, not a default."""
-    return 0
+# attend_wgmma3's L2 prefetch distance (pairs of key tiles ahead) by default: none. Run 3 of
+# results/h200-2026-12-02-s5 (one process, n 8192, k 2048): one query at 16 heads 5.14 / 5.06 / 5.14 ms
+# at 0 / 1 / 2 pairs ahead, 128 heads 10.65 / 10.71, the query pair at 16 heads 3.98 / 4.36 / 4.31
+# (run 2's 10 % gain at 16 heads was the first row of its process). A knob to measure with.
+ATTEND_WGMMA3_PREFETCH = 0
 
 
 def attend_wgmma3_interleave(qpt) -> bool:

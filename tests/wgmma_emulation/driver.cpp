@@ -17,7 +17,7 @@ void emu_attend_wgmma2(bool out_bf16, bool swz, int qpt, const bf16_t* q, const 
 void emu_attend_wgmma_bwd(int atomic, const bf16_t* q, const bf16_t* kv, long long ks, const int* idx, int kk, int n,
                           int t0, int count, long long L, int Hq, float scale, float sl2, const bf16_t* dout,
                           const float* lse, const float* delta, float* dq, float* out);
-void emu_attend_wgmma3(bool out_bf16, int qpt, int prefetch, const bf16_t* q, const bf16_t* kv, long long kv_stride, const int* idx,
+void emu_attend_wgmma3(bool out_bf16, int qpt, int opts, const bf16_t* q, const bf16_t* kv, long long kv_stride, const int* idx,
                        const int* lens, const int* mult, int kk, int n, long long L, int Hq, float scale_log2,
                        void* out, float* lse);
 

@@ -64,13 +64,13 @@ void emu_attend_wgmma2(bool ob, bool swz, int qpt, const bf16_t* q, const bf16_t
 }
 """,
     "attend_wgmma3.cu": """
-void emu_attend_wgmma3(bool ob, int qpt, int pf, const bf16_t* q, const bf16_t* kv, long long ks, const int* idx,
+void emu_attend_wgmma3(bool ob, int qpt, int opts, const bf16_t* q, const bf16_t* kv, long long ks, const int* idx,
                        const int* lens, const int* mult, int kk, int n, long long L, int Hq, float sl2, void* out,
                        float* lse) {
     const int nhb = (Hq + ROWS - 1) / ROWS;
     const unsigned blocks = qpt == 2 ? (unsigned)((n + 1) / 2) : (unsigned)(n * nhb);
     emu::wg::launch(blocks, THREADS, LAUNCH_SMEM, [&] {
-        const int p = pf & 0xff, il = pf >> 8;            // the prefetch distance, interleave
+        const int p = opts & 0xff, il = opts >> 8;        // the prefetch distance, interleave
         if (qpt == 2 && ob) hytopk_attend_fwd_wgmma3<true, 2>(q, kv, ks, idx, lens, mult, kk, n, L, Hq, nhb, p, il, sl2, out, lse);
         else if (qpt == 2) hytopk_attend_fwd_wgmma3<false, 2>(q, kv, ks, idx, lens, mult, kk, n, L, Hq, nhb, p, il, sl2, out, lse);
         else if (ob) hytopk_attend_fwd_wgmma3<true, 1>(q, kv, ks, idx, lens, mult, kk, n, L, Hq, nhb, p, il, sl2, out, lse);

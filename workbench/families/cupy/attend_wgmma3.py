@@ -47,7 +47,7 @@ def attend_forward_wgmma3(q, k, v, idx, scale=None, *, out_dtype="bfloat16", qpt
     """(out [n, Hq, 512], lse float32 [n, Hq]) on a Hopper GPU; inputs as attend.attend_forward.
     qpt 2: two adjacent queries per block over their union (attend.pair_union; Hq <= 32).
     prefetch: how many pairs of key tiles ahead the producer pulls rows into L2 (0: none; None:
-    INST.attend_wgmma3_prefetch's choice for these heads and qpt). interleave: tile t of a list of T
+    INST.ATTEND_WGMMA3_PREFETCH). interleave: tile t of a list of T
     tiles takes its slots t, t + T, ... (every tile spans a sorted list's key range; other rounding),
     else 64 consecutive slots (None: INST.attend_wgmma3_interleave(qpt))."""
     if out_dtype not in ("bfloat16", "float32"):
@@ -66,16 +66,16 @@ def attend_forward_wgmma3(q, k, v, idx, scale=None, *, out_dtype="bfloat16", qpt
         why = unsupported(b)
         if why:
             raise ValueError(f"arguments 'k', 'v': {name} {why}; use cupy.attend.one")
-        out_bf16 = out_dtype == "bfloat16"
-        out = cp.empty((b.n, b.Hq, b.DV), cp.uint16 if out_bf16 else cp.float32)
-        lse = cp.empty((b.n, b.Hq), cp.float32)
-        nhb = -(-b.Hq // INST.ATTEND_WGMMA_HEADS)            # head blocks per query: adjacent blocks
         if qpt == 2 and 2 * b.Hq > INST.ATTEND_WGMMA_HEADS:
             raise ValueError(f"argument 'q': a query pair per block takes at most {INST.ATTEND_WGMMA_HEADS // 2} "
                              f"heads, got {b.Hq}; use qpt=1")
         if qpt == 2 and b.kk >= PAIR_MAX_K:
             raise ValueError(f"argument 'idx': a query pair per block takes kk < {PAIR_MAX_K}, got {b.kk}")
-        prefetch = INST.attend_wgmma3_prefetch(b.Hq, qpt) if prefetch is None else int(prefetch)
+        out_bf16 = out_dtype == "bfloat16"
+        out = cp.empty((b.n, b.Hq, b.DV), cp.uint16 if out_bf16 else cp.float32)
+        lse = cp.empty((b.n, b.Hq), cp.float32)
+        nhb = -(-b.Hq // INST.ATTEND_WGMMA_HEADS)            # head blocks per query: adjacent blocks
+        prefetch = INST.ATTEND_WGMMA3_PREFETCH if prefetch is None else int(prefetch)
         interleave = INST.attend_wgmma3_interleave(qpt) if interleave is None else bool(interleave)
         if b.n == 0 or b.Hq == 0:
             return out, lse
