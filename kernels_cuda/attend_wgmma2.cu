@@ -376,11 +376,11 @@ __device__ __forceinline__ void attend_fwd_wgmma2(const bf16_t* __restrict__ q, 
             const int r = h ? r1 : r0;
             long long row;
             if (!row_of(r, row)) continue;
-            const float l = red[2 * ROWS + r] + red[3 * ROWS + r];
+            const float l = red[2 * ROWS + r] + red[3 * ROWS + r], rl = l > 0.0f ? rcp_refined(l) : 0.0f;
 #pragma unroll
             for (int nb = 0; nb < 32; ++nb) {
-                const float x0 = l > 0.0f ? __fdiv_rn(o[4 * nb + 2 * h], l) : 0.0f;
-                const float x1 = l > 0.0f ? __fdiv_rn(o[4 * nb + 2 * h + 1], l) : 0.0f;
+                const float x0 = l > 0.0f ? div_rn_by(o[4 * nb + 2 * h], l, rl) : 0.0f;     // = __fdiv_rn(o, l)
+                const float x1 = l > 0.0f ? div_rn_by(o[4 * nb + 2 * h + 1], l, rl) : 0.0f;
                 const long long at = row * DV + c * 256 + nb * 8 + tig * 2;
                 if (OUT_BF16)
                     *reinterpret_cast<u32*>(reinterpret_cast<bf16_t*>(out) + at) = pack_bf16x2(x0, x1);

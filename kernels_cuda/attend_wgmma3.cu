@@ -143,7 +143,9 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
         // ---------------------------------------------------------------- producer (one warpgroup)
         regs_dec<PRODUCER_REGS>();
         const int tid = (int)threadIdx.x - 256, r8 = tid & 7, qw = tid >> 3;   // quarter warp qw: rows qw + 16g
-        int nx0[GN], nx1[GN];                                            // the pair's two tiles: rows qw + 16g
+        int nx0[GN], nx1[GN];                                            // the pair's two tiles: rows qw + 16g (-1: none)
+        // a slot's key is a row of kv iff (u32)key < rows (negative keys wrap above it): one compare
+        const u32 rows = (u32)min(L, 0x80000000ll);
         int pf = -1;                                                     // prefetch: slot tid of a later pair
         // the list slot of row j of tile t (-1: none)
         auto slot_of = [&](int t, int j) {
@@ -164,17 +166,20 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
             }
         };
         // column tiles [c0, c1) of a stage: row j's 128 B of tile ct at slot r8 ^ (j % 8); invalid
-        // slots are zero-filled (src-size 0)
+        // slots are zero-filled (src-size 0: nothing is read; their address is row 0's, in bounds
+        // whenever L > 0). One row address per region, the tiles at immediate offsets from it: a
+        // select per copy had cost ~12 producer instructions per cp.async (ncu, run 1 of
+        // results/h200-2026-12-02-s6; FlashMLA's producer: ~3)
         auto copy = [&](u32 stage, const int (&nx)[GN], int c0, int c1) {
 #pragma unroll
             for (int g = 0; g < GN; ++g) {
                 const int j = qw + QW * g;                                 // j % 8 = qw % 8
-                const long long sl = (int)opaque_u32((u32)nx[g]);       // (address math here, not hoisted over the waits)
-                const bool ok = sl >= 0 && sl < L;
-                const bf16_t* src = kv + (ok ? sl * kv_stride + r8 * 8 : 0);
+                const u32 sl = opaque_u32((u32)nx[g]);                  // (address math here, not hoisted over the waits)
+                const bool ok = sl < rows;
+                const bf16_t* src = kv + ((long long)(ok ? sl : 0u) * kv_stride + r8 * 8);
                 const u32 d = stage + (u32)(j * 128 + ((r8 ^ (qw & 7)) << 4));
 #pragma unroll
-                for (int ct = c0; ct < c1; ++ct) cp_async16_l2pf(d + (u32)(ct * CT_BYTES), src + (ok ? ct * 64 : 0), ok);
+                for (int ct = c0; ct < c1; ++ct) cp_async16_l2pf(d + (u32)(ct * CT_BYTES), src + ct * 64, ok);
             }
         };
         // a quarter warp's first lane: its rows' mask (QPT 2: the slot's two counts, 16 bits each)
@@ -183,7 +188,7 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
             if (r8 == 0)
 #pragma unroll
                 for (int g = 0; g < GN; ++g) {
-                    const bool ok = nx[g] >= 0 && (long long)nx[g] < L;
+                    const bool ok = (u32)nx[g] < rows;
                     if (QPT == 1) {
                         msk[qw + QW * g] = ok ? 1.0f : 0.0f;
                     } else {
@@ -275,17 +280,22 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
         constexpr u32 QHI = (u32)(GROUP >> 4);
         const u32 a_lo0 = ((sq >> 4) & 0x3fffu) | (8u << 16);
         // S += Q K^T over column tiles [c0, c1) of a stage (first: the first k-step starts the sum)
+        // the descriptors' low words advance by (byte offset >> 4) within their 14-bit address field
+        // (shared addresses < 256 KiB: no carry out), their high words are constants: two adds per
+        // wgmma (rebuilding the swizzled descriptor per k-step took nine uniform instructions)
+        constexpr u32 KHI = (u32)((1024 >> 4) | (1u << 30));              // stride 1024 B, 128-byte swizzle
         auto qk = [&](u32 stage_, int c0, int c1, bool first) {
-            const u32 a_lo = opaque_u32(a_lo0), stage = opaque_u32(stage_);   // (else 36 hoisted descriptors spill)
+            const u32 a_lo = opaque_u32(a_lo0);                              // (else 36 hoisted descriptors spill)
+            const u32 b_lo = opaque_u32(((stage_ >> 4) & 0x3fffu) | (1u << 16));   // leading byte offset 16
             fence_proxy_async();
             wgmma_fence();
 #pragma unroll
             for (int ct = c0; ct < c1; ++ct)
 #pragma unroll
-                for (int k4 = 0; k4 < 4; ++k4) {
-                    const u64 b = desc_sw128(stage + (u32)(ct * CT_BYTES + k4 * 32), 16, 1024);
-                    wgmma_m64n64k16_bf16(s, ((u64)QHI << 32) | (a_lo + 16u * (u32)(ct * 4 + k4)), b, !(first && ct == c0 && k4 == 0));
-                }
+                for (int k4 = 0; k4 < 4; ++k4)
+                    wgmma_m64n64k16_bf16(s, ((u64)QHI << 32) | (a_lo + 16u * (u32)(ct * 4 + k4)),
+                                         ((u64)KHI << 32) | (b_lo + (u32)((ct * CT_BYTES + k4 * 32) >> 4)),
+                                         !(first && ct == c0 && k4 == 0));
             wgmma_commit();
         };
         // the count of key `key` of a stage's mask for row half h (QPT 1: 1 / 0)
@@ -293,25 +303,28 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
             if (QPT == 1) return msk[key];
             return (float)((reinterpret_cast<const u32*>(msk)[key] >> wsh[h]) & 0xffffu);
         };
-        // logits (base 2) under the stage's mask, rowmax folded into mx: s[4nb + e] = row (e < 2 ?
-        // r0 : r1), key 8nb + 2tig + (e & 1)
+        // the stage's mask on the raw logits (-inf off it), their row max (base 2: times scale_log2,
+        // as max and a positive scale's rounding commute) folded into mx: s[4nb + e] = row (e < 2 ?
+        // r0 : r1), key 8nb + 2tig + (e & 1). The scale is applied in the softmax's fma.
         auto mask_max = [&](const float* msk, float (&mx)[2]) {
+            float rm[2] = {neg_inf(), neg_inf()};
 #pragma unroll
             for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const float wv = count_of(msk, nb * 8 + tig * 2 + (e & 1), e >> 1);
-                    s[4 * nb + e] = wv > 0.0f ? s[4 * nb + e] * scale_log2 : neg_inf();
-                    mx[e >> 1] = fmaxf(mx[e >> 1], s[4 * nb + e]);
+                    s[4 * nb + e] = wv > 0.0f ? s[4 * nb + e] : neg_inf();
+                    rm[e >> 1] = fmaxf(rm[e >> 1], s[4 * nb + e]);
                 }
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+                rm[h] = fmaxf(rm[h], __shfl_xor_sync(0xffffffffu, rm[h], 1));
+                rm[h] = fmaxf(rm[h], __shfl_xor_sync(0xffffffffu, rm[h], 2));
+                mx[h] = fmaxf(mx[h], rm[h] * scale_log2);
             }
         };
-        // O, l rescaled from m to mn; s := P = exp2(s - mn) (float; QPT 2: times the key's count), its
-        // row sums into l, pa = bf16 P
+        // O, l rescaled from m to mn; s := P = exp2(s scale_log2 - mn) (float; QPT 2: times the key's
+        // count), its row sums into l, pa = bf16 P
         auto softmax = [&](const float* msk, const float (&mn)[2]) {
             const float mu[2] = {finite_or_zero(mn[0]), finite_or_zero(mn[1])};
             const float a[2] = {exp2f(m[0] - mu[0]), exp2f(m[1] - mu[1])};   // m = -inf (nothing yet): 0
@@ -322,7 +335,7 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
             for (int nb = 0; nb < 8; ++nb) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    s[4 * nb + e] = exp2f(s[4 * nb + e] - mu[e >> 1]);  // masked: exp2(-inf) = 0
+                    s[4 * nb + e] = exp2f(fmaf(s[4 * nb + e], scale_log2, -mu[e >> 1]));  // masked: exp2(-inf) = 0
                     if (QPT == 2) s[4 * nb + e] *= count_of(msk, nb * 8 + tig * 2 + (e & 1), e >> 1);
                     lsum[e >> 1] += s[4 * nb + e];
                 }
@@ -471,11 +484,11 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
             const int r = h ? r1 : r0;
             long long row;
             if (!row_of(r, row)) continue;
-            const float l = sums[r] + sums[ROWS + r];
+            const float l = sums[r] + sums[ROWS + r], rl = l > 0.0f ? rcp_refined(l) : 0.0f;
 #pragma unroll
             for (int nb = 0; nb < 32; ++nb) {
-                const float x0 = l > 0.0f ? __fdiv_rn(o[4 * nb + 2 * h], l) : 0.0f;
-                const float x1 = l > 0.0f ? __fdiv_rn(o[4 * nb + 2 * h + 1], l) : 0.0f;
+                const float x0 = l > 0.0f ? div_rn_by(o[4 * nb + 2 * h], l, rl) : 0.0f;     // = __fdiv_rn(o, l)
+                const float x1 = l > 0.0f ? div_rn_by(o[4 * nb + 2 * h + 1], l, rl) : 0.0f;
                 const long long at = row * DV + w * 256 + nb * 8 + tig * 2;
                 if (OUT_BF16)
                     *reinterpret_cast<u32*>(reinterpret_cast<bf16_t*>(out) + at) = pack_bf16x2(x0, x1);

@@ -18,6 +18,12 @@ template <int N>        // until at most N committed groups of this warpgroup ar
 __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 // ordinary (cp.async) writes to shared memory become visible to the tensor cores' async proxy
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// the hardware's approximate reciprocal (MUFU.RCP), the first step of div.rn.f32's fast path
+__device__ __forceinline__ float rcp_approx(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
 
 // Named barriers (0 is __syncthreads): `threads` of the block, a multiple of 32.
 __device__ __forceinline__ void bar_sync(int id, int threads) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
@@ -149,6 +155,20 @@ __device__ __forceinline__ void mbar_wait_or_trap(u32 bar, u32 parity) {
             else if (globaltimer_lo() - t0 > 2000000000u) device_trap();
         }
     } while (!done);
+}
+
+// o / l correctly rounded at three FMAs per quotient: div.rn.f32's fast path (what __fdiv_rn runs
+// when its range check passes: l and the quotient normal, as here, l >= 1) with the refined
+// reciprocal made once per divisor (rcp_refined) instead of once per quotient. __fdiv_rn inlined
+// 128 times (reciprocal, range check, branch each) took ~9 % of version 3's samples (its epilogue:
+// ncu, results/h200-2026-12-02-s6 run 2).
+__device__ __forceinline__ float rcp_refined(float l) {
+    const float r0 = rcp_approx(l);
+    return fmaf(r0, fmaf(-l, r0, 1.0f), r0);
+}
+__device__ __forceinline__ float div_rn_by(float o, float l, float r) {
+    const float q = fmaf(o, r, 0.0f);
+    return fmaf(r, fmaf(-l, q, o), q);
 }
 
 // Row r of an attention block (the MLA forwards, 64 rows): QPT 1, head h0 + r of query t; QPT 2 (a

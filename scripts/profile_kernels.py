@@ -2,7 +2,7 @@
 reasons). Cases: table (issue 21: the v2 threshold, streaming filter, shared-memory select and
 fused kernel at 4096 x 131072 float32, k = 2048; table_runs: the same with the samples in runs), attend_wgmma2 / 2c / 2s / 2sc (the sm_90a forward, 128 heads: c the 2-CTA
 cluster, s the swizzled key tile), attend_wgmma3 (version 3: producer warpgroup, per-warpgroup tiles),
-attend_wgmma_bwd (the wgmma MLA backward, attend_backward version 4, atomics then part rows),
+attend_flashmla (FlashMLA's sm90 sparse prefill on attend_wgmma3's inputs, where built), attend_wgmma3_pair16 (wgmma3 and wgmma3p at 16 heads), attend_wgmma_bwd (the wgmma MLA backward, attend_backward version 4, atomics then part rows),
 table_cluster (issue 21: hytopk_table_cluster, table_v2.FUSED_CLUSTER = 1, same table), pipeline (issue 14: the threshold and select of
 the dsv32-128k preset), attend (issue 18: the forward at 128 heads MLA, one and pair at 8 heads).
 
@@ -123,6 +123,31 @@ def attend_wgmma3():
     from workbench.families.cupy import attend_wgmma3 as AW3
     q, kv, idx = mla_inputs(1024, 128, 65536, 2048)
     AW3.attend_forward_wgmma3(q, kv[:, None, :], kv[:, None, :512], idx, None)
+    torch.cuda.synchronize()
+
+
+def attend_wgmma3_pair16():
+    """16 heads (a tensor-parallel shard), 2048 queries: version 3 one query per block (wgmma3) and a
+    query pair per block (wgmma3p, union build included), for the pair's per-block cost."""
+    import torch
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_attention import mla_inputs
+    from workbench.families.cupy import attend_wgmma3 as AW3
+    q, kv, idx = mla_inputs(2048, 16, 65536, 2048)
+    for qpt in (1, 2):
+        AW3.attend_forward_wgmma3(q, kv[:, None, :], kv[:, None, :512], idx, None, qpt=qpt)
+    torch.cuda.synchronize()
+
+
+def attend_flashmla():
+    """FlashMLA's sm90 sparse prefill (the external baseline, workbench/harness/flashmla.py) on
+    attend_wgmma3's inputs: ncu side by side with our version 3."""
+    import torch
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_attention import mla_inputs
+    from workbench.harness import flashmla
+    q, kv, idx = mla_inputs(1024, 128, 65536, 2048)
+    flashmla.sparse_prefill(q, kv, idx, 576 ** -0.5)
     torch.cuda.synchronize()
 
 

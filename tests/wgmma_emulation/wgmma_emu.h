@@ -561,6 +561,7 @@ inline void wgmma_wait_all() { emu::wg::wait_groups(0); }
 template <int N>
 inline void wgmma_wait() { emu::wg::wait_groups((size_t)N); }
 inline void fence_proxy_async() {}
+inline float rcp_approx(float x) { return 1.0f / x; }     // (the GPU's is approximate; the refined quotient is the same)
 inline void bar_sync(int id, int threads) { emu::wg::named_bar(id, threads, true); }
 inline void bar_arrive(int id, int threads) { emu::wg::named_bar(id, threads, false); }
 
