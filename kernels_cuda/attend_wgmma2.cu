@@ -64,6 +64,7 @@ constexpr int MASK_OFF = RED_OFF + 4 * ROWS * 4;  // u32 [2 stages][64] slot wei
 constexpr int BAR_OFF = MASK_OFF + 2 * NK * 4;    // full[2], empty[2]
 constexpr int SMEM = BAR_OFF + 4 * 8;
 constexpr int LAUNCH_SMEM = SMEM + 1024;          // the base is rounded up to 1024 B (swizzle atoms)
+static_assert(ROWS * DV * 2 <= Q_BYTES, "attend_wgmma2: the bf16 out tile is staged in Q's");
 static_assert(LAUNCH_SMEM <= 227 * 1024, "attend_wgmma2: shared memory over 227 KiB");
 static_assert(K_OFF % 1024 == 0 && TILE_BYTES % 1024 == 0 && HALF_BYTES % 1024 == 0, "attend_wgmma2: atom alignment");
 constexpr int CT_BYTES = 32 * 128;                // SWZ: one column tile (64 d) of a 32-key half
@@ -381,16 +382,21 @@ __device__ __forceinline__ void attend_fwd_wgmma2(const bf16_t* __restrict__ q, 
             for (int nb = 0; nb < 32; ++nb) {
                 const float x0 = l > 0.0f ? div_rn_by(o[4 * nb + 2 * h], l, rl) : 0.0f;     // = __fdiv_rn(o, l)
                 const float x1 = l > 0.0f ? div_rn_by(o[4 * nb + 2 * h + 1], l, rl) : 0.0f;
-                const long long at = row * DV + c * 256 + nb * 8 + tig * 2;
-                if (OUT_BF16)
-                    *reinterpret_cast<u32*>(reinterpret_cast<bf16_t*>(out) + at) = pack_bf16x2(x0, x1);
-                else
+                if (OUT_BF16) {                                         // staged in Q's tile (free: every MMA is done)
+                    stage_out_bf16(sq, r, c * 32 + nb, tig, pack_bf16x2(x0, x1));
+                } else {
+                    const long long at = row * DV + c * 256 + nb * 8 + tig * 2;
                     *reinterpret_cast<float2*>(reinterpret_cast<float*>(out) + at) = make_float2(x0, x1);
+                }
             }
             if (c == 0 && tig == 0) {
                 const float mm = m[h] == neg_inf() ? 0.0f : m[h];
                 lse[row] = l > 0.0f ? (mm + log2f(l)) * 0.69314718055994531f : neg_inf();
             }
+        }
+        if (OUT_BF16) {
+            bar_sync(BAR_L, 256);
+            copy_out_bf16(sq, row_of, reinterpret_cast<bf16_t*>(out), (int)threadIdx.x);
         }
     }
     // the peer's remote arrivals on this block's barriers and its bulk copies into this block's

@@ -56,6 +56,9 @@ constexpr int RED_OFF = P1_OFF + P_BYTES;         // float [2][64] the maxima M_
 // [2 pair parities][2 stages][64] slot valid: float 1/0 (QPT 1: parity 0 only); QPT 2: u32, the
 // slot's two 16-bit counts, a pair's written a pair ahead (their global loads off the copies' path)
 constexpr int MASK_OFF = RED_OFF + 2 * ROWS * 4;
+// at the end, Q's tile holds the row sums (float [2][64]) and, from O_STAGE_OFF, the bf16 out tile
+constexpr int O_STAGE_OFF = 1024;
+static_assert(O_STAGE_OFF >= 2 * ROWS * 4 && O_STAGE_OFF + ROWS * DV * 2 <= Q_BYTES, "attend_wgmma3: out staging in Q's tile");
 constexpr int BAR_OFF = MASK_OFF + 4 * NK * 4;    // full[stage][L, R], empty[stage][L, R]
 constexpr int SMEM = BAR_OFF + 8 * 8;
 constexpr int LAUNCH_SMEM = SMEM + 1024;          // the base is rounded up to 1024 B (swizzle atoms)
@@ -479,6 +482,7 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
             sums[w * ROWS + r1] = lsum[1];
         }
         bar_sync(BAR_L, 256);
+        const u32 ost = base + Q_OFF + O_STAGE_OFF;                      // bf16 out: staged (stage_out_bf16)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int r = h ? r1 : r0;
@@ -489,16 +493,21 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
             for (int nb = 0; nb < 32; ++nb) {
                 const float x0 = l > 0.0f ? div_rn_by(o[4 * nb + 2 * h], l, rl) : 0.0f;     // = __fdiv_rn(o, l)
                 const float x1 = l > 0.0f ? div_rn_by(o[4 * nb + 2 * h + 1], l, rl) : 0.0f;
-                const long long at = row * DV + w * 256 + nb * 8 + tig * 2;
-                if (OUT_BF16)
-                    *reinterpret_cast<u32*>(reinterpret_cast<bf16_t*>(out) + at) = pack_bf16x2(x0, x1);
-                else
+                if (OUT_BF16) {
+                    stage_out_bf16(ost, r, w * 32 + nb, tig, pack_bf16x2(x0, x1));
+                } else {
+                    const long long at = row * DV + w * 256 + nb * 8 + tig * 2;
                     *reinterpret_cast<float2*>(reinterpret_cast<float*>(out) + at) = make_float2(x0, x1);
+                }
             }
             if (w == 0 && tig == 0) {
                 const float mm = finite_or_zero(m[h]);
                 lse[row] = l > 0.0f ? (mm + log2f(l)) * 0.69314718055994531f : neg_inf();
             }
+        }
+        if (OUT_BF16) {
+            bar_sync(BAR_L, 256);
+            copy_out_bf16(ost, row_of, reinterpret_cast<bf16_t*>(out), (int)threadIdx.x);
         }
     }
 }

@@ -47,6 +47,11 @@ __device__ __forceinline__ void st_shared_f32x2(u32 addr, float a, float b) {
 __device__ __forceinline__ void ld_shared_f32x2(u32 addr, float& a, float& b) {
     asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(a), "=f"(b) : "r"(addr) : "memory");
 }
+__device__ __forceinline__ uint4 ld_shared_v4(u32 addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+    return v;
+}
 #endif  // HYTOPK_EMU_PTX
 
 }  // namespace hytopk

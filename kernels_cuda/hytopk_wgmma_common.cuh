@@ -6,6 +6,7 @@
 #pragma once
 #include "hytopk_order.cuh"
 #include "hytopk_wgmma_ptx.cuh"
+#include "hytopk_cp_async.cuh"
 
 namespace hytopk {
 namespace wgp {
@@ -169,6 +170,27 @@ __device__ __forceinline__ float rcp_refined(float l) {
 __device__ __forceinline__ float div_rn_by(float o, float l, float r) {
     const float q = fmaf(o, r, 0.0f);
     return fmaf(r, fmaf(-l, q, o), q);
+}
+
+// The MLA forwards' bf16 out (64 rows x 512), staged in shared memory at `ost` (64 KiB): each
+// consumer thread stores its packed pairs (stage_out_bf16: row r, 16-byte chunk c of the row at slot
+// c ^ (r % 8), conflict-free for the fragments' stores and for the copy's loads), then the 256
+// consumer threads send whole rows in 16-byte stores (copy_out_bf16; row_of as attend_block_row).
+// The fragments' own 4-byte global stores had stalled on the store queue (ncu: lg, ~4 % of version
+// 3's samples, results/h200-2026-12-02-s6 run 3).
+__device__ __forceinline__ void stage_out_bf16(u32 ost, int r, int chunk, int tig, u32 packed) {
+    st_shared_u32(ost + (u32)(r * 1024) + ((u32)(chunk ^ (r & 7)) << 4) + (u32)(tig * 4), packed);
+}
+template <typename RowOf>
+__device__ __forceinline__ void copy_out_bf16(u32 ost, RowOf row_of, unsigned short* out, int tid) {
+#pragma unroll 4
+    for (int i = tid; i < 64 * 64; i += 256) {                            // 64 chunks per row
+        const int r = i >> 6, c = i & 63;
+        long long row;
+        if (!row_of(r, row)) continue;
+        const uint4 v = ld_shared_v4(ost + (u32)(r * 1024) + ((u32)(c ^ (r & 7)) << 4));
+        *reinterpret_cast<uint4*>(out + row * 512 + c * 8) = v;
+    }
 }
 
 // Row r of an attention block (the MLA forwards, 64 rows): QPT 1, head h0 + r of query t; QPT 2 (a

@@ -543,6 +543,12 @@ inline void st_shared_f32x2(u32 addr, float a, float b) {
     const float v[2] = {a, b};
     std::memcpy(emu::wg::sh(addr, 8, "st.shared.v2.f32"), v, 8);
 }
+inline uint4 ld_shared_v4(u32 addr) {
+    emu::wg::jitter();
+    uint4 v;
+    std::memcpy(&v, emu::wg::sh(addr, 16, "ld.shared.v4.u32"), 16);
+    return v;
+}
 inline void ld_shared_f32x2(u32 addr, float& a, float& b) {
     emu::wg::jitter();
     float v[2];
