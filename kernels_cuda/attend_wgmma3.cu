@@ -447,20 +447,20 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
                     sm1[r1] = mn[1];
                 }
                 bar_arrive(BAR_M1, 256);
-                // P_1 (at M_1) for warpgroup 0, stored before the wgmma that reads the same registers,
-                // not under it (the PTX ISA orders register accesses around a wgmma only through
-                // wgmma.fence / wait_group; run 4 of h200-2026-12-02-s4 stored them under it)
+                pv_rs(sk1, VCOL);                                        // O += P_1 V_1R
+                // P_1 (at M_1) for warpgroup 0, stored under the wgmma that reads the same registers
+                // (only read on both sides, as FlashMLA's warpgroup 1 does; storing them before the
+                // wgmma kept this warpgroup's tensor work waiting behind the stores)
 #pragma unroll
                 for (int nb = 0; nb < 8; ++nb) {
                     const u32 at = sp1 + prow + (u32)(nb * 128);
                     st_shared_u32(at, pa[nb >> 1][(nb & 1) * 2 + 0]);
                     st_shared_u32(at + 1024u, pa[nb >> 1][(nb & 1) * 2 + 1]);
                 }
-                fence_proxy_async();                                     // P_1 stores -> warpgroup 0's wgmma
-                bar_arrive(BAR_P1, 256);
-                pv_rs(sk1, VCOL);                                        // O += P_1 V_1R
                 bar_sync(BAR_P0, 256);
                 pv_ss(sp0, sk0, VCOL);                                   // O += P_0 V_0R
+                fence_proxy_async();                                     // P_1 stores -> warpgroup 0's wgmma
+                bar_arrive(BAR_P1, 256);
                 wgmma_wait<1>();
                 release(empty(1, REG_R));
                 wgmma_wait<0>();
