@@ -33,8 +33,9 @@ PAIR_MAX_HEADS = 32          # query heads per kv head up to which two queries s
 WGMMA_FORWARD = os.environ.get("HYTOPK_ATTEND_WGMMA", "1") != "0"
 # above PAIR_MAX_HEADS, version 3 (FlashMLA's schedule) rather than wgmma2s (run 2 of
 # results/h200-2026-12-02-s4: 9.67 against 11.17 ms at 128 heads, n 8192, k 2048); other rounding.
-# Up to it wgmma2sp, not version 3's pair kernel wgmma3p (run 5 of results/h200-2026-12-02-s5,
-# alternating rounds: 3.51 / 3.58 ms against 3.77 / 3.86 at 8 / 16 heads)
+# Up to it wgmma2sp, not version 3's pair kernel wgmma3p: at best a tie (alternating rounds, runs 4
+# and 6 of results/h200-2026-12-02-s6: 3.43 / 3.49 ms against 3.47 / 3.54 at 8 / 16 heads, then
+# 1.00x / 0.99x); version 3 at 128 heads: 0.70-0.72 of the GEMM, 0.97-1.01x FlashMLA's (run 6)
 WGMMA3_FORWARD = os.environ.get("HYTOPK_ATTEND_WGMMA3", "1") != "0"
 # the backward of those MLA rows on wgmma too (attend_wgmma_bwd.cu, attend_backward version 4; run 6
 # of results/h200-2026-12-02-s3, n 8192: 128 heads atomics 48.8 ms against the mma.sync kernel's
