@@ -380,7 +380,7 @@ __device__ __forceinline__ void attend_fwd_wgmma2(const bf16_t* __restrict__ q, 
             const float l = red[2 * ROWS + r] + red[3 * ROWS + r], rl = l > 0.0f ? rcp_refined(l) : 0.0f;
 #pragma unroll
             for (int nb = 0; nb < 32; ++nb) {
-                const float x0 = l > 0.0f ? div_rn_by(o[4 * nb + 2 * h], l, rl) : 0.0f;     // = __fdiv_rn(o, l)
+                const float x0 = l > 0.0f ? div_rn_by(o[4 * nb + 2 * h], l, rl) : 0.0f;     // (rounded as __fdiv_rn: div_rn_by)
                 const float x1 = l > 0.0f ? div_rn_by(o[4 * nb + 2 * h + 1], l, rl) : 0.0f;
                 if (OUT_BF16) {                                         // staged in Q's tile (free: every MMA is done)
                     stage_out_bf16(sq, r, c * 32 + nb, tig, pack_bf16x2(x0, x1));

@@ -448,14 +448,15 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
                 }
                 bar_arrive(BAR_M1, 256);
                 pv_rs(sk1, VCOL);                                        // O += P_1 V_1R
-                // P_1 (at M_1) for warpgroup 0, stored under the wgmma that reads the same registers
-                // (only read on both sides, as FlashMLA's warpgroup 1 does; storing them before the
-                // wgmma kept this warpgroup's tensor work waiting behind the stores)
+                // P_1 (at M_1) for warpgroup 0, stored under that wgmma (as FlashMLA's warpgroup 1;
+                // stored before it, they kept this warpgroup's tensor work waiting). Packed again from
+                // the float P, not read from pa: the PTX ISA leaves any access to a running wgmma's A
+                // registers before its wait_group undefined (the same bits either way)
 #pragma unroll
                 for (int nb = 0; nb < 8; ++nb) {
                     const u32 at = sp1 + prow + (u32)(nb * 128);
-                    st_shared_u32(at, pa[nb >> 1][(nb & 1) * 2 + 0]);
-                    st_shared_u32(at + 1024u, pa[nb >> 1][(nb & 1) * 2 + 1]);
+                    st_shared_u32(at, pack_bf16x2(s[4 * nb + 0], s[4 * nb + 1]));
+                    st_shared_u32(at + 1024u, pack_bf16x2(s[4 * nb + 2], s[4 * nb + 3]));
                 }
                 bar_sync(BAR_P0, 256);
                 pv_ss(sp0, sk0, VCOL);                                   // O += P_0 V_0R
@@ -491,7 +492,7 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
             const float l = sums[r] + sums[ROWS + r], rl = l > 0.0f ? rcp_refined(l) : 0.0f;
 #pragma unroll
             for (int nb = 0; nb < 32; ++nb) {
-                const float x0 = l > 0.0f ? div_rn_by(o[4 * nb + 2 * h], l, rl) : 0.0f;     // = __fdiv_rn(o, l)
+                const float x0 = l > 0.0f ? div_rn_by(o[4 * nb + 2 * h], l, rl) : 0.0f;     // (rounded as __fdiv_rn: div_rn_by)
                 const float x1 = l > 0.0f ? div_rn_by(o[4 * nb + 2 * h + 1], l, rl) : 0.0f;
                 if (OUT_BF16) {
                     stage_out_bf16(ost, r, w * 32 + nb, tig, pack_bf16x2(x0, x1));

@@ -158,9 +158,11 @@ __device__ __forceinline__ void mbar_wait_or_trap(u32 bar, u32 parity) {
     } while (!done);
 }
 
-// o / l correctly rounded at three FMAs per quotient: div.rn.f32's fast path (what __fdiv_rn runs
-// when its range check passes: l and the quotient normal, as here, l >= 1) with the refined
-// reciprocal made once per divisor (rcp_refined) instead of once per quotient. __fdiv_rn inlined
+// o / l at three FMAs per quotient: div.rn.f32's fast path with the refined reciprocal made once per
+// divisor (rcp_refined) instead of once per quotient. Here l is ~1 or more (the row max's term is
+// exp2(~0)) and the quotient is correctly rounded while the residual fma(-l, q, o) stays a normal
+// float: |o| above ~2^-100. Below that the flushed residual can leave it 1 ulp off __fdiv_rn (which
+// takes its slow path there); a -0 dividend gives +0. __fdiv_rn inlined
 // 128 times (reciprocal, range check, branch each) took ~9 % of version 3's samples (its epilogue:
 // ncu, results/h200-2026-12-02-s6 run 2).
 __device__ __forceinline__ float rcp_refined(float l) {

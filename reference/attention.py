@@ -32,6 +32,11 @@ def check_scale(scale, d_qk: int) -> float:
     if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)) \
             or not math.isfinite(float(scale)) or float(scale) <= 0:
         raise ValueError(f"argument 'scale' must be a finite positive float or None, got {scale!r}")
+    # the kernels take scale / ln 2 as a float32 and flush subnormals: it must stay a normal float32
+    # (a flushed 0 would turn masked logits, -inf * 0, into NaN)
+    if float(np.float32(float(scale) / math.log(2.0))) < float(np.finfo(np.float32).tiny):
+        raise ValueError(f"argument 'scale' must be at least ln 2 x the smallest normal float32 "
+                         f"(~8.2e-39), got {scale!r}")
     return float(scale)
 
 

@@ -227,7 +227,7 @@ def test_bad_arguments_name_the_argument(change, name):
         RA.attend(*change(_args()))
 
 
-@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf"), True, "1"])
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf"), True, "1", 1e-39, 5e-45])
 def test_bad_scale(scale):
     with pytest.raises(ValueError, match="'scale'"):
         RA.attend(*_args(), scale)
