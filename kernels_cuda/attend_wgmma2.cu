@@ -377,18 +377,8 @@ __device__ __forceinline__ void attend_fwd_wgmma2(const bf16_t* __restrict__ q, 
             const int r = h ? r1 : r0;
             long long row;
             if (!row_of(r, row)) continue;
-            const float l = red[2 * ROWS + r] + red[3 * ROWS + r], rl = l > 0.0f ? rcp_refined(l) : 0.0f;
-#pragma unroll
-            for (int nb = 0; nb < 32; ++nb) {
-                const float x0 = l > 0.0f ? div_rn_by(o[4 * nb + 2 * h], l, rl) : 0.0f;     // (rounded as __fdiv_rn: div_rn_by)
-                const float x1 = l > 0.0f ? div_rn_by(o[4 * nb + 2 * h + 1], l, rl) : 0.0f;
-                if (OUT_BF16) {                                         // staged in Q's tile (free: every MMA is done)
-                    stage_out_bf16(sq, r, c * 32 + nb, tig, pack_bf16x2(x0, x1));
-                } else {
-                    const long long at = row * DV + c * 256 + nb * 8 + tig * 2;
-                    *reinterpret_cast<float2*>(reinterpret_cast<float*>(out) + at) = make_float2(x0, x1);
-                }
-            }
+            const float l = red[2 * ROWS + r] + red[3 * ROWS + r];
+            attend_out_row<OUT_BF16>(o, h, r, row, l, c, tig, sq, out);   // (bf16: staged in Q's tile, every MMA done)
             if (c == 0 && tig == 0) {
                 const float mm = m[h] == neg_inf() ? 0.0f : m[h];
                 lse[row] = l > 0.0f ? (mm + log2f(l)) * 0.69314718055994531f : neg_inf();

@@ -489,18 +489,8 @@ __device__ __forceinline__ void attend_fwd_wgmma3(const bf16_t* __restrict__ q, 
             const int r = h ? r1 : r0;
             long long row;
             if (!row_of(r, row)) continue;
-            const float l = sums[r] + sums[ROWS + r], rl = l > 0.0f ? rcp_refined(l) : 0.0f;
-#pragma unroll
-            for (int nb = 0; nb < 32; ++nb) {
-                const float x0 = l > 0.0f ? div_rn_by(o[4 * nb + 2 * h], l, rl) : 0.0f;     // (rounded as __fdiv_rn: div_rn_by)
-                const float x1 = l > 0.0f ? div_rn_by(o[4 * nb + 2 * h + 1], l, rl) : 0.0f;
-                if (OUT_BF16) {
-                    stage_out_bf16(ost, r, w * 32 + nb, tig, pack_bf16x2(x0, x1));
-                } else {
-                    const long long at = row * DV + w * 256 + nb * 8 + tig * 2;
-                    *reinterpret_cast<float2*>(reinterpret_cast<float*>(out) + at) = make_float2(x0, x1);
-                }
-            }
+            const float l = sums[r] + sums[ROWS + r];
+            attend_out_row<OUT_BF16>(o, h, r, row, l, w, tig, ost, out);
             if (w == 0 && tig == 0) {
                 const float mm = finite_or_zero(m[h]);
                 lse[row] = l > 0.0f ? (mm + log2f(l)) * 0.69314718055994531f : neg_inf();

@@ -162,9 +162,9 @@ __device__ __forceinline__ void mbar_wait_or_trap(u32 bar, u32 parity) {
 // divisor (rcp_refined) instead of once per quotient. Here l is ~1 or more (the row max's term is
 // exp2(~0)) and the quotient is correctly rounded while the residual fma(-l, q, o) stays a normal
 // float: |o| above ~2^-100. Below that the flushed residual can leave it 1 ulp off __fdiv_rn (which
-// takes its slow path there); a -0 dividend gives +0. __fdiv_rn inlined
-// 128 times (reciprocal, range check, branch each) took ~9 % of version 3's samples (its epilogue:
-// ncu, results/h200-2026-12-02-s6 run 2).
+// takes its slow path there); a -0 dividend gives +0. __fdiv_rn inlined 128 times (reciprocal,
+// range check, branch each) took ~9 % of version 3's samples (its epilogue: ncu,
+// results/h200-2026-12-02-s6 run 2).
 __device__ __forceinline__ float rcp_refined(float l) {
     const float r0 = rcp_approx(l);
     return fmaf(r0, fmaf(-l, r0, 1.0f), r0);
@@ -192,6 +192,25 @@ __device__ __forceinline__ void copy_out_bf16(u32 ost, RowOf row_of, unsigned sh
         if (!row_of(r, row)) continue;
         const uint4 v = ld_shared_v4(ost + (u32)(r * 1024) + ((u32)(c ^ (r & 7)) << 4));
         *reinterpret_cast<uint4*>(out + row * 512 + c * 8) = v;
+    }
+}
+
+// The MLA forwards' out for one of a consumer thread's two rows (h: r0 or r1 of the 64 x 256
+// accumulator fragment o, columns 256 c ..): O / l, bf16 staged at `ost` for copy_out_bf16, float
+// written to its row of `out` ([., 512]); l = 0 (no key): zeros.
+template <bool OUT_BF16>
+__device__ __forceinline__ void attend_out_row(const float (&o)[128], int h, int r, long long row, float l, int c,
+                                               int tig, u32 ost, void* out) {
+    const float rl = l > 0.0f ? rcp_refined(l) : 0.0f;
+#pragma unroll
+    for (int nb = 0; nb < 32; ++nb) {
+        const float x0 = l > 0.0f ? div_rn_by(o[4 * nb + 2 * h], l, rl) : 0.0f;
+        const float x1 = l > 0.0f ? div_rn_by(o[4 * nb + 2 * h + 1], l, rl) : 0.0f;
+        if (OUT_BF16)
+            stage_out_bf16(ost, r, c * 32 + nb, tig, pack_bf16x2(x0, x1));
+        else
+            *reinterpret_cast<float2*>(reinterpret_cast<float*>(out) + row * 512 + c * 256 + nb * 8 + tig * 2) =
+                make_float2(x0, x1);
     }
 }
 

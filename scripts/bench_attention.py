@@ -114,8 +114,7 @@ def gemm_fn():
 
 
 def gemm_tflops():
-    t = timed(gemm_fn(), reps=10, warmup=3)
-    return 2 * GEMM_N ** 3 / (t["median_ms"] * 1e-3) / 1e12
+    return rate(2 * GEMM_N ** 3, timed(gemm_fn(), reps=10, warmup=3))
 
 
 def selection(n, L, k, share=0.9, seed=0):
@@ -204,7 +203,7 @@ def forward_rows(n, H, L, k, variants=("one", "pair")):
             rows[name] = {"error": f"{type(e).__name__}: {e}"}
             print(f"  fwd H={H:<3} n={n} L={L} {name:<8} FAILED {type(e).__name__}: {e}", flush=True)
     rows.update(alternate(fns))
-    gemm = 2 * GEMM_N ** 3 / (rows[GEMM]["median_ms"] * 1e-3) / 1e12 if "median_ms" in rows.get(GEMM, {}) else None
+    gemm = rate(2 * GEMM_N ** 3, rows[GEMM]) if "median_ms" in rows.get(GEMM, {}) else None
     if gemm:
         rows[GEMM]["tflops"] = gemm
     for name in variants:
