@@ -26,6 +26,13 @@
 // a quarter of the scalar writes' operations but 16 shuffles per m-tile on the consumers' path
 // (measured: scalar atomics 48.8 ms, vector ones 57.0, run 6 of results/h200-2026-12-02-s3/). dq is
 // written once per (query, head): no atomics, the key-tile order fixed.
+// STAGED (the wrapper's default): the consumers do not write dK/dV themselves. Each hands its tile's
+// dKV^T a unit at a time (16 slots x 64 columns: an m-tile's slot half, or m-tile 8's 16 slots; 9
+// per tile) to the producer warpgroup through one 4 KiB buffer per consumer (unit full / free
+// mbarriers), and the producer's warps 2c, 2c+1 write consumer c's units 16 bytes at a time, whole
+// 256-byte row pieces (red.global.add.v4.f32 / st.global.v4.f32), between issuing the next tile's
+// copies. The consumers no longer wait on the writes' queue: run 7 of results/h200-2026-12-02-s7,
+// atomics 49.9 ms against 51.7, part rows 83.3 against 92.1 (the same floats, the same places).
 //
 // Shared memory (no swizzle; element (r, d) of a [rows][D] bf16 tile at (r/8)*(D*16) + (d/8)*128 +
 // (r%8)*16 + (d%8)*2): Q [64][576], dO [64][512], K [2 stages][32][576], P and dS [64][32] each (the
@@ -61,20 +68,35 @@ constexpr int K_OFF = DO_OFF + DO_BYTES;
 constexpr int P_OFF = K_OFF + 2 * TILE_BYTES;
 constexpr int DS_OFF = P_OFF + PT_BYTES;
 constexpr int KEY_OFF = DS_OFF + PT_BYTES;         // int [2 stages][NK]: the slot's key, -1 masked
-constexpr int BAR_OFF = KEY_OFF + 2 * NK * 4;      // full[2], empty[2]
-constexpr int ZERO_OFF = (BAR_OFF + 4 * 8 + 127) & ~127;   // a zero [64][16] bf16 tile (2 KiB): dP's 4 padding k-steps
+constexpr int BAR_OFF = KEY_OFF + 2 * NK * 4;      // full[2], empty[2]; STAGED: unit full[2], unit free[2]
+constexpr int ZERO_OFF = (BAR_OFF + 8 * 8 + 127) & ~127;   // a zero [64][16] bf16 tile (2 KiB): dP's 4 padding k-steps
 constexpr int SMEM = ZERO_OFF + ROWS / 8 * 256;
 constexpr int LAUNCH_SMEM = SMEM + 128;            // the base is rounded up to 128 B
-static_assert(LAUNCH_SMEM <= 227 * 1024, "attend_wgmma_bwd: shared memory over 227 KiB");
+// STAGED: one dK/dV unit per consumer (16 slots x 64 columns, float [16][64], 4-column pieces of row
+// s at column ^ 8 ((s >> 1) & 3): the consumers' scalar stores and the storers' 16-byte loads both
+// conflict-free)
+constexpr int UNIT_SLOTS = 16, UNIT_COLS = 64, UNIT_BYTES = UNIT_SLOTS * UNIT_COLS * 4;
+constexpr int UNITS_PER_TILE = 9;                  // m-tiles 4c .. 4c+3 in slot halves, then m-tile 8's 16 slots
+constexpr int STG_OFF = SMEM;
+constexpr int LAUNCH_SMEM_STAGED = STG_OFF + 2 * UNIT_BYTES + 128;
+static_assert(LAUNCH_SMEM_STAGED <= 227 * 1024, "attend_wgmma_bwd: shared memory over 227 KiB");
 constexpr int THREADS = 384;
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
 static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= THREADS * (65536 / THREADS / 8 * 8),   // the 168 x 384 launched with
               "attend_wgmma_bwd: setmaxnreg budgets exceed the block's launch registers (.inc would wait forever)");
+// STAGED: the producer warpgroup also writes dK/dV (its drain holds a unit's 4 pieces and keys while
+// the writes queue: 88 registers without spilling; the consumers, without the per-tile row
+// addresses, fit in 208)
+constexpr int PRODUCER_REGS_STAGED = 88, CONSUMER_REGS_STAGED = 208;
+static_assert(128 * PRODUCER_REGS_STAGED + 256 * CONSUMER_REGS_STAGED <= THREADS * (65536 / THREADS / 8 * 8),
+              "attend_wgmma_bwd: staged setmaxnreg budgets exceed the block's launch registers");
 constexpr int QCOLS = DQK / 2, QN = QCOLS / 2;     // dQ columns per consumer (288) in two m64n144 halves
 static_assert(QN == 144, "attend_wgmma_bwd: dQ halves are m64n144");
 // named barriers (0 = __syncthreads): the 256 consumer threads
 // BAR_X: consumer 1's dP - delta in shared memory (arrive) -> consumer 0 (sync); BAR_C0: consumer 0 alone
 constexpr int BAR_Q = 1, BAR_FREE = 2, BAR_P = 3, BAR_X = 4, BAR_C0 = 5;
+// STAGED, the producer's 128 threads: every storer is done with a stage's keys before they are replaced
+constexpr int BAR_KEYS = 6;
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
@@ -104,7 +126,7 @@ __device__ __forceinline__ void transpose4(float (&x)[4], int q) {
 // nhb head blocks of 64: block b is query t0 + b / nhb, heads 64 (b % nhb) ... dq [n, Hq, 576]
 // float (written); ATOMIC: dkv [L, 576] float (+=); else part rows as above (masked slots' rows
 // are not written).
-template <bool ATOMIC, bool VEC>
+template <bool ATOMIC, bool VEC, bool STAGED>
 __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv,
                                                  long long kv_stride, const int* __restrict__ idx, int kk, int n,
                                                  int t0, long long L, int Hq, int nhb, float scale, float scale_log2,
@@ -128,6 +150,11 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
         mbar_init(full0 + 8, 128);
         mbar_init(empty0, 8);                         // one arrival per consumer warp
         mbar_init(empty0 + 8, 8);
+        if (STAGED)
+            for (int c = 0; c < 2; ++c) {
+                mbar_init(base + BAR_OFF + 32 + 8 * c, 4);   // unit full: one arrival per consumer warp
+                mbar_init(base + BAR_OFF + 48 + 8 * c, 2);   // unit free: one per storer warp
+            }
         mbar_fence_init();
     }
     __syncthreads();
@@ -135,7 +162,7 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
 
     if (wg == 2) {
         // ---------------------------------------------------------------- producer
-        regs_dec<PRODUCER_REGS>();
+        regs_dec<STAGED ? PRODUCER_REGS_STAGED : PRODUCER_REGS>();
         // rows g * 8 + r8 (g < 4) of the tile, chunks cq + 16 i (< 72). A warp copies 8 rows x 4
         // chunks (4 whole core matrices, 4 shared-memory wavefronts); each quarter warp 4 rows x 2
         // chunks, whole 32-byte sectors: 8 rows' chunk c per quarter warp (8 half sectors) made L2
@@ -152,15 +179,51 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             }
             if (tid < NK) nm = j0 + tid < kk ? __ldg(lst + j0 + tid) : -1;
         };
+        // STAGED: warps 2 sc, 2 sc + 1 also store consumer sc's dK/dV units (drain): thread stid reads
+        // 4-column piece pc of unit rows prow + 4 r and writes each 16 bytes at once (a warp: two rows'
+        // 256 contiguous bytes). Everything but the count recomputed per unit.
+        u32 nu = 0;                                   // units drained
+        auto drain = [&](int tile, int j) {           // unit j of consumer sc's tile
+            const int sc = tid >> 6, stid = tid & 63, pc = stid & 15, prow = stid >> 4;
+            const u32 ufull = base + BAR_OFF + 32 + 8 * sc;
+            const u32 ubuf = base + STG_OFF + (u32)(sc * UNIT_BYTES);
+            const int colb = j < 8 ? 64 * (4 * sc + (j >> 1)) : 512, slotb = j < 8 ? 16 * (j & 1) : 16 * sc;
+            mbar_wait_or_trap(ufull, nu & 1u);
+            uint4 v[4];
+            int kx[4];
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int ls = prow + 4 * r;
+                kx[r] = skey[(tile & 1) * NK + slotb + ls];
+                v[r] = ld_shared_v4(ubuf + (u32)(4 * (ls * UNIT_COLS + ((4 * pc) ^ (8 * ((ls >> 1) & 3))))));
+            }
+            // the unit is in registers: the consumer may refill it while these writes queue (run 6 of
+            // results/h200-2026-12-02-s7: released after them, the atomics took 58.0 ms)
+            __syncwarp();
+            if ((tid & 31) == 0) mbar_arrive(ufull + 16);
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                if (kx[r] < 0) continue;              // masked slot (or past kk): not written
+                float* row = ATOMIC ? out + (long long)kx[r] * DQK
+                                    : out + ((long long)blockIdx.x * kk + (long long)tile * NK + slotb + prow + 4 * r) * DQK;
+                float* p = row + colb + 4 * pc;
+                const float a = __uint_as_float(v[r].x), b = __uint_as_float(v[r].y);
+                const float c = __uint_as_float(v[r].z), d = __uint_as_float(v[r].w);
+                if (ATOMIC) red_add_v4(p, a, b, c, d);
+                else st_global_v4(p, a, b, c, d);
+            }
+            ++nu;
+        };
         if (ntiles > 0) load_slots(0);
         for (int it = 0; it < ntiles; ++it) {
             const int st = it & 1;
-            if (it >= 1) {                            // tile it-1 landed: publish it
+            if (it >= 1 && !STAGED) {                 // tile it-1 landed: publish it
                 cp_async_wait<0>();
                 fence_proxy_async();
                 mbar_arrive(full0 + 8 * ((it - 1) & 1));
             }
             if (it >= 2) mbar_wait_or_trap(empty0 + 8 * st, (u32)(((it >> 1) - 1) & 1));
+            if (STAGED && it >= 2) bar_sync(BAR_KEYS, 128);   // (the warps drain their consumers' units apart)
             const u32 dst = sk0 + (u32)(st * TILE_BYTES + r8 * 16);
 #pragma unroll
             for (int g = 0; g < NK / 8; ++g) {
@@ -176,15 +239,29 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             if (tid < NK) skey[st * NK + tid] = (nm >= 0 && (long long)nm < L) ? nm : -1;
             cp_async_commit();
             if (it + 1 < ntiles) load_slots(it + 1);   // in flight under the next waits
+            if (STAGED) {
+                // tile it-1's units while tile it lands; tile it published before the last one (the
+                // consumers go on to tile it as soon as they have handed it over)
+                if (it >= 1)
+                    for (int j = 0; j < UNITS_PER_TILE - 1; ++j) drain(it - 1, j);
+                cp_async_wait<0>();
+                fence_proxy_async();
+                mbar_arrive(full0 + 8 * st);
+                if (it >= 1) drain(it - 1, UNITS_PER_TILE - 1);
+            }
         }
         if (ntiles > 0) {
-            cp_async_wait<0>();
-            fence_proxy_async();
-            mbar_arrive(full0 + 8 * ((ntiles - 1) & 1));
+            if (STAGED) {
+                for (int j = 0; j < UNITS_PER_TILE; ++j) drain(ntiles - 1, j);
+            } else {
+                cp_async_wait<0>();
+                fence_proxy_async();
+                mbar_arrive(full0 + 8 * ((ntiles - 1) & 1));
+            }
         }
     } else {
         // -------------------------------------------------------------------- consumers
-        regs_inc<CONSUMER_REGS>();
+        regs_inc<STAGED ? CONSUMER_REGS_STAGED : CONSUMER_REGS>();
         const int c = wg;
         const int warp = tid >> 5, lane = tid & 31, g8 = lane >> 2, tig = lane & 3;
         const int r0 = warp * 16 + g8, r1 = r0 + 8;   // this thread's two rows (heads h0 + r)
@@ -222,6 +299,25 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
         for (int j = 0; j < 2; ++j)
 #pragma unroll
             for (int i = 0; i < QN / 2; ++i) dqa[j][i] = 0.0f;
+
+        // STAGED: this consumer's unit (8 values per thread) to the storers, one at a time
+        u32 nu = 0;                                   // units handed over
+        // element i = 4 sbl + 2 h2 + e: unit row 8 sbl + 2 tig + e, column 16 warp + g8 + 8 h2
+        auto put_unit = [&](const float (&v)[8]) {
+            // c, warp, lane from threadIdx (opaque): nothing more held across the key loop (it would spill)
+            const u32 x = opaque_u32(threadIdx.x), cc = x >> 7, wl = x & 127;
+            const int w_ = (int)(wl >> 5), g_ = (int)(wl >> 2) & 7, t_ = (int)wl & 3;
+            const u32 ufull = base + BAR_OFF + 32 + 8 * cc, ubuf = base + STG_OFF + cc * UNIT_BYTES;
+            mbar_wait_or_trap(ufull + 16, (nu & 1u) ^ 1u);   // the storers have the unit before (none: parity 1 is done)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int ls = 8 * (i >> 2) + 2 * t_ + (i & 1), col = 16 * w_ + g_ + 8 * ((i >> 1) & 1);
+                st_shared_u32(ubuf + (u32)(4 * (ls * UNIT_COLS + (col ^ (8 * t_)))), __float_as_uint(v[i]));
+            }
+            __syncwarp();
+            if ((wl & 31) == 0) mbar_arrive(ufull);
+            ++nu;
+        };
 
         for (int it = 0; it < ntiles; ++it) {
             const int st = it & 1;
@@ -333,7 +429,7 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             const int qq = g8 & 3;
             float* rowp[NROW];
             bool rowok[NROW];
-            {
+            if (!STAGED) {
                 const int colb = 256 * c + 16 * warp + (VEC ? 8 * (qq >> 1) + 4 * (g8 >> 2) : g8);
 #pragma unroll
                 for (int u = 0; u < NROW; ++u) {
@@ -350,9 +446,10 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             // each conditional red, even a PTX-predicated one, in a branch and two convergence
             // instructions)
             bool mine = true;
+            if (!STAGED)
 #pragma unroll
-            for (int u = 0; u < NROW; ++u) mine = mine && rowok[u];
-            const bool dense = __all_sync(0xffffffffu, mine);
+                for (int u = 0; u < NROW; ++u) mine = mine && rowok[u];
+            const bool dense = STAGED || __all_sync(0xffffffffu, mine);
             // pred: a constant at each call (the two copies of a store loop below): test the row
             auto put = [&](bool pred, float* p, float v, bool ok) {
                 if (pred && !ok) return;
@@ -367,6 +464,16 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             // m-tile 4c + mi out: element i = 4 sb + 2 h2 + e is slot 8 sb + 2 tig + e, column
             // 64 (4c + mi) + 16 warp + g8 + 8 h2
             auto store_m = [&](const float (&acc)[16], int mi) {
+                if (STAGED) {                         // slot halves 0 .. 15, 16 .. 31: elements 8 hs ..
+#pragma unroll
+                    for (int hs = 0; hs < 2; ++hs) {
+                        float v[8];
+#pragma unroll
+                        for (int i = 0; i < 8; ++i) v[i] = acc[8 * hs + i];
+                        put_unit(v);
+                    }
+                    return;
+                }
                 auto go = [&](bool pred) {
                     if (VEC) {
 #pragma unroll
@@ -389,6 +496,10 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             // m-tile 8 out (columns 512 .. 575, this consumer's slots 16 c ..): element i = 4 sb8 + 2 h2 + e
             // is slot 16 c + 8 sb8 + 2 tig + e, column 512 + 16 warp + g8 + 8 h2: rows of sb = 2 c + sb8
             auto store_m8 = [&](const float (&acc)[8]) {
+                if (STAGED) {
+                    put_unit(acc);
+                    return;
+                }
                 const int back = 512 - 256 * c;           // from the rows' column base
                 auto go = [&](bool pred) {
                     if (VEC) {
@@ -467,12 +578,12 @@ using namespace hytopk::attwb;
 
 // grid (queries in the chunk) * nhb; ATOMIC: out = dkv [L, 576] float; else out = part rows; VEC:
 // 16-byte writes, else scalar ones (the faster atomics on the H200: instantiations.attend_wgmma_bwd_name)
-template <bool ATOMIC, bool VEC>
+template <bool ATOMIC, bool VEC, bool STAGED>
 __global__ void __launch_bounds__(384, 1)
 hytopk_attend_bwd_wgmma(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv, long long kv_stride,
                         const int* __restrict__ idx, int kk, int n, int t0, long long L, int Hq, int nhb, float scale,
                         float scale_log2, const bf16_t* __restrict__ dout, const float* __restrict__ lse,
                         const float* __restrict__ delta, float* __restrict__ dq, float* __restrict__ out) {
-    attend_bwd_wgmma<ATOMIC, VEC>(q, kv, kv_stride, idx, kk, n, t0, L, Hq, nhb, scale, scale_log2, dout, lse, delta, dq,
+    attend_bwd_wgmma<ATOMIC, VEC, STAGED>(q, kv, kv_stride, idx, kk, n, t0, L, Hq, nhb, scale, scale_log2, dout, lse, delta, dq,
                              out);
 }

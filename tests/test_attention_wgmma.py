@@ -37,20 +37,26 @@ def test_version_3_instantiations():
 
 
 def test_backward_instantiations_and_launch_figures():
-    assert INST.name_expressions("attend_wgmma_bwd.cu") == ["hytopk_attend_bwd_wgmma<false, true>",
-                                                             "hytopk_attend_bwd_wgmma<true, false>",
-                                                             "hytopk_attend_bwd_wgmma<true, true>"]
-    # the wrapper's picks: part rows 16 bytes at a time, atomics float by float (measured faster)
-    assert INST.attend_wgmma_bwd_name(False) == "hytopk_attend_bwd_wgmma<false, true>"
-    assert INST.attend_wgmma_bwd_name(True) == "hytopk_attend_bwd_wgmma<true, false>"
+    assert INST.name_expressions("attend_wgmma_bwd.cu") == ["hytopk_attend_bwd_wgmma<false, true, false>",
+                                                             "hytopk_attend_bwd_wgmma<true, false, false>",
+                                                             "hytopk_attend_bwd_wgmma<true, true, false>",
+                                                             "hytopk_attend_bwd_wgmma<false, true, true>",
+                                                             "hytopk_attend_bwd_wgmma<true, true, true>"]
+    # the direct kernel's picks: part rows 16 bytes at a time, atomics float by float (measured faster);
+    # staged: 16 bytes at a time both ways (vec ignored)
+    assert INST.attend_wgmma_bwd_name(False) == "hytopk_attend_bwd_wgmma<false, true, false>"
+    assert INST.attend_wgmma_bwd_name(True) == "hytopk_attend_bwd_wgmma<true, false, false>"
+    assert INST.attend_wgmma_bwd_name(True, False, staged=True) == "hytopk_attend_bwd_wgmma<true, true, true>"
     assert INST.FILE_OPTIONS["attend_wgmma_bwd.cu"] == ("-arch=sm_90a",)
-    assert len(INST.geometry_asserts("attend_wgmma_bwd.cu")) == 3
-    # the setmaxnreg budgets fill the 168 registers x 384 threads of the launch exactly
+    assert len(INST.geometry_asserts("attend_wgmma_bwd.cu")) == 5
+    # the setmaxnreg budgets fill the 168 registers x 384 threads of the launch exactly, both splits
     assert sum(t * r for t, r in INST.ATTEND_WGMMA_BWD_ROLES) == 168 * 384
-    # Q + dO + two 32-key stages + P and dS (64 x 32 bf16) + the stages' slot keys + 4 mbarriers + padding + a zero
-    # [64][16] tile + 128 B alignment
+    assert sum(t * r for t, r in INST.ATTEND_WGMMA_BWD_ROLES_STAGED) == 168 * 384
+    # Q + dO + two 32-key stages + P and dS (64 x 32 bf16) + the stages' slot keys + 8 mbarriers + padding + a zero
+    # [64][16] tile + 128 B alignment; staged: + one 16 x 64 float unit per consumer
     assert INST.ATTEND_WGMMA_BWD_SMEM == (64 * 576 * 2 + 64 * 512 * 2 + 2 * 32 * 576 * 2 + 2 * 64 * 32 * 2
-                                          + 2 * 32 * 4 + 4 * 8 + 96 + 64 * 16 * 2 + 128) <= INST.ATTEND_SMEM_LIMIT
+                                          + 2 * 32 * 4 + 8 * 8 + 64 + 64 * 16 * 2 + 128) <= INST.ATTEND_SMEM_LIMIT
+    assert INST.ATTEND_WGMMA_BWD_SMEM_STAGED == INST.ATTEND_WGMMA_BWD_SMEM + 2 * 16 * 64 * 4 <= INST.ATTEND_SMEM_LIMIT
     assert INST.ATTEND_WGMMA_BWD_THREADS == 384
 
 

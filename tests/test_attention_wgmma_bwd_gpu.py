@@ -5,8 +5,10 @@ Against the float64 reference at the mma.sync backward's tolerance (padding, dup
 disjoint neighbours, queries with no valid key, k not a multiple of the 32-key tile, 8 / 64 / 128 /
 136 heads: one, two and three head blocks, the last partial), at k = 2048; the deterministic mode
 20 / 20 identical and the same bits under any query chunking; close to version 1; untouched keys
-exactly 0; other layouts refused with a clear error. The same kernel's CPU emulation:
-tests/test_attention_wgmma_emulation.py.
+exactly 0; other layouts refused with a clear error. Both dK/dV write paths: direct (the consumers
+write; every test before the `staged` fixture) and staged (the producer warpgroup writes, the
+default): against the reference, the deterministic mode's bits equal to the direct kernel's. The
+same kernel's CPU emulation: tests/test_attention_wgmma_emulation.py.
 """
 from __future__ import annotations
 
@@ -29,6 +31,14 @@ def CA():
     if loader.current_arch() != "90":
         pytest.skip("attend_backward version 4 needs a Hopper GPU (sm_90a)")
     return attend
+
+
+@pytest.fixture(autouse=True)
+def direct(monkeypatch):
+    """The tests below the `staged` fixture check the direct writes (the consumers write dK/dV), the
+    ones that ask for `staged` the default staged writes."""
+    from workbench.families.cupy import attend_wgmma_bwd as AWB
+    monkeypatch.setattr(AWB, "STAGED_WRITES", False)
 
 
 def case(rng, n, Hq, L, kk, kind):
@@ -173,3 +183,68 @@ def test_torch_op_backward_is_version_4(CA, Hq, monkeypatch):
     mma_sync = grads()
     for a, b in zip((dq, dkv), mma_sync[:2]):
         _rel_close(a.float().cpu().numpy(), b.float().cpu().numpy().astype(np.float64))
+
+
+@pytest.fixture
+def staged(monkeypatch):
+    """STAGED_WRITES: the consumers hand dK/dV to the producer warpgroup, which writes them."""
+    from workbench.families.cupy import attend_wgmma_bwd as AWB
+    monkeypatch.setattr(AWB, "STAGED_WRITES", True)
+    return AWB
+
+
+@pytest.mark.parametrize("Hq", [8, 128, 136])
+@pytest.mark.parametrize("atomic", [False, True], ids=["det", "atomic"])
+@pytest.mark.parametrize("kind", ["random", "dups", "empty", "pad_only"])
+def test_staged_matches_reference(CA, staged, Hq, atomic, kind):
+    rng = np.random.default_rng(seed("wgmma-bwd-staged", Hq, atomic, kind))
+    n, L, kk = 7, 400, 150
+    k, v, kh, vh, qd, qh, dod, doh, idx = case(rng, n, Hq, L, kk, kind)
+    out, lse = CA.attend_forward(qd, k, v, cp.asarray(idx), None, out_dtype="float32")
+    dq, dk, _ = CA.attend_backward(dod, qd, k, v, cp.asarray(idx), out, lse, None, deterministic=not atomic, version=4)
+    rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)
+    _rel_close(cp.asnumpy(dq), rq)
+    _rel_close(cp.asnumpy(dk)[:, 0], RA.mla_dkv(rk, rv))
+    untouched = np.setdiff1d(np.arange(L), idx[idx >= 0])
+    assert np.all(cp.asnumpy(dk)[untouched] == 0)
+
+
+@pytest.mark.parametrize("Hq", [16, 128])
+def test_staged_deterministic_equals_direct_bit_for_bit(CA, Hq, monkeypatch):
+    """The same accumulators through another write path: the deterministic mode's part rows, hence
+    dq and the reduced dk, are the direct kernel's bits (k 2048, every slot valid but one, and a
+    'shared' selection with collisions); 20 staged runs identical."""
+    from workbench.families.cupy import attend_wgmma_bwd as AWB
+    rng = np.random.default_rng(seed("wgmma-bwd-staged-bits", Hq))
+    for n, L, kk, kind in ((4, 8192, 2048, "full"), (64, 512, 256, "shared")):
+        k, v, kh, vh, qd, qh, dod, doh, idx = case(rng, n, Hq, L, kk, "shared")
+        if kind == "full":
+            idx = np.stack([rng.choice(L, kk, replace=False) for _ in range(n)]).astype(np.int32)
+            idx[-1, 40] = -1
+        idx = cp.asarray(idx)
+        out, lse = CA.attend_forward(qd, k, v, idx, None)
+        run = lambda: [bits(x) for x in CA.attend_backward(dod, qd, k, v, idx, out, lse, None, version=4)[:2]]
+        direct = run()
+        monkeypatch.setattr(AWB, "STAGED_WRITES", True)
+        for _ in range(20 if kind == "shared" else 1):
+            for a, b in zip(direct, run()):
+                np.testing.assert_array_equal(a, b)
+        monkeypatch.setattr(AWB, "STAGED_WRITES", False)
+
+
+def test_staged_atomics_close_to_direct_at_k_2048(CA, staged):
+    """128 heads, k 2048, every slot valid: the staged atomics (16-byte, from shared memory) against
+    the reference and close to the direct kernel's (the same adds in another order)."""
+    rng = np.random.default_rng(seed("wgmma-bwd-staged-2048"))
+    n, L, kk = 6, 8192, 2048
+    k, v, kh, vh, qd, qh, dod, doh, idx = case(rng, n, 128, L, kk, "shared")
+    out, lse = CA.attend_forward(qd, k, v, cp.asarray(idx), None, out_dtype="float32")
+    got = CA.attend_backward(dod, qd, k, v, cp.asarray(idx), out, lse, None, deterministic=False, version=4)
+    staged.STAGED_WRITES = False
+    direct = CA.attend_backward(dod, qd, k, v, cp.asarray(idx), out, lse, None, deterministic=False, version=4)
+    rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)
+    _rel_close(cp.asnumpy(got[0]), rq)
+    _rel_close(cp.asnumpy(got[1])[:, 0], RA.mla_dkv(rk, rv))
+    np.testing.assert_array_equal(bits(got[0]), bits(direct[0]))
+    dk = cp.asnumpy(got[1])
+    np.testing.assert_allclose(dk, cp.asnumpy(direct[1]), rtol=1e-4, atol=1e-4 * float(abs(dk).max()))

@@ -233,19 +233,23 @@ def attend_wgmma3_name(out_bf16, qpt=1) -> str:
 # attend_wgmma_bwd.cu: the MLA backward (dims as ATTEND_WGMMA_DIMS, 64 heads per block): Q + dO + two
 # 32-key stages + P and dS tiles (64 x 32 bf16) + the stages' slot keys + 4 mbarriers + 96 B to a 128-byte
 # boundary + a zero [64][16] bf16 tile + 128 B to round the base up
-ATTEND_WGMMA_BWD_SMEM = 73728 + 65536 + 2 * 36864 + 2 * 4096 + 2 * 32 * 4 + 4 * 8 + 96 + 2048 + 128   # attwb::LAUNCH_SMEM
+ATTEND_WGMMA_BWD_SMEM = 73728 + 65536 + 2 * 36864 + 2 * 4096 + 2 * 32 * 4 + 8 * 8 + 64 + 2048 + 128   # attwb::LAUNCH_SMEM
+# staged: + one 16-slot x 64-column float unit per consumer (attwb::LAUNCH_SMEM_STAGED)
+ATTEND_WGMMA_BWD_SMEM_STAGED = ATTEND_WGMMA_BWD_SMEM + 2 * 16 * 64 * 4
 ATTEND_WGMMA_BWD_THREADS = 384
 ATTEND_WGMMA_BWD_ROLES = ((128, 40), (256, 232))   # (threads, setmaxnreg): the producer, the consumers
+ATTEND_WGMMA_BWD_ROLES_STAGED = ((128, 88), (256, 208))   # staged: the producer also writes dK/dV
 ATTEND_WGMMA_BWD_VEC = {False: True, True: False}    # atomic -> 16-byte writes (scalar atomics measured faster;
                                                      # scalar part rows are not built or measured)
 
 
-def attend_wgmma_bwd_name(atomic, vec=None) -> str:
+def attend_wgmma_bwd_name(atomic, vec=None, staged=False) -> str:
     """atomic: dK/dV by float atomics into dkv; else the per-(query, head block, slot) part rows.
     vec: 16-byte writes, else scalar ones; None: the faster of the two on the H200 for that mode
-    (ATTEND_WGMMA_BWD_VEC)."""
-    vec = ATTEND_WGMMA_BWD_VEC[bool(atomic)] if vec is None else vec
-    return f"hytopk_attend_bwd_wgmma<{_b(atomic)}, {_b(vec)}>"
+    (ATTEND_WGMMA_BWD_VEC). staged: the consumers hand dK/dV to the producer warpgroup through
+    shared memory, which writes them (16 bytes at a time, whole 256-byte row pieces; vec ignored)."""
+    vec = True if staged else ATTEND_WGMMA_BWD_VEC[bool(atomic)] if vec is None else vec
+    return f"hytopk_attend_bwd_wgmma<{_b(atomic)}, {_b(vec)}, {_b(staged)}>"
 
 
 def attend_names() -> tuple:
@@ -313,9 +317,14 @@ def geometry_asserts(file: str, shapes=SHAPES) -> list[str]:
                 f'static_assert(hytopk::attw2::THREADS == {ATTEND_WGMMA_THREADS}, "instantiations.ATTEND_WGMMA_THREADS drifted");']
     if file == "attend_wgmma_bwd.cu":
         return [f'static_assert(hytopk::attwb::LAUNCH_SMEM == {ATTEND_WGMMA_BWD_SMEM}, "instantiations.ATTEND_WGMMA_BWD_SMEM drifted");',
+                f'static_assert(hytopk::attwb::LAUNCH_SMEM_STAGED == {ATTEND_WGMMA_BWD_SMEM_STAGED}, '
+                '"instantiations.ATTEND_WGMMA_BWD_SMEM_STAGED drifted");',
                 f'static_assert(hytopk::attwb::THREADS == {ATTEND_WGMMA_BWD_THREADS}, "instantiations.ATTEND_WGMMA_BWD_THREADS drifted");',
                 f'static_assert(hytopk::attwb::PRODUCER_REGS == {ATTEND_WGMMA_BWD_ROLES[0][1]} && hytopk::attwb::CONSUMER_REGS == '
-                f'{ATTEND_WGMMA_BWD_ROLES[1][1]}, "instantiations.ATTEND_WGMMA_BWD_ROLES drifted");']
+                f'{ATTEND_WGMMA_BWD_ROLES[1][1]}, "instantiations.ATTEND_WGMMA_BWD_ROLES drifted");',
+                f'static_assert(hytopk::attwb::PRODUCER_REGS_STAGED == {ATTEND_WGMMA_BWD_ROLES_STAGED[0][1]} && '
+                f'hytopk::attwb::CONSUMER_REGS_STAGED == {ATTEND_WGMMA_BWD_ROLES_STAGED[1][1]}, '
+                '"instantiations.ATTEND_WGMMA_BWD_ROLES_STAGED drifted");']
     if file == "attend_wgmma3.cu":
         return [f'static_assert(hytopk::attw3::LAUNCH_SMEM == {ATTEND_WGMMA3_SMEM}, "instantiations.ATTEND_WGMMA3_SMEM drifted");',
                 f'static_assert(hytopk::attw3::THREADS == {ATTEND_WGMMA3_THREADS}, "instantiations.ATTEND_WGMMA3_THREADS drifted");',
@@ -353,8 +362,9 @@ def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
     if file == "attend_wgmma3.cu":
         return tuple(attend_wgmma3_name(b, qpt) for qpt in (1, 2) for b in (True, False))
     if file == "attend_wgmma_bwd.cu":
-        # part rows 16 bytes at a time; atomics both ways (the bench compares them)
-        return (attend_wgmma_bwd_name(False, True), attend_wgmma_bwd_name(True, False), attend_wgmma_bwd_name(True, True))
+        # part rows 16 bytes at a time; atomics both ways (the bench compares them); both staged
+        return (attend_wgmma_bwd_name(False, True), attend_wgmma_bwd_name(True, False), attend_wgmma_bwd_name(True, True),
+                attend_wgmma_bwd_name(False, staged=True), attend_wgmma_bwd_name(True, staged=True))
     for kernel, over in KERNELS[file]:
         if over == "plain":
             out.append(name(kernel))

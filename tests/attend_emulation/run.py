@@ -153,7 +153,7 @@ class Fn:
         q, kv, ks, idx, kk, n, t0, L, Hq, nhb, scale, sl2, do, lse, delta, dq, out = a
         assert int(nhb) == -(-int(Hq) // 64) and grid[0] % int(nhb) == 0 and grid[1:] in ((), (1,))
         assert q.shape[-1] == 576 and do.shape[-1] == 512 and int(t0) + grid[0] // int(nhb) <= int(n)
-        assert self.name in (INST.attend_wgmma_bwd_name(False), INST.attend_wgmma_bwd_name(True)), self.name
+        assert self.name in tuple(INST.attend_wgmma_bwd_name(a, staged=s) for a in (False, True) for s in (False, True)), self.name
         self.hytopk_attend_bwd(["4", "32", "576", "512", "true", tp[0]], (grid[0] // int(nhb), int(nhb)),
                                (q, kv, ks, kv, ks, idx, kk, n, t0, L, Hq, np.int32(1), np.int32(64), scale, sl2, do,
                                 lse, delta, dq, out, out, out))

@@ -8,9 +8,18 @@ within tolerance, and bitwise reproducible when deterministic.
   cupy.attend_backward.wgmma         per-(query, head block, slot) part rows summed per key in a
                                      fixed order (version 1's reduction): bitwise reproducible
   cupy.attend_backward.wgmma_atomic  dK/dV by float atomics into dkv: not reproducible
-The part rows go out 16 bytes at a time (st.global.v4.f32), the atomics one float at a time (faster
-on the H200 than red.global.add.v4.f32 after the lane transpose it needs); VEC_WRITES = True takes
-the 16-byte atomics (scripts/bench_attention.py's comparison row).
+dK/dV leave the block one of two ways:
+  staged (STAGED_WRITES = True, the default): each consumer hands its dK/dV to the producer
+    warpgroup a 16-slot x 64-column unit at a time through shared memory, and the producer writes
+    them 16 bytes at a time (red.global.add.v4.f32 / st.global.v4.f32), so the consumers go on to
+    their next MMAs instead of waiting on the writes. The same floats in the same places: the part
+    rows, hence the deterministic dk, are the direct kernel's bits. Measured (H200, 128 heads, n 8192,
+    L 65536, k 2048, alternating rounds, run 7 of results/h200-2026-12-02-s7): atomics 49.9 ms
+    against 51.7, deterministic 83.3 ms against 92.1.
+  direct (STAGED_WRITES = False): each consumer writes from its accumulators, the part rows 16 bytes
+    at a time (st.global.v4.f32), the atomics one float at a time (faster on the H200 than
+    red.global.add.v4.f32 after the lane transpose it needs); VEC_WRITES = True takes the 16-byte
+    atomics (scripts/bench_attention.py's comparison row).
 """
 from __future__ import annotations
 
@@ -27,18 +36,24 @@ from .wgmma import require_sm90
 
 FILE = "attend_wgmma_bwd.cu"
 VEC_WRITES: bool | None = None     # None: instantiations.ATTEND_WGMMA_BWD_VEC; True: 16-byte atomics too
+STAGED_WRITES = True               # the consumers hand dK/dV to the producer warpgroup, which writes them
 _FITS: dict[int, object] = {}     # id -> function already checked (held, so ids are not reused)
 
 
-def _fn(name: str):
+def _fn(name: str, staged: bool = False):
     fn = loader.module(FILE, (name,), options=INST.FILE_OPTIONS[FILE]).function(name)
     if id(fn) not in _FITS:           # a launch that cannot fit says why (registers x threads)
         check_launch(fn.num_regs, fn.max_threads_per_block, INST.ATTEND_WGMMA_BWD_THREADS, name,
-                     roles=INST.ATTEND_WGMMA_BWD_ROLES)
-        if fn.max_dynamic_shared_size_bytes < INST.ATTEND_WGMMA_BWD_SMEM:
-            fn.max_dynamic_shared_size_bytes = INST.ATTEND_WGMMA_BWD_SMEM
+                     roles=INST.ATTEND_WGMMA_BWD_ROLES_STAGED if staged else INST.ATTEND_WGMMA_BWD_ROLES)
+        smem = _smem(staged)
+        if fn.max_dynamic_shared_size_bytes < smem:
+            fn.max_dynamic_shared_size_bytes = smem
         _FITS[id(fn)] = fn
     return fn
+
+
+def _smem(staged: bool) -> int:
+    return INST.ATTEND_WGMMA_BWD_SMEM_STAGED if staged else INST.ATTEND_WGMMA_BWD_SMEM
 
 
 def check_applies(b) -> None:
@@ -53,17 +68,18 @@ def backward(b, deterministic, scratch_bytes, do, lse, delta, dq, dk):
     """attend_backward's version 4 on a Bound b (checked by check_applies): dq written, dk (MLA's
     dkv [L, 1, 576]) summed from part rows per key in a fixed order, or by atomics."""
     nhb = -(-b.Hq // INST.ATTEND_WGMMA_HEADS)
-    smem, threads = INST.ATTEND_WGMMA_BWD_SMEM, INST.ATTEND_WGMMA_BWD_THREADS
+    staged = bool(STAGED_WRITES)
+    smem, threads = _smem(staged), INST.ATTEND_WGMMA_BWD_THREADS
     head = (b.q, b.k, np.int64(b.k_stride), b.idx, np.int32(b.kk), np.int32(b.n))
     tail = (np.int64(b.L), np.int32(b.Hq), np.int32(nhb), np.float32(b.scale), b.scale_log2, do, lse, delta, dq)
     if not deterministic:
         if b.n * nhb >= 2 ** 31:
             raise ValueError(f"argument 'q': {b.n} queries x {nhb} head blocks exceed one launch's 2^31 - 1 blocks")
-        fn = _fn(INST.attend_wgmma_bwd_name(True, VEC_WRITES))
+        fn = _fn(INST.attend_wgmma_bwd_name(True, VEC_WRITES, staged), staged)
         fn((b.n * nhb,), (threads,), head + (np.int32(0),) + tail + (dk,), shared_mem=smem)
         return
     W = b.DQK
-    fn = _fn(INST.attend_wgmma_bwd_name(False))
+    fn = _fn(INST.attend_wgmma_bwd_name(False, staged=staged), staged)
     chunk = A.part_chunk(b, nhb, W, scratch_bytes or A._scratch_v2(), max_chunk=(2 ** 31 - 1) // nhb)
     A.sum_part_rows(b, chunk, nhb, W, True, dk, None,
                     lambda t0, c, part: fn((c * nhb,), (threads,), head + (np.int32(t0),) + tail + (part,),
