@@ -20,24 +20,27 @@ out, lse = CA.attend_forward(q, kk, vv, idx, None)
 dout = torch.randn(n, H, 512, device="cuda").bfloat16()
 
 
-def bwd(staged, det):
+def bwd(staged, det, pair=False):
     def f():
-        AWB.STAGED_WRITES = staged
+        AWB.STAGED_WRITES, AWB.PAIR_SUM = staged, pair
         CA.attend_backward(dout, q, kk, vv, idx, out, lse, None, deterministic=det, version=4)
     return f
 
 
 # the staged atomics' dk next to the direct ones' (the same adds in another order)
 outs = {}
-for s in (False, True):
-    AWB.STAGED_WRITES = s
+for s in (False, True, "pair"):
+    AWB.STAGED_WRITES, AWB.PAIR_SUM = bool(s), s == "pair"
     outs[s] = CA.attend_backward(dout, q, kk, vv, idx, out, lse, None, deterministic=False, version=4)
-AWB.STAGED_WRITES = False
+AWB.STAGED_WRITES, AWB.PAIR_SUM = False, False
 dk0, dk1 = cp.asarray(outs[False][1]), cp.asarray(outs[True][1])       # (CuPy arrays)
 check = {"dq_bit_identical": bool(cp.array_equal(cp.asarray(outs[False][0]), cp.asarray(outs[True][0]))),
-         "dk_max_abs_diff": float(cp.abs(dk0 - dk1).max()), "dk_max_abs": float(cp.abs(dk0).max())}
+         "dk_max_abs_diff": float(cp.abs(dk0 - dk1).max()), "dk_max_abs": float(cp.abs(dk0).max()),
+         "pair_dq_bit_identical": bool(cp.array_equal(cp.asarray(outs[False][0]), cp.asarray(outs["pair"][0]))),
+         "pair_dk_max_abs_diff": float(cp.abs(dk0 - cp.asarray(outs["pair"][1])).max())}
 print("check", check, flush=True)
 fns = {"backward wgmma_atomic": bwd(False, False), "backward wgmma_atomic_staged": bwd(True, False),
+       "backward wgmma_atomic_staged_pair": bwd(True, False, True),
        "backward wgmma (deterministic)": bwd(False, True), "backward wgmma_staged (deterministic)": bwd(True, True),
        "forward wgmma3": lambda: AW3.attend_forward_wgmma3(q, kk, vv, idx, None)}
 rows = alternate(fns, rounds=5, calls=3)

@@ -216,7 +216,7 @@ class Fn:
 
 CA._fn = lambda name: Fn(name)
 from workbench.families.cupy import attend_wgmma_bwd as AWB
-AWB._fn = lambda name: Fn(name)
+AWB._fn = lambda name, staged=False: Fn(name)
 AWB.require_sm90 = lambda: None
 from types import SimpleNamespace as _NS
 from workbench.families.cupy import attend_wgmma2 as AW2
