@@ -68,8 +68,8 @@ constexpr int K_OFF = DO_OFF + DO_BYTES;
 constexpr int P_OFF = K_OFF + 2 * TILE_BYTES;
 constexpr int DS_OFF = P_OFF + PT_BYTES;
 constexpr int KEY_OFF = DS_OFF + PT_BYTES;         // int [2 stages][NK]: the slot's key, -1 masked
-constexpr int BAR_OFF = KEY_OFF + 2 * NK * 4;      // full[2], empty[2]; STAGED: unit full[2], unit free[2]; PAIR: peer full[2]
-constexpr int ZERO_OFF = (BAR_OFF + 10 * 8 + 127) & ~127;   // a zero [64][16] bf16 tile (2 KiB): dP's 4 padding k-steps
+constexpr int BAR_OFF = KEY_OFF + 2 * NK * 4;      // full[2], empty[2]; STAGED: unit full[2], unit free[2]
+constexpr int ZERO_OFF = (BAR_OFF + 8 * 8 + 127) & ~127;   // a zero [64][16] bf16 tile (2 KiB): dP's 4 padding k-steps
 constexpr int SMEM = ZERO_OFF + ROWS / 8 * 256;
 constexpr int LAUNCH_SMEM = SMEM + 128;            // the base is rounded up to 128 B
 // STAGED: one dK/dV unit per consumer (16 slots x 64 columns, float [16][64], 4-column pieces of row
@@ -126,16 +126,7 @@ __device__ __forceinline__ void transpose4(float (&x)[4], int q) {
 // nhb head blocks of 64: block b is query t0 + b / nhb, heads 64 (b % nhb) ... dq [n, Hq, 576]
 // float (written); ATOMIC: dkv [L, 576] float (+=); else part rows as above (masked slots' rows
 // are not written).
-// PAIR (ATOMIC and STAGED, nhb 2, a 2-block cluster: the query's two head blocks): unit u of consumer
-// c is summed over both blocks by block u & 1's storers (its own unit, and the peer's read through
-// distributed shared memory) and added to dkv once: half the atomics.
-__device__ __forceinline__ uint4 ld_shared_cluster_v4(u32 addr) {
-    uint4 v;
-    asm volatile("ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
-    return v;
-}
-
-template <bool ATOMIC, bool VEC, bool STAGED, bool PAIR = false>
+template <bool ATOMIC, bool VEC, bool STAGED>
 __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv,
                                                  long long kv_stride, const int* __restrict__ idx, int kk, int n,
                                                  int t0, long long L, int Hq, int nhb, float scale, float scale_log2,
@@ -162,18 +153,11 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
         if (STAGED)
             for (int c = 0; c < 2; ++c) {
                 mbar_init(base + BAR_OFF + 32 + 8 * c, 4);   // unit full: one arrival per consumer warp
-                mbar_init(base + BAR_OFF + 48 + 8 * c, 2);   // unit free: one per storer warp (PAIR: the owner's)
-                if (PAIR) mbar_init(base + BAR_OFF + 64 + 8 * c, 4);   // the peer's unit full (remote arrivals)
+                mbar_init(base + BAR_OFF + 48 + 8 * c, 2);   // unit free: one per storer warp
             }
         mbar_fence_init();
     }
-    if (PAIR) {
-        __syncwarp();
-        cluster_sync();                               // the peer's barriers exist before any remote arrival
-    } else {
-        __syncthreads();
-    }
-    const u32 peer = PAIR ? cluster_ctarank() ^ 1u : 0u;   // (rank = hb)
+    __syncthreads();
     const int wg = (int)(threadIdx.x >> 7), tid = (int)(threadIdx.x & 127);
 
     if (wg == 2) {
@@ -204,36 +188,19 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             const u32 ufull = base + BAR_OFF + 32 + 8 * sc;
             const u32 ubuf = base + STG_OFF + (u32)(sc * UNIT_BYTES);
             const int colb = j < 8 ? 64 * (4 * sc + (j >> 1)) : 512, slotb = j < 8 ? 16 * (j & 1) : 16 * sc;
-            if (PAIR && (nu & 1u) != (peer ^ 1u)) {   // the peer's storers sum this unit
-                ++nu;
-                return;
-            }
-            const u32 ph = PAIR ? (nu >> 1) & 1u : nu & 1u;   // PAIR: every other unit is this block's
-            mbar_wait_or_trap<PAIR>(ufull, ph);
-            if (PAIR) mbar_wait_or_trap<true>(ufull + 32, ph);   // and the peer's consumer has written it
+            mbar_wait_or_trap(ufull, nu & 1u);
             uint4 v[4];
             int kx[4];
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
                 const int ls = prow + 4 * r;
-                const u32 off = (u32)(4 * (ls * UNIT_COLS + ((4 * pc) ^ (8 * ((ls >> 1) & 3)))));
                 kx[r] = skey[(tile & 1) * NK + slotb + ls];
-                v[r] = ld_shared_v4(ubuf + off);
-                if (PAIR) {                           // + the peer block's (the other 64 heads) in its shared memory
-                    const uint4 w = ld_shared_cluster_v4(map_peer(ubuf + off, peer));
-                    v[r].x = __float_as_uint(__uint_as_float(v[r].x) + __uint_as_float(w.x));
-                    v[r].y = __float_as_uint(__uint_as_float(v[r].y) + __uint_as_float(w.y));
-                    v[r].z = __float_as_uint(__uint_as_float(v[r].z) + __uint_as_float(w.z));
-                    v[r].w = __float_as_uint(__uint_as_float(v[r].w) + __uint_as_float(w.w));
-                }
+                v[r] = ld_shared_v4(ubuf + (u32)(4 * (ls * UNIT_COLS + ((4 * pc) ^ (8 * ((ls >> 1) & 3))))));
             }
             // the unit is in registers: the consumer may refill it while these writes queue (run 6 of
             // results/h200-2026-12-02-s7: released after them, the atomics took 58.0 ms)
             __syncwarp();
-            if ((tid & 31) == 0) {
-                mbar_arrive(ufull + 16);
-                if (PAIR) mbar_arrive_remote(map_peer(ufull + 16, peer));
-            }
+            if ((tid & 31) == 0) mbar_arrive(ufull + 16);
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
                 if (kx[r] < 0) continue;              // masked slot (or past kk): not written
@@ -341,18 +308,14 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             const u32 x = opaque_u32(threadIdx.x), cc = x >> 7, wl = x & 127;
             const int w_ = (int)(wl >> 5), g_ = (int)(wl >> 2) & 7, t_ = (int)wl & 3;
             const u32 ufull = base + BAR_OFF + 32 + 8 * cc, ubuf = base + STG_OFF + cc * UNIT_BYTES;
-            mbar_wait_or_trap<PAIR>(ufull + 16, (nu & 1u) ^ 1u);   // the storers have the unit before (none: parity 1 is done)
+            mbar_wait_or_trap(ufull + 16, (nu & 1u) ^ 1u);   // the storers have the unit before (none: parity 1 is done)
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
                 const int ls = 8 * (i >> 2) + 2 * t_ + (i & 1), col = 16 * w_ + g_ + 8 * ((i >> 1) & 1);
                 st_shared_u32(ubuf + (u32)(4 * (ls * UNIT_COLS + (col ^ (8 * t_)))), __float_as_uint(v[i]));
             }
             __syncwarp();
-            if ((wl & 31) == 0) {
-                // PAIR: unit nu is summed by block nu & 1: its own storers, or the peer's (its peer-full barrier)
-                if (!PAIR || (nu & 1u) != peer) mbar_arrive(ufull);
-                else mbar_arrive_remote(map_peer(ufull + 32, peer));
-            }
+            if ((wl & 31) == 0) mbar_arrive(ufull);
             ++nu;
         };
 
@@ -606,10 +569,6 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
                 }
         }
     }
-    if (PAIR) {                                       // no block leaves while the peer may still reach its shared memory
-        __syncwarp();
-        cluster_sync();
-    }
 }
 
 }  // namespace attwb
@@ -627,15 +586,4 @@ hytopk_attend_bwd_wgmma(const bf16_t* __restrict__ q, const bf16_t* __restrict__
                         const float* __restrict__ delta, float* __restrict__ dq, float* __restrict__ out) {
     attend_bwd_wgmma<ATOMIC, VEC, STAGED>(q, kv, kv_stride, idx, kk, n, t0, L, Hq, nhb, scale, scale_log2, dout, lse, delta, dq,
                              out);
-}
-
-// PAIR: the atomics with the two head blocks of a query (nhb 2: 65 .. 128 heads) summed in a 2-block
-// cluster before they reach dkv
-__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1)
-hytopk_attend_bwd_wgmma_pair(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv, long long kv_stride,
-                             const int* __restrict__ idx, int kk, int n, int t0, long long L, int Hq, int nhb, float scale,
-                             float scale_log2, const bf16_t* __restrict__ dout, const float* __restrict__ lse,
-                             const float* __restrict__ delta, float* __restrict__ dq, float* __restrict__ out) {
-    attend_bwd_wgmma<true, true, true, true>(q, kv, kv_stride, idx, kk, n, t0, L, Hq, nhb, scale, scale_log2, dout, lse,
-                                             delta, dq, out);
 }

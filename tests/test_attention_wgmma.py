@@ -41,8 +41,7 @@ def test_backward_instantiations_and_launch_figures():
                                                              "hytopk_attend_bwd_wgmma<true, false, false>",
                                                              "hytopk_attend_bwd_wgmma<true, true, false>",
                                                              "hytopk_attend_bwd_wgmma<false, true, true>",
-                                                             "hytopk_attend_bwd_wgmma<true, true, true>",
-                                                             "hytopk_attend_bwd_wgmma_pair"]
+                                                             "hytopk_attend_bwd_wgmma<true, true, true>"]
     # the direct kernel's picks: part rows 16 bytes at a time, atomics float by float (measured faster);
     # staged: 16 bytes at a time both ways (vec ignored)
     assert INST.attend_wgmma_bwd_name(False) == "hytopk_attend_bwd_wgmma<false, true, false>"

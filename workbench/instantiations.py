@@ -68,7 +68,7 @@ KERNELS = {
                   ("hytopk_attend_dkv_keys", "attend"), ("hytopk_attend_pair_union_bits", "attend")),
     "attend_wgmma2.cu": (("hytopk_attend_fwd_wgmma2", "attend_wgmma"), ("hytopk_attend_fwd_wgmma2c", "attend_wgmma")),
     "attend_wgmma3.cu": (("hytopk_attend_fwd_wgmma3", "attend_wgmma"),),
-    "attend_wgmma_bwd.cu": (("hytopk_attend_bwd_wgmma", "attend_wgmma"), ("hytopk_attend_bwd_wgmma_pair", "attend_wgmma")),
+    "attend_wgmma_bwd.cu": (("hytopk_attend_bwd_wgmma", "attend_wgmma"),),
 }
 # files that need an arch-specific target (wgmma exists on sm_90a only): NVRTC options, nvcc -gencode
 FILE_OPTIONS = {"wgmma.cu": ("-arch=sm_90a",), "wgmma_ws.cu": ("-arch=sm_90a",),
@@ -243,10 +243,6 @@ ATTEND_WGMMA_BWD_VEC = {False: True, True: False}    # atomic -> 16-byte writes 
                                                      # scalar part rows are not built or measured)
 
 
-# the staged atomics with a query's two head blocks summed in a 2-block cluster (nhb 2)
-ATTEND_WGMMA_BWD_PAIR = "hytopk_attend_bwd_wgmma_pair"
-
-
 def attend_wgmma_bwd_name(atomic, vec=None, staged=False) -> str:
     """atomic: dK/dV by float atomics into dkv; else the per-(query, head block, slot) part rows.
     vec: 16-byte writes, else scalar ones; None: the faster of the two on the H200 for that mode
@@ -368,7 +364,7 @@ def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
     if file == "attend_wgmma_bwd.cu":
         # part rows 16 bytes at a time; atomics both ways (the bench compares them); both staged
         return (attend_wgmma_bwd_name(False, True), attend_wgmma_bwd_name(True, False), attend_wgmma_bwd_name(True, True),
-                attend_wgmma_bwd_name(False, staged=True), attend_wgmma_bwd_name(True, staged=True), ATTEND_WGMMA_BWD_PAIR)
+                attend_wgmma_bwd_name(False, staged=True), attend_wgmma_bwd_name(True, staged=True))
     for kernel, over in KERNELS[file]:
         if over == "plain":
             out.append(name(kernel))

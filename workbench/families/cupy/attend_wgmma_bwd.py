@@ -37,7 +37,6 @@ from .wgmma import require_sm90
 FILE = "attend_wgmma_bwd.cu"
 VEC_WRITES: bool | None = None     # None: instantiations.ATTEND_WGMMA_BWD_VEC; True: 16-byte atomics too
 STAGED_WRITES = True               # the consumers hand dK/dV to the producer warpgroup, which writes them
-PAIR_SUM = False                   # staged atomics at 2 head blocks: summed over both in a 2-block cluster first
 _FITS: dict[int, object] = {}     # id -> function already checked (held, so ids are not reused)
 
 
@@ -76,10 +75,7 @@ def backward(b, deterministic, scratch_bytes, do, lse, delta, dq, dk):
     if not deterministic:
         if b.n * nhb >= 2 ** 31:
             raise ValueError(f"argument 'q': {b.n} queries x {nhb} head blocks exceed one launch's 2^31 - 1 blocks")
-        if staged and PAIR_SUM and nhb == 2:      # hytopk_attend_bwd_wgmma_pair: half the atomics
-            fn = _fn(INST.ATTEND_WGMMA_BWD_PAIR, True)
-        else:
-            fn = _fn(INST.attend_wgmma_bwd_name(True, VEC_WRITES, staged), staged)
+        fn = _fn(INST.attend_wgmma_bwd_name(True, VEC_WRITES, staged), staged)
         fn((b.n * nhb,), (threads,), head + (np.int32(0),) + tail + (dk,), shared_mem=smem)
         return
     W = b.DQK
