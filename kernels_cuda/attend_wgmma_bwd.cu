@@ -78,6 +78,7 @@ constexpr int LAUNCH_SMEM = SMEM + 128;            // the base is rounded up to 
 constexpr int UNIT_SLOTS = 16, UNIT_COLS = 64, UNIT_BYTES = UNIT_SLOTS * UNIT_COLS * 4;
 constexpr int UNITS_PER_TILE = 9;                  // m-tiles 4c .. 4c+3 in slot halves, then m-tile 8's 16 slots
 constexpr int STG_OFF = SMEM;
+constexpr int UFULL_OFF = BAR_OFF + 32, UFREE_OFF = BAR_OFF + 48;   // per consumer c: + 8 c
 constexpr int LAUNCH_SMEM_STAGED = STG_OFF + 2 * UNIT_BYTES + 128;
 static_assert(LAUNCH_SMEM_STAGED <= 227 * 1024, "attend_wgmma_bwd: shared memory over 227 KiB");
 constexpr int THREADS = 384;
@@ -97,6 +98,11 @@ static_assert(QN == 144, "attend_wgmma_bwd: dQ halves are m64n144");
 constexpr int BAR_Q = 1, BAR_FREE = 2, BAR_P = 3, BAR_X = 4, BAR_C0 = 5;
 // STAGED, the producer's 128 threads: every storer is done with a stage's keys before they are replaced
 constexpr int BAR_KEYS = 6;
+
+// STAGED: the byte offset of (row ls, column col) in a unit (the layout above)
+__device__ __forceinline__ u32 unit_off(int ls, int col) {
+    return (u32)(4 * (ls * UNIT_COLS + (col ^ (8 * ((ls >> 1) & 3)))));
+}
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
@@ -152,8 +158,8 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
         mbar_init(empty0 + 8, 8);
         if (STAGED)
             for (int c = 0; c < 2; ++c) {
-                mbar_init(base + BAR_OFF + 32 + 8 * c, 4);   // unit full: one arrival per consumer warp
-                mbar_init(base + BAR_OFF + 48 + 8 * c, 2);   // unit free: one per storer warp
+                mbar_init(base + UFULL_OFF + 8 * c, 4);   // unit full: one arrival per consumer warp
+                mbar_init(base + UFREE_OFF + 8 * c, 2);   // unit free: one per storer warp
             }
         mbar_fence_init();
     }
@@ -185,7 +191,7 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
         u32 nu = 0;                                   // units drained
         auto drain = [&](int tile, int j) {           // unit j of consumer sc's tile
             const int sc = tid >> 6, stid = tid & 63, pc = stid & 15, prow = stid >> 4;
-            const u32 ufull = base + BAR_OFF + 32 + 8 * sc;
+            const u32 ufull = base + UFULL_OFF + 8 * sc;
             const u32 ubuf = base + STG_OFF + (u32)(sc * UNIT_BYTES);
             const int colb = j < 8 ? 64 * (4 * sc + (j >> 1)) : 512, slotb = j < 8 ? 16 * (j & 1) : 16 * sc;
             mbar_wait_or_trap(ufull, nu & 1u);
@@ -195,12 +201,12 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             for (int r = 0; r < 4; ++r) {
                 const int ls = prow + 4 * r;
                 kx[r] = skey[(tile & 1) * NK + slotb + ls];
-                v[r] = ld_shared_v4(ubuf + (u32)(4 * (ls * UNIT_COLS + ((4 * pc) ^ (8 * ((ls >> 1) & 3))))));
+                v[r] = ld_shared_v4(ubuf + unit_off(ls, 4 * pc));
             }
             // the unit is in registers: the consumer may refill it while these writes queue (run 6 of
             // results/h200-2026-12-02-s7: released after them, the atomics took 58.0 ms)
             __syncwarp();
-            if ((tid & 31) == 0) mbar_arrive(ufull + 16);
+            if ((tid & 31) == 0) mbar_arrive(base + UFREE_OFF + 8 * sc);
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
                 if (kx[r] < 0) continue;              // masked slot (or past kk): not written
@@ -307,15 +313,15 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             // c, warp, lane from threadIdx (opaque): nothing more held across the key loop (it would spill)
             const u32 x = opaque_u32(threadIdx.x), cc = x >> 7, wl = x & 127;
             const int w_ = (int)(wl >> 5), g_ = (int)(wl >> 2) & 7, t_ = (int)wl & 3;
-            const u32 ufull = base + BAR_OFF + 32 + 8 * cc, ubuf = base + STG_OFF + cc * UNIT_BYTES;
-            mbar_wait_or_trap(ufull + 16, (nu & 1u) ^ 1u);   // the storers have the unit before (none: parity 1 is done)
+            const u32 ubuf = base + STG_OFF + cc * UNIT_BYTES;
+            mbar_wait_or_trap(base + UFREE_OFF + 8 * cc, (nu & 1u) ^ 1u);   // the storers have the unit before (none: parity 1 is done)
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
                 const int ls = 8 * (i >> 2) + 2 * t_ + (i & 1), col = 16 * w_ + g_ + 8 * ((i >> 1) & 1);
-                st_shared_u32(ubuf + (u32)(4 * (ls * UNIT_COLS + (col ^ (8 * t_)))), __float_as_uint(v[i]));
+                st_shared_u32(ubuf + unit_off(ls, col), __float_as_uint(v[i]));   // ((ls >> 1) & 3 = t_)
             }
             __syncwarp();
-            if ((wl & 31) == 0) mbar_arrive(ufull);
+            if ((wl & 31) == 0) mbar_arrive(base + UFULL_OFF + 8 * cc);
             ++nu;
         };
 
