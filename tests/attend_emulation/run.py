@@ -153,7 +153,8 @@ class Fn:
         q, kv, ks, idx, kk, n, t0, L, Hq, nhb, scale, sl2, do, lse, delta, dq, out = a
         assert int(nhb) == -(-int(Hq) // 64) and grid[0] % int(nhb) == 0 and grid[1:] in ((), (1,))
         assert q.shape[-1] == 576 and do.shape[-1] == 512 and int(t0) + grid[0] // int(nhb) <= int(n)
-        assert self.name in tuple(INST.attend_wgmma_bwd_name(a, staged=s) for a in (False, True) for s in (False, True)), self.name
+        assert self.name in tuple(INST.attend_wgmma_bwd_name(a, writes=w) for a in (False, True)
+                                  for w in INST.ATTEND_WGMMA_BWD_WRITES), self.name
         self.hytopk_attend_bwd(["4", "32", "576", "512", "true", tp[0]], (grid[0] // int(nhb), int(nhb)),
                                (q, kv, ks, kv, ks, idx, kk, n, t0, L, Hq, np.int32(1), np.int32(64), scale, sl2, do,
                                 lse, delta, dq, out, out, out))
@@ -216,7 +217,7 @@ class Fn:
 
 CA._fn = lambda name: Fn(name)
 from workbench.families.cupy import attend_wgmma_bwd as AWB
-AWB._fn = lambda name, staged=False: Fn(name)
+AWB._fn = lambda name, writes="direct": Fn(name)
 AWB.require_sm90 = lambda: None
 from types import SimpleNamespace as _NS
 from workbench.families.cupy import attend_wgmma2 as AW2

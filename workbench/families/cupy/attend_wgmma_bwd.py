@@ -8,18 +8,26 @@ within tolerance, and bitwise reproducible when deterministic.
   cupy.attend_backward.wgmma         per-(query, head block, slot) part rows summed per key in a
                                      fixed order (version 1's reduction): bitwise reproducible
   cupy.attend_backward.wgmma_atomic  dK/dV by float atomics into dkv: not reproducible
-dK/dV leave the block one of two ways:
-  staged (STAGED_WRITES = True, the default): each consumer hands its dK/dV to the producer
-    warpgroup a 16-slot x 64-column unit at a time through shared memory, and the producer writes
-    them 16 bytes at a time (red.global.add.v4.f32 / st.global.v4.f32), so the consumers go on to
-    their next MMAs instead of waiting on the writes. The same floats in the same places: the part
-    rows, hence the deterministic dk, are the direct kernel's bits. Measured (H200, 128 heads, n 8192,
-    L 65536, k 2048, alternating rounds, run 7 of results/h200-2026-12-02-s7): atomics 49.9 ms
-    against 51.7, deterministic 83.3 ms against 92.1.
-  direct (STAGED_WRITES = False): each consumer writes from its accumulators, the part rows 16 bytes
-    at a time (st.global.v4.f32), the atomics one float at a time (faster on the H200 than
+dK/dV leave the block one of three ways (WRITES):
+  "bulk": each consumer hands its dK/dV to the producer warpgroup an 8-slot x 64-column
+    unit at a time through shared memory (two buffers per consumer), and the producer has the TMA
+    write each slot's 256 bytes: cp.reduce.async.bulk .add.f32 into dkv, or cp.async.bulk into the
+    part rows. The L2 takes the same float additions faster as 256-byte bulk reductions than as
+    16-byte ones (26.5 ms against 35.8 for the backward's 19.3 G at 128 heads: runs 1-2 of
+    results/h200-2026-12-03-s8).
+    Measured slower in the backward all the same: 67.4 ms against the staged path's 50.6 (runs 3-5 of
+    results/h200-2026-12-03-s8: 18 hand-overs a tile instead of 9, and the consumers' proxy fence
+    has ptxas serialise their wgmma).
+  "staged" (the default): the same hand-over in 16-slot units (one buffer per consumer), the producer's threads
+    writing them 16 bytes at a time (red.global.add.v4.f32 / st.global.v4.f32). Run 7 of
+    results/h200-2026-12-02-s7 (H200, 128 heads, n 8192, L 65536, k 2048, alternating rounds):
+    atomics 49.9 ms against the direct 51.7, deterministic 83.3 ms against 92.1.
+  "direct": each consumer writes from its accumulators, the part rows 16 bytes at a time
+    (st.global.v4.f32), the atomics one float at a time (faster on the H200 than
     red.global.add.v4.f32 after the lane transpose it needs); VEC_WRITES = True takes the 16-byte
     atomics (scripts/bench_attention.py's comparison row).
+All three write the same floats to the same places: the part rows, hence the deterministic dk, are
+the same bits whichever path wrote them.
 """
 from __future__ import annotations
 
@@ -36,24 +44,20 @@ from .wgmma import require_sm90
 
 FILE = "attend_wgmma_bwd.cu"
 VEC_WRITES: bool | None = None     # None: instantiations.ATTEND_WGMMA_BWD_VEC; True: 16-byte atomics too
-STAGED_WRITES = True               # the consumers hand dK/dV to the producer warpgroup, which writes them
+WRITES = "staged"                  # how dK/dV leave the block: instantiations.ATTEND_WGMMA_BWD_WRITES
 _FITS: dict[int, object] = {}     # id -> function already checked (held, so ids are not reused)
 
 
-def _fn(name: str, staged: bool = False):
+def _fn(name: str, writes: str = "direct"):
     fn = loader.module(FILE, (name,), options=INST.FILE_OPTIONS[FILE]).function(name)
     if id(fn) not in _FITS:           # a launch that cannot fit says why (registers x threads)
         check_launch(fn.num_regs, fn.max_threads_per_block, INST.ATTEND_WGMMA_BWD_THREADS, name,
-                     roles=INST.ATTEND_WGMMA_BWD_ROLES_STAGED if staged else INST.ATTEND_WGMMA_BWD_ROLES)
-        smem = _smem(staged)
+                     roles=INST.attend_wgmma_bwd_roles(writes))
+        smem = INST.attend_wgmma_bwd_smem(writes)
         if fn.max_dynamic_shared_size_bytes < smem:
             fn.max_dynamic_shared_size_bytes = smem
         _FITS[id(fn)] = fn
     return fn
-
-
-def _smem(staged: bool) -> int:
-    return INST.ATTEND_WGMMA_BWD_SMEM_STAGED if staged else INST.ATTEND_WGMMA_BWD_SMEM
 
 
 def check_applies(b) -> None:
@@ -68,18 +72,18 @@ def backward(b, deterministic, scratch_bytes, do, lse, delta, dq, dk):
     """attend_backward's version 4 on a Bound b (checked by check_applies): dq written, dk (MLA's
     dkv [L, 1, 576]) summed from part rows per key in a fixed order, or by atomics."""
     nhb = -(-b.Hq // INST.ATTEND_WGMMA_HEADS)
-    staged = bool(STAGED_WRITES)
-    smem, threads = _smem(staged), INST.ATTEND_WGMMA_BWD_THREADS
+    writes = WRITES
+    smem, threads = INST.attend_wgmma_bwd_smem(writes), INST.ATTEND_WGMMA_BWD_THREADS
     head = (b.q, b.k, np.int64(b.k_stride), b.idx, np.int32(b.kk), np.int32(b.n))
     tail = (np.int64(b.L), np.int32(b.Hq), np.int32(nhb), np.float32(b.scale), b.scale_log2, do, lse, delta, dq)
     if not deterministic:
         if b.n * nhb >= 2 ** 31:
             raise ValueError(f"argument 'q': {b.n} queries x {nhb} head blocks exceed one launch's 2^31 - 1 blocks")
-        fn = _fn(INST.attend_wgmma_bwd_name(True, VEC_WRITES, staged), staged)
+        fn = _fn(INST.attend_wgmma_bwd_name(True, VEC_WRITES, writes), writes)
         fn((b.n * nhb,), (threads,), head + (np.int32(0),) + tail + (dk,), shared_mem=smem)
         return
     W = b.DQK
-    fn = _fn(INST.attend_wgmma_bwd_name(False, staged=staged), staged)
+    fn = _fn(INST.attend_wgmma_bwd_name(False, writes=writes), writes)
     chunk = A.part_chunk(b, nhb, W, scratch_bytes or A._scratch_v2(), max_chunk=(2 ** 31 - 1) // nhb)
     A.sum_part_rows(b, chunk, nhb, W, True, dk, None,
                     lambda t0, c, part: fn((c * nhb,), (threads,), head + (np.int32(t0),) + tail + (part,),
