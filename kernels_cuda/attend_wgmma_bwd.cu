@@ -33,12 +33,6 @@
 // 256-byte row pieces (red.global.add.v4.f32 / st.global.v4.f32), between issuing the next tile's
 // copies. The consumers no longer wait on the writes' queue: run 7 of results/h200-2026-12-02-s7,
 // atomics 49.9 ms against 51.7, part rows 83.3 against 92.1 (the same floats, the same places).
-// BULK (with STAGED): the TMA writes the units. Units of 8 slots x 64 columns (one per 8-slot group of
-// an m-tile: 18 per tile), two buffers per consumer; producer warp 2c + b owns consumer c's buffer b
-// and issues one 256-byte bulk operation per slot (cp.reduce.async.bulk .add.f32 / cp.async.bulk,
-// shared -> global), then frees the buffer once the TMA has read it. The same 19.3 G float additions
-// take 26.5 ms as 256-byte bulk reductions against 35.8 ms as red.global.add.v4.f32 (runs 1-2 of
-// results/h200-2026-12-03-s8), and the storers hold no data.
 //
 // Shared memory (no swizzle; element (r, d) of a [rows][D] bf16 tile at (r/8)*(D*16) + (d/8)*128 +
 // (r%8)*16 + (d%8)*2): Q [64][576], dO [64][512], K [2 stages][32][576], P and dS [64][32] each (the
@@ -74,8 +68,8 @@ constexpr int K_OFF = DO_OFF + DO_BYTES;
 constexpr int P_OFF = K_OFF + 2 * TILE_BYTES;
 constexpr int DS_OFF = P_OFF + PT_BYTES;
 constexpr int KEY_OFF = DS_OFF + PT_BYTES;         // int [2 stages][NK]: the slot's key, -1 masked
-constexpr int BAR_OFF = KEY_OFF + 2 * NK * 4;      // full[2], empty[2]; STAGED: unit full[4], unit free[4]
-constexpr int ZERO_OFF = (BAR_OFF + 12 * 8 + 127) & ~127;  // a zero [64][16] bf16 tile (2 KiB): dP's 4 padding k-steps
+constexpr int BAR_OFF = KEY_OFF + 2 * NK * 4;      // full[2], empty[2]; STAGED: unit full[2], unit free[2]
+constexpr int ZERO_OFF = (BAR_OFF + 8 * 8 + 127) & ~127;   // a zero [64][16] bf16 tile (2 KiB): dP's 4 padding k-steps
 constexpr int SMEM = ZERO_OFF + ROWS / 8 * 256;
 constexpr int LAUNCH_SMEM = SMEM + 128;            // the base is rounded up to 128 B
 // STAGED: one dK/dV unit per consumer (16 slots x 64 columns, float [16][64], 4-column pieces of row
@@ -84,17 +78,9 @@ constexpr int LAUNCH_SMEM = SMEM + 128;            // the base is rounded up to 
 constexpr int UNIT_SLOTS = 16, UNIT_COLS = 64, UNIT_BYTES = UNIT_SLOTS * UNIT_COLS * 4;
 constexpr int UNITS_PER_TILE = 9;                  // m-tiles 4c .. 4c+3 in slot halves, then m-tile 8's 16 slots
 constexpr int STG_OFF = SMEM;
-// unit buffer ub's full / free mbarriers at + 8 ub (ub: consumer c's buffer, c; BULK: its buffer b, 2c + b)
-constexpr int UFULL_OFF = BAR_OFF + 32, UFREE_OFF = BAR_OFF + 64;
+constexpr int UFULL_OFF = BAR_OFF + 32, UFREE_OFF = BAR_OFF + 48;   // per consumer c: + 8 c
 constexpr int LAUNCH_SMEM_STAGED = STG_OFF + 2 * UNIT_BYTES + 128;
 static_assert(LAUNCH_SMEM_STAGED <= 227 * 1024, "attend_wgmma_bwd: shared memory over 227 KiB");
-// BULK: float [8][68] units (each slot's 64 columns contiguous for one bulk operation; rows 272 B apart
-// so that the consumers' stores are conflict-free), two per consumer
-constexpr int BUNIT_SLOTS = 8, BUNIT_STRIDE = 68, BUNIT_BYTES = BUNIT_SLOTS * BUNIT_STRIDE * 4;
-constexpr int BUNITS_PER_TILE = 18;                // m-tiles 4c .. 4c+3 in 8-slot groups, then m-tile 8's two
-constexpr int LAUNCH_SMEM_BULK = STG_OFF + 4 * BUNIT_BYTES + 128;
-static_assert(LAUNCH_SMEM_BULK <= 227 * 1024, "attend_wgmma_bwd: bulk units' shared memory over 227 KiB");
-static_assert(BUNIT_BYTES % 128 == 0 && BUNIT_STRIDE * 4 % 16 == 0, "attend_wgmma_bwd: bulk sources 16-byte aligned");
 constexpr int THREADS = 384;
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
 static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= THREADS * (65536 / THREADS / 8 * 8),   // the 168 x 384 launched with
@@ -105,11 +91,6 @@ static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= THREADS * (65536 / TH
 constexpr int PRODUCER_REGS_STAGED = 88, CONSUMER_REGS_STAGED = 208;
 static_assert(128 * PRODUCER_REGS_STAGED + 256 * CONSUMER_REGS_STAGED <= THREADS * (65536 / THREADS / 8 * 8),
               "attend_wgmma_bwd: staged setmaxnreg budgets exceed the block's launch registers");
-// BULK: the storers hold no data (the TMA reads the units); the consumers at 208 had ptxas serialise
-// their wgmma (C7511, "insufficient register resources")
-constexpr int PRODUCER_REGS_BULK = 56, CONSUMER_REGS_BULK = 224;
-static_assert(128 * PRODUCER_REGS_BULK + 256 * CONSUMER_REGS_BULK <= THREADS * (65536 / THREADS / 8 * 8),
-              "attend_wgmma_bwd: bulk setmaxnreg budgets exceed the block's launch registers");
 constexpr int QCOLS = DQK / 2, QN = QCOLS / 2;     // dQ columns per consumer (288) in two m64n144 halves
 static_assert(QN == 144, "attend_wgmma_bwd: dQ halves are m64n144");
 // named barriers (0 = __syncthreads): the 256 consumer threads
@@ -151,7 +132,7 @@ __device__ __forceinline__ void transpose4(float (&x)[4], int q) {
 // nhb head blocks of 64: block b is query t0 + b / nhb, heads 64 (b % nhb) ... dq [n, Hq, 576]
 // float (written); ATOMIC: dkv [L, 576] float (+=); else part rows as above (masked slots' rows
 // are not written).
-template <bool ATOMIC, bool VEC, bool STAGED, bool BULK>
+template <bool ATOMIC, bool VEC, bool STAGED>
 __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv,
                                                  long long kv_stride, const int* __restrict__ idx, int kk, int n,
                                                  int t0, long long L, int Hq, int nhb, float scale, float scale_log2,
@@ -176,9 +157,9 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
         mbar_init(empty0, 8);                         // one arrival per consumer warp
         mbar_init(empty0 + 8, 8);
         if (STAGED)
-            for (int ub = 0; ub < (BULK ? 4 : 2); ++ub) {
-                mbar_init(base + UFULL_OFF + 8 * ub, 4);  // unit full: one arrival per consumer warp
-                mbar_init(base + UFREE_OFF + 8 * ub, BULK ? 1 : 2);   // unit free: one per storer warp
+            for (int c = 0; c < 2; ++c) {
+                mbar_init(base + UFULL_OFF + 8 * c, 4);   // unit full: one arrival per consumer warp
+                mbar_init(base + UFREE_OFF + 8 * c, 2);   // unit free: one per storer warp
             }
         mbar_fence_init();
     }
@@ -187,7 +168,7 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
 
     if (wg == 2) {
         // ---------------------------------------------------------------- producer
-        regs_dec<BULK ? PRODUCER_REGS_BULK : STAGED ? PRODUCER_REGS_STAGED : PRODUCER_REGS>();
+        regs_dec<STAGED ? PRODUCER_REGS_STAGED : PRODUCER_REGS>();
         // rows g * 8 + r8 (g < 4) of the tile, chunks cq + 16 i (< 72). A warp copies 8 rows x 4
         // chunks (4 whole core matrices, 4 shared-memory wavefronts); each quarter warp 4 rows x 2
         // chunks, whole 32-byte sectors: 8 rows' chunk c per quarter warp (8 half sectors) made L2
@@ -239,34 +220,6 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             }
             ++nu;
         };
-        // BULK: warp w = 2 sc + b issues consumer sc's units 2j + b (j < 9) from its buffer b, lane ls < 8
-        // slot slotb + ls's 256 bytes; the buffer is free once the TMA has read it
-        auto drain_bulk = [&](int tile, int j) {
-            const int w = tid >> 5, sc = w >> 1, b = w & 1, ls = tid & 31, u = 2 * j + b, ub = w;
-            const int colb = u < 16 ? 64 * (4 * sc + (u >> 2)) : 512, slotb = u < 16 ? 8 * (u & 3) : 16 * sc + 8 * (u - 16);
-            mbar_wait_or_trap(base + UFULL_OFF + 8 * ub, nu & 1u);
-            if (ls < BUNIT_SLOTS) {
-                const int key = skey[(tile & 1) * NK + slotb + ls];
-                if (key >= 0) {                       // masked slot (or past kk): not written
-                    float* row = ATOMIC ? out + (long long)key * DQK
-                                        : out + ((long long)blockIdx.x * kk + (long long)tile * NK + slotb + ls) * DQK;
-                    const u32 src = base + STG_OFF + (u32)(ub * BUNIT_BYTES + ls * BUNIT_STRIDE * 4);
-                    if (ATOMIC) bulk_s2g_add_f32(row + colb, src, UNIT_COLS * 4);
-                    else bulk_s2g(row + colb, src, UNIT_COLS * 4);
-                }
-                bulk_commit();
-                bulk_wait_read<0>();
-            }
-            __syncwarp();
-            if (ls == 0) mbar_arrive(base + UFREE_OFF + 8 * ub);
-            ++nu;
-        };
-        // each storer warp's units per tile: 9 either way (STAGED: all 9 of its consumer's, with its pair
-        // warp; BULK: half of the 18)
-        auto drain_any = [&](int tile, int j) {
-            if (BULK) drain_bulk(tile, j);
-            else drain(tile, j);
-        };
         if (ntiles > 0) load_slots(0);
         for (int it = 0; it < ntiles; ++it) {
             const int st = it & 1;
@@ -296,17 +249,16 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
                 // tile it-1's units while tile it lands; tile it published before the last one (the
                 // consumers go on to tile it as soon as they have handed it over)
                 if (it >= 1)
-                    for (int j = 0; j < UNITS_PER_TILE - 1; ++j) drain_any(it - 1, j);
+                    for (int j = 0; j < UNITS_PER_TILE - 1; ++j) drain(it - 1, j);
                 cp_async_wait<0>();
                 fence_proxy_async();
                 mbar_arrive(full0 + 8 * st);
-                if (it >= 1) drain_any(it - 1, UNITS_PER_TILE - 1);
+                if (it >= 1) drain(it - 1, UNITS_PER_TILE - 1);
             }
         }
         if (ntiles > 0) {
             if (STAGED) {
-                for (int j = 0; j < UNITS_PER_TILE; ++j) drain_any(ntiles - 1, j);
-                if (BULK && (tid & 31) < BUNIT_SLOTS) bulk_wait<0>();   // every bulk write done before the block ends
+                for (int j = 0; j < UNITS_PER_TILE; ++j) drain(ntiles - 1, j);
             } else {
                 cp_async_wait<0>();
                 fence_proxy_async();
@@ -315,7 +267,7 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
         }
     } else {
         // -------------------------------------------------------------------- consumers
-        regs_inc<BULK ? CONSUMER_REGS_BULK : STAGED ? CONSUMER_REGS_STAGED : CONSUMER_REGS>();
+        regs_inc<STAGED ? CONSUMER_REGS_STAGED : CONSUMER_REGS>();
         const int c = wg;
         const int warp = tid >> 5, lane = tid & 31, g8 = lane >> 2, tig = lane & 3;
         const int r0 = warp * 16 + g8, r1 = r0 + 8;   // this thread's two rows (heads h0 + r)
@@ -370,22 +322,6 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             }
             __syncwarp();
             if ((wl & 31) == 0) mbar_arrive(base + UFULL_OFF + 8 * cc);
-            ++nu;
-        };
-        // BULK: 4 values (element i: unit row 2 tig + (i & 1), column 16 warp + g8 + 8 (i >> 1)) into this
-        // consumer's buffer nu & 1
-        auto put_bunit = [&](const float (&v)[4]) {
-            const u32 x = opaque_u32(threadIdx.x), cc = x >> 7, wl = x & 127;
-            const int w_ = (int)(wl >> 5), g_ = (int)(wl >> 2) & 7, t_ = (int)wl & 3;
-            const u32 ub = 2 * cc + (nu & 1u), ubuf = base + STG_OFF + ub * BUNIT_BYTES;
-            mbar_wait_or_trap(base + UFREE_OFF + 8 * ub, ((nu >> 1) & 1u) ^ 1u);   // the TMA has read its last unit
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-                st_shared_u32(ubuf + (u32)(4 * ((2 * t_ + (i & 1)) * BUNIT_STRIDE + 16 * w_ + g_ + 8 * (i >> 1))),
-                              __float_as_uint(v[i]));
-            fence_proxy_async();                      // these stores -> the bulk operations' reads (async proxy)
-            __syncwarp();
-            if ((wl & 31) == 0) mbar_arrive(base + UFULL_OFF + 8 * ub);
             ++nu;
         };
 
@@ -534,14 +470,6 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             // m-tile 4c + mi out: element i = 4 sb + 2 h2 + e is slot 8 sb + 2 tig + e, column
             // 64 (4c + mi) + 16 warp + g8 + 8 h2
             auto store_m = [&](const float (&acc)[16], int mi) {
-                if (BULK) {                           // 8-slot groups sb: elements 4 sb ..
-#pragma unroll
-                    for (int sb = 0; sb < NK / 8; ++sb) {
-                        const float v[4] = {acc[4 * sb], acc[4 * sb + 1], acc[4 * sb + 2], acc[4 * sb + 3]};
-                        put_bunit(v);
-                    }
-                    return;
-                }
                 if (STAGED) {                         // slot halves 0 .. 15, 16 .. 31: elements 8 hs ..
 #pragma unroll
                     for (int hs = 0; hs < 2; ++hs) {
@@ -574,14 +502,6 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             // m-tile 8 out (columns 512 .. 575, this consumer's slots 16 c ..): element i = 4 sb8 + 2 h2 + e
             // is slot 16 c + 8 sb8 + 2 tig + e, column 512 + 16 warp + g8 + 8 h2: rows of sb = 2 c + sb8
             auto store_m8 = [&](const float (&acc)[8]) {
-                if (BULK) {
-#pragma unroll
-                    for (int sb8 = 0; sb8 < 2; ++sb8) {
-                        const float v[4] = {acc[4 * sb8], acc[4 * sb8 + 1], acc[4 * sb8 + 2], acc[4 * sb8 + 3]};
-                        put_bunit(v);
-                    }
-                    return;
-                }
                 if (STAGED) {
                     put_unit(acc);
                     return;
@@ -663,15 +583,13 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
 using namespace hytopk::attwb;
 
 // grid (queries in the chunk) * nhb; ATOMIC: out = dkv [L, 576] float; else out = part rows; VEC:
-// 16-byte writes, else scalar ones (the faster atomics on the H200: instantiations.attend_wgmma_bwd_name);
-// STAGED: the producer warpgroup writes dK/dV, BULK (with STAGED): through the TMA's bulk operations
-template <bool ATOMIC, bool VEC, bool STAGED, bool BULK>
+// 16-byte writes, else scalar ones (the faster atomics on the H200: instantiations.attend_wgmma_bwd_name)
+template <bool ATOMIC, bool VEC, bool STAGED>
 __global__ void __launch_bounds__(384, 1)
 hytopk_attend_bwd_wgmma(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv, long long kv_stride,
                         const int* __restrict__ idx, int kk, int n, int t0, long long L, int Hq, int nhb, float scale,
                         float scale_log2, const bf16_t* __restrict__ dout, const float* __restrict__ lse,
                         const float* __restrict__ delta, float* __restrict__ dq, float* __restrict__ out) {
-    static_assert(STAGED || !BULK, "attend_wgmma_bwd: BULK is a staged write path");
-    attend_bwd_wgmma<ATOMIC, VEC, STAGED, BULK>(q, kv, kv_stride, idx, kk, n, t0, L, Hq, nhb, scale, scale_log2, dout, lse, delta, dq,
+    attend_bwd_wgmma<ATOMIC, VEC, STAGED>(q, kv, kv_stride, idx, kk, n, t0, L, Hq, nhb, scale, scale_log2, dout, lse, delta, dq,
                              out);
 }

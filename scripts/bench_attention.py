@@ -264,15 +264,12 @@ def backward_rows(n, H, L, k, fwd_rate, op_rate=None):
         variants += [("wgmma", dict(deterministic=True, version=4)), ("wgmma_atomic", dict(deterministic=False, version=4)),
                      ("wgmma_atomic_vec", dict(deterministic=False, version=4)),
                      ("wgmma_staged", dict(deterministic=True, version=4)),
-                     ("wgmma_atomic_staged", dict(deterministic=False, version=4)),
-                     ("wgmma_bulk", dict(deterministic=True, version=4)),
-                     ("wgmma_atomic_bulk", dict(deterministic=False, version=4))]
+                     ("wgmma_atomic_staged", dict(deterministic=False, version=4))]
     writes_default = AWB.WRITES
     for name, kw in variants:
         AWB.VEC_WRITES = True if name == "wgmma_atomic_vec" else None
-        # wgmma*: dK/dV written by the consumers (direct); *_staged: by the producer warpgroup; *_bulk:
-        # by the TMA (AWB.WRITES)
-        AWB.WRITES = name.rsplit("_", 1)[1] if name.endswith(("_staged", "_bulk")) else "direct"
+        # wgmma*: dK/dV written by the consumers (direct); *_staged: by the producer warpgroup (AWB.WRITES)
+        AWB.WRITES = "staged" if name.endswith("_staged") else "direct"
         try:
             t = timed(lambda: CA.attend_backward(dout, q, kk, vv, idx, out, lse, None, **kw), reps=3)
         finally:

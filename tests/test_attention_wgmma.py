@@ -37,38 +37,32 @@ def test_version_3_instantiations():
 
 
 def test_backward_instantiations_and_launch_figures():
-    assert INST.name_expressions("attend_wgmma_bwd.cu") == ["hytopk_attend_bwd_wgmma<false, true, false, false>",
-                                                             "hytopk_attend_bwd_wgmma<true, false, false, false>",
-                                                             "hytopk_attend_bwd_wgmma<true, true, false, false>",
-                                                             "hytopk_attend_bwd_wgmma<false, true, true, false>",
-                                                             "hytopk_attend_bwd_wgmma<true, true, true, false>",
-                                                             "hytopk_attend_bwd_wgmma<false, true, true, true>",
-                                                             "hytopk_attend_bwd_wgmma<true, true, true, true>"]
+    assert INST.name_expressions("attend_wgmma_bwd.cu") == ["hytopk_attend_bwd_wgmma<false, true, false>",
+                                                             "hytopk_attend_bwd_wgmma<true, false, false>",
+                                                             "hytopk_attend_bwd_wgmma<true, true, false>",
+                                                             "hytopk_attend_bwd_wgmma<false, true, true>",
+                                                             "hytopk_attend_bwd_wgmma<true, true, true>"]
     # the direct kernel's picks: part rows 16 bytes at a time, atomics float by float (measured faster);
-    # staged and bulk: vec ignored
-    assert INST.attend_wgmma_bwd_name(False) == "hytopk_attend_bwd_wgmma<false, true, false, false>"
-    assert INST.attend_wgmma_bwd_name(True) == "hytopk_attend_bwd_wgmma<true, false, false, false>"
-    assert INST.attend_wgmma_bwd_name(True, False, writes="staged") == "hytopk_attend_bwd_wgmma<true, true, true, false>"
-    assert INST.attend_wgmma_bwd_name(False, writes="bulk") == "hytopk_attend_bwd_wgmma<false, true, true, true>"
+    # staged: 16 bytes at a time both ways (vec ignored)
+    assert INST.attend_wgmma_bwd_name(False) == "hytopk_attend_bwd_wgmma<false, true, false>"
+    assert INST.attend_wgmma_bwd_name(True) == "hytopk_attend_bwd_wgmma<true, false, false>"
+    assert INST.attend_wgmma_bwd_name(True, False, writes="staged") == "hytopk_attend_bwd_wgmma<true, true, true>"
     with pytest.raises(ValueError, match="argument 'writes'"):
-        INST.attend_wgmma_bwd_name(True, writes="tma")
+        INST.attend_wgmma_bwd_name(True, writes="bulk")
     assert INST.FILE_OPTIONS["attend_wgmma_bwd.cu"] == ("-arch=sm_90a",)
-    assert len(INST.geometry_asserts("attend_wgmma_bwd.cu")) == 7
+    assert len(INST.geometry_asserts("attend_wgmma_bwd.cu")) == 5
     # the setmaxnreg budgets fill the 168 registers x 384 threads of the launch exactly, both splits
     assert sum(t * r for t, r in INST.ATTEND_WGMMA_BWD_ROLES) == 168 * 384
     assert sum(t * r for t, r in INST.ATTEND_WGMMA_BWD_ROLES_STAGED) == 168 * 384
-    assert sum(t * r for t, r in INST.ATTEND_WGMMA_BWD_ROLES_BULK) == 168 * 384
     assert [INST.attend_wgmma_bwd_roles(w) for w in INST.ATTEND_WGMMA_BWD_WRITES] == [
-        INST.ATTEND_WGMMA_BWD_ROLES, INST.ATTEND_WGMMA_BWD_ROLES_STAGED, INST.ATTEND_WGMMA_BWD_ROLES_BULK]
+        INST.ATTEND_WGMMA_BWD_ROLES, INST.ATTEND_WGMMA_BWD_ROLES_STAGED]
     # Q + dO + two 32-key stages + P and dS (64 x 32 bf16) + the stages' slot keys + 8 mbarriers + padding + a zero
     # [64][16] tile + 128 B alignment; staged: + one 16 x 64 float unit per consumer
     assert INST.ATTEND_WGMMA_BWD_SMEM == (64 * 576 * 2 + 64 * 512 * 2 + 2 * 32 * 576 * 2 + 2 * 64 * 32 * 2
                                           + 2 * 32 * 4 + 8 * 8 + 64 + 64 * 16 * 2 + 128) <= INST.ATTEND_SMEM_LIMIT
     assert INST.ATTEND_WGMMA_BWD_SMEM_STAGED == INST.ATTEND_WGMMA_BWD_SMEM + 2 * 16 * 64 * 4 <= INST.ATTEND_SMEM_LIMIT
-    # bulk: two 8-slot units per consumer, rows padded to 68 floats: the whole 227 KiB
-    assert INST.ATTEND_WGMMA_BWD_SMEM_BULK == INST.ATTEND_WGMMA_BWD_SMEM + 4 * 8 * 68 * 4 == INST.ATTEND_SMEM_LIMIT
     assert [INST.attend_wgmma_bwd_smem(w) for w in INST.ATTEND_WGMMA_BWD_WRITES] == [
-        INST.ATTEND_WGMMA_BWD_SMEM, INST.ATTEND_WGMMA_BWD_SMEM_STAGED, INST.ATTEND_WGMMA_BWD_SMEM_BULK]
+        INST.ATTEND_WGMMA_BWD_SMEM, INST.ATTEND_WGMMA_BWD_SMEM_STAGED]
     assert INST.ATTEND_WGMMA_BWD_THREADS == 384
 
 

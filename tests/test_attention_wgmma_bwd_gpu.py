@@ -5,10 +5,10 @@ Against the float64 reference at the mma.sync backward's tolerance (padding, dup
 disjoint neighbours, queries with no valid key, k not a multiple of the 32-key tile, 8 / 64 / 128 /
 136 heads: one, two and three head blocks, the last partial), at k = 2048; the deterministic mode
 20 / 20 identical and the same bits under any query chunking; close to version 1; untouched keys
-exactly 0; other layouts refused with a clear error. The three dK/dV write paths: direct (the
-consumers write; every test before the `staged` fixture), staged (the producer warpgroup writes) and
-bulk (the TMA writes, the default): against the reference, the deterministic mode's bits equal to
-the direct kernel's. The same kernel's CPU emulation: tests/test_attention_wgmma_emulation.py.
+exactly 0; other layouts refused with a clear error. Both dK/dV write paths: direct (the consumers
+write; every test before the `staged` fixture) and staged (the producer warpgroup writes, the
+default): against the reference, the deterministic mode's bits equal to the direct kernel's. The
+same kernel's CPU emulation: tests/test_attention_wgmma_emulation.py.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def CA():
 @pytest.fixture(autouse=True)
 def direct(monkeypatch):
     """The tests below the `staged` fixture check the direct writes (the consumers write dK/dV), the
-    ones that ask for `staged` the producer's two write paths."""
+    ones that ask for `staged` the staged writes (the default)."""
     from workbench.families.cupy import attend_wgmma_bwd as AWB
     monkeypatch.setattr(AWB, "WRITES", "direct")
 
@@ -185,12 +185,11 @@ def test_torch_op_backward_is_version_4(CA, Hq, monkeypatch):
         _rel_close(a.float().cpu().numpy(), b.float().cpu().numpy().astype(np.float64))
 
 
-@pytest.fixture(params=["staged", "bulk"])
-def staged(monkeypatch, request):
-    """WRITES: the consumers hand dK/dV to the producer warpgroup, whose threads (staged) or the TMA
-    (bulk) write them."""
+@pytest.fixture
+def staged(monkeypatch):
+    """WRITES = "staged": the consumers hand dK/dV to the producer warpgroup, which writes them."""
     from workbench.families.cupy import attend_wgmma_bwd as AWB
-    monkeypatch.setattr(AWB, "WRITES", request.param)
+    monkeypatch.setattr(AWB, "WRITES", "staged")
     return AWB
 
 
@@ -210,9 +209,8 @@ def test_staged_matches_reference(CA, staged, Hq, atomic, kind):
     assert np.all(cp.asnumpy(dk)[untouched] == 0)
 
 
-@pytest.mark.parametrize("writes", ["staged", "bulk"])
 @pytest.mark.parametrize("Hq", [16, 128])
-def test_staged_deterministic_equals_direct_bit_for_bit(CA, Hq, writes, monkeypatch):
+def test_staged_deterministic_equals_direct_bit_for_bit(CA, Hq, monkeypatch):
     """The same accumulators through another write path: the deterministic mode's part rows, hence
     dq and the reduced dk, are the direct kernel's bits (k 2048, every slot valid but one, and a
     'shared' selection with collisions); 20 staged runs identical."""
@@ -227,7 +225,7 @@ def test_staged_deterministic_equals_direct_bit_for_bit(CA, Hq, writes, monkeypa
         out, lse = CA.attend_forward(qd, k, v, idx, None)
         run = lambda: [bits(x) for x in CA.attend_backward(dod, qd, k, v, idx, out, lse, None, version=4)[:2]]
         direct = run()
-        monkeypatch.setattr(AWB, "WRITES", writes)
+        monkeypatch.setattr(AWB, "WRITES", "staged")
         for _ in range(20 if kind == "shared" else 1):
             for a, b in zip(direct, run()):
                 np.testing.assert_array_equal(a, b)

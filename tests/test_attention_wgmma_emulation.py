@@ -391,16 +391,15 @@ def test_backward_vector_writes_equal_scalar_ones(driver, atomic):
         assert np.count_nonzero(~np.isnan(out_v)) > 0.5 * out_v.size
 
 
-# the staged and bulk kernels (the producer warpgroup, or the TMA, writes dK/dV from shared memory) on the cases that
+# the staged kernel (the producer warpgroup writes dK/dV from shared memory) on the cases that
 # exercise its units: partial tiles and head blocks, masked slots, duplicated keys, one key
 STAGED_CASES = [(3, 64, 45, "random", False), (3, 64, 70, "dups", True), (3, 64, 33, "disjoint", False),
                 (3, 64, 45, "empty", True), (2, 80, 40, "shared", True), (2, 64, 1, "random", False),
                 (3, 80, 70, "full", False)]
 
 
-@pytest.mark.parametrize("writes", ["staged", "bulk"])
 @pytest.mark.parametrize("n,Hq,kk,kind,atomic", STAGED_CASES)
-def test_backward_staged_matches_reference_and_direct_writes(driver, n, Hq, kk, kind, atomic, writes):
+def test_backward_staged_matches_reference_and_direct_writes(driver, n, Hq, kk, kind, atomic):
     """Staged dK/dV against the float64 reference, and bit for bit the direct kernel's: the same
     accumulators written through another path (part rows: plain stores; atomics: the emulation runs
     blocks one after another, and with distinct keys per query each (key, column) gets one add per
@@ -408,7 +407,7 @@ def test_backward_staged_matches_reference_and_direct_writes(driver, n, Hq, kk, 
     rng = np.random.default_rng(seed("wgmma-bwd-staged", n, Hq, kk, kind, atomic))
     L = 150
     kv, qd, dod, idx, lse, delta, rq, rkv, valid = backward_case(rng, n, Hq, kk, kind, L)
-    dq, out = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=atomic, writes=writes)
+    dq, out = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=atomic, writes="staged")
     rel_close(dq, rq)
     rel_close(out if atomic else summed_part_rows(out, valid, 0, L), rkv)
     if atomic:
@@ -423,40 +422,17 @@ def test_backward_staged_matches_reference_and_direct_writes(driver, n, Hq, kk, 
         np.testing.assert_array_equal(bits(out), bits(out_d))
 
 
-@pytest.mark.parametrize("writes", ["staged", "bulk"])
-def test_backward_staged_under_jitter(driver, writes):
-    """The staged / bulk hand-over under other interleavings (random sleeps at every synchronisation):
-    the same bits, no emulation error (a unit overwritten before the storers or the TMA read it, keys
-    of a stage reused while drained)."""
+def test_backward_staged_under_jitter(driver):
+    """The staged hand-over under other interleavings (random sleeps at every synchronisation): the
+    same bits, no emulation error (a unit overwritten before the storers read it, keys of a stage
+    reused while drained)."""
     rng = np.random.default_rng(seed("wgmma-bwd-staged-jitter"))
     kv, qd, dod, idx, lse, delta, *_ = backward_case(rng, 2, 80, 100, "random")
-    calm = E.backward(driver, qd, kv, idx, dod, lse, delta, writes=writes)
-    shaken = E.backward(driver, qd, kv, idx, dod, lse, delta, writes=writes,
+    calm = E.backward(driver, qd, kv, idx, dod, lse, delta, writes="staged")
+    shaken = E.backward(driver, qd, kv, idx, dod, lse, delta, writes="staged",
                         env={"HYTOPK_EMU_JITTER": "0.02", "HYTOPK_EMU_SEED": "7"})
     for a, b in zip(calm, shaken):
         np.testing.assert_array_equal(bits(a), bits(b))
-
-
-def test_bulk_planted_bugs_are_caught(driver, tmp_path):
-    """The bulk path's two waits, each planted out of a scratch copy: without the read wait, a unit
-    buffer goes back to its consumer before the TMA has read it (the emulation reads a bulk
-    operation's source at the latest wait that allows it, here the final one: later units' values
-    land instead); without the final wait, the producer exits with its bulk writes not done (an
-    emulation error)."""
-    src = (E.KERNELS / "attend_wgmma_bwd.cu").read_text()
-    read_wait, final_wait = "                bulk_wait_read<0>();\n", "bulk_wait<0>();"
-    assert src.count(read_wait) == 1 and src.count(final_wait) == 1
-    rng = np.random.default_rng(seed("wgmma-bwd-bulk-planted"))
-    kv, qd, dod, idx, lse, delta, *_ = backward_case(rng, 1, 64, 64, "full")
-    good = E.backward(driver, qd, kv, idx, dod, lse, delta, writes="bulk")
-    for name, bad in (("read", src.replace(read_wait, "")), ("final", src.replace(final_wait, "(void)0;"))):
-        drv = E.build(tmp_path / name, sources={"attend_wgmma_bwd.cu": bad})
-        try:
-            got = E.backward(drv, qd, kv, idx, dod, lse, delta, writes="bulk")
-        except E.EmulationError as e:
-            assert "bulk groups" in str(e)
-            continue
-        assert name == "read" and not np.array_equal(bits(got[1]), bits(good[1])), name
 
 
 def test_backward_chunk_writes_only_its_queries(driver):

@@ -27,6 +27,7 @@ ptxas info    : Compiling entry function 'bar' for 'sm_90'
 ptxas info    : Function properties for bar
     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 ptxas info    : Used 20 registers, used 0 barriers, 380 bytes cmem[0]
+ptxas info    : (C7511) Potential Performance Loss: wgmma.mma_async instructions are serialized due to insufficient register resources for the wgmma pipeline in the function '_Z3fooPf'
 """
 
 SPILLER = """\
@@ -51,6 +52,19 @@ def test_parse_ptxas():
     assert (foo.mangled, foo.registers, foo.smem, foo.stack, foo.spill_stores, foo.spill_loads) == \
         ("_Z3fooPf", 255, 1024, 16, 8, 12)
     assert foo.spills and not bar.spills and bar.registers == 20 and bar.smem == 0
+    # ptxas's serialisation warning names its function (here after that function's report)
+    assert foo.wgmma_serialized == "insufficient register resources for the wgmma pipeline" and not bar.wgmma_serialized
+
+
+def test_serialised_wgmma_fails_unless_allowed(monkeypatch):
+    foo, bar = CC.parse_ptxas(PTXAS)
+    foo.spill_stores = foo.spill_loads = 0
+    foo.name = "hytopk_foo<1>"
+    text, bad = CC.verdict(foo)
+    assert bad == 1 and "WGMMA SERIALISED by ptxas (insufficient register resources" in text
+    monkeypatch.setitem(CC.ALLOWED_SERIAL, "hytopk_foo<", "a stand-in")
+    assert CC.verdict(foo) == ("  wgmma serialised, allowed: a stand-in", 0)
+    assert CC.verdict(bar) == ("", 0)
 
 
 def test_every_kernel_file_has_an_instantiation_list():

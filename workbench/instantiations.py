@@ -236,15 +236,12 @@ def attend_wgmma3_name(out_bf16, qpt=1) -> str:
 ATTEND_WGMMA_BWD_SMEM = 73728 + 65536 + 2 * 36864 + 2 * 4096 + 2 * 32 * 4 + 8 * 8 + 64 + 2048 + 128   # attwb::LAUNCH_SMEM
 # staged: + one 16-slot x 64-column float unit per consumer (attwb::LAUNCH_SMEM_STAGED)
 ATTEND_WGMMA_BWD_SMEM_STAGED = ATTEND_WGMMA_BWD_SMEM + 2 * 16 * 64 * 4
-# bulk: + two 8-slot x 64-column float units per consumer, rows 68 floats apart (attwb::LAUNCH_SMEM_BULK)
-ATTEND_WGMMA_BWD_SMEM_BULK = ATTEND_WGMMA_BWD_SMEM + 4 * 8 * 68 * 4
-# how dK/dV leave the block: the consumers write them (direct), the producer warpgroup does (staged),
-# or the TMA's bulk operations do, issued by the producer (bulk)
-ATTEND_WGMMA_BWD_WRITES = ("direct", "staged", "bulk")
+# how dK/dV leave the block: the consumers write them (direct), or the producer warpgroup does (staged;
+# the TMA's bulk operations instead were slower: commit cd2ef35, results/h200-2026-12-03-s8)
+ATTEND_WGMMA_BWD_WRITES = ("direct", "staged")
 ATTEND_WGMMA_BWD_THREADS = 384
 ATTEND_WGMMA_BWD_ROLES = ((128, 40), (256, 232))   # (threads, setmaxnreg): the producer, the consumers
 ATTEND_WGMMA_BWD_ROLES_STAGED = ((128, 88), (256, 208))   # staged: the producer also writes dK/dV
-ATTEND_WGMMA_BWD_ROLES_BULK = ((128, 56), (256, 224))     # bulk: the producer issues the TMA's writes
 ATTEND_WGMMA_BWD_VEC = {False: True, True: False}    # atomic -> 16-byte writes (scalar atomics measured faster;
                                                      # scalar part rows are not built or measured)
 
@@ -260,23 +257,20 @@ def attend_wgmma_bwd_name(atomic, vec=None, writes="direct") -> str:
     vec: 16-byte writes, else scalar ones; None: the faster of the two on the H200 for that mode
     (ATTEND_WGMMA_BWD_VEC). writes (ATTEND_WGMMA_BWD_WRITES): "staged", the consumers hand dK/dV to
     the producer warpgroup through shared memory, which writes them (16 bytes at a time, whole
-    256-byte row pieces); "bulk", the producer has the TMA write each slot's 256 bytes (vec ignored
-    by both)."""
-    staged = _bwd_writes(writes) != "direct"
+    256-byte row pieces; vec ignored)."""
+    staged = _bwd_writes(writes) == "staged"
     vec = True if staged else ATTEND_WGMMA_BWD_VEC[bool(atomic)] if vec is None else vec
-    return f"hytopk_attend_bwd_wgmma<{_b(atomic)}, {_b(vec)}, {_b(staged)}, {_b(writes == 'bulk')}>"
+    return f"hytopk_attend_bwd_wgmma<{_b(atomic)}, {_b(vec)}, {_b(staged)}>"
 
 
 def attend_wgmma_bwd_smem(writes="direct") -> int:
     """The launch's dynamic shared memory for a write path."""
-    return {"direct": ATTEND_WGMMA_BWD_SMEM, "staged": ATTEND_WGMMA_BWD_SMEM_STAGED,
-            "bulk": ATTEND_WGMMA_BWD_SMEM_BULK}[_bwd_writes(writes)]
+    return {"direct": ATTEND_WGMMA_BWD_SMEM, "staged": ATTEND_WGMMA_BWD_SMEM_STAGED}[_bwd_writes(writes)]
 
 
 def attend_wgmma_bwd_roles(writes="direct") -> tuple:
     """(threads, setmaxnreg) of the producer and the consumers for a write path."""
-    return {"direct": ATTEND_WGMMA_BWD_ROLES, "staged": ATTEND_WGMMA_BWD_ROLES_STAGED,
-            "bulk": ATTEND_WGMMA_BWD_ROLES_BULK}[_bwd_writes(writes)]
+    return {"direct": ATTEND_WGMMA_BWD_ROLES, "staged": ATTEND_WGMMA_BWD_ROLES_STAGED}[_bwd_writes(writes)]
 
 
 def attend_names() -> tuple:
@@ -346,17 +340,12 @@ def geometry_asserts(file: str, shapes=SHAPES) -> list[str]:
         return [f'static_assert(hytopk::attwb::LAUNCH_SMEM == {ATTEND_WGMMA_BWD_SMEM}, "instantiations.ATTEND_WGMMA_BWD_SMEM drifted");',
                 f'static_assert(hytopk::attwb::LAUNCH_SMEM_STAGED == {ATTEND_WGMMA_BWD_SMEM_STAGED}, '
                 '"instantiations.ATTEND_WGMMA_BWD_SMEM_STAGED drifted");',
-                f'static_assert(hytopk::attwb::LAUNCH_SMEM_BULK == {ATTEND_WGMMA_BWD_SMEM_BULK}, '
-                '"instantiations.ATTEND_WGMMA_BWD_SMEM_BULK drifted");',
                 f'static_assert(hytopk::attwb::THREADS == {ATTEND_WGMMA_BWD_THREADS}, "instantiations.ATTEND_WGMMA_BWD_THREADS drifted");',
                 f'static_assert(hytopk::attwb::PRODUCER_REGS == {ATTEND_WGMMA_BWD_ROLES[0][1]} && hytopk::attwb::CONSUMER_REGS == '
                 f'{ATTEND_WGMMA_BWD_ROLES[1][1]}, "instantiations.ATTEND_WGMMA_BWD_ROLES drifted");',
                 f'static_assert(hytopk::attwb::PRODUCER_REGS_STAGED == {ATTEND_WGMMA_BWD_ROLES_STAGED[0][1]} && '
                 f'hytopk::attwb::CONSUMER_REGS_STAGED == {ATTEND_WGMMA_BWD_ROLES_STAGED[1][1]}, '
-                '"instantiations.ATTEND_WGMMA_BWD_ROLES_STAGED drifted");',
-                f'static_assert(hytopk::attwb::PRODUCER_REGS_BULK == {ATTEND_WGMMA_BWD_ROLES_BULK[0][1]} && '
-                f'hytopk::attwb::CONSUMER_REGS_BULK == {ATTEND_WGMMA_BWD_ROLES_BULK[1][1]}, '
-                '"instantiations.ATTEND_WGMMA_BWD_ROLES_BULK drifted");']
+                '"instantiations.ATTEND_WGMMA_BWD_ROLES_STAGED drifted");']
     if file == "attend_wgmma3.cu":
         return [f'static_assert(hytopk::attw3::LAUNCH_SMEM == {ATTEND_WGMMA3_SMEM}, "instantiations.ATTEND_WGMMA3_SMEM drifted");',
                 f'static_assert(hytopk::attw3::THREADS == {ATTEND_WGMMA3_THREADS}, "instantiations.ATTEND_WGMMA3_THREADS drifted");',
@@ -394,10 +383,9 @@ def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
     if file == "attend_wgmma3.cu":
         return tuple(attend_wgmma3_name(b, qpt) for qpt in (1, 2) for b in (True, False))
     if file == "attend_wgmma_bwd.cu":
-        # part rows 16 bytes at a time; atomics both ways (the bench compares them); both staged, both bulk
+        # part rows 16 bytes at a time; atomics both ways (the bench compares them); both staged
         return (attend_wgmma_bwd_name(False, True), attend_wgmma_bwd_name(True, False), attend_wgmma_bwd_name(True, True),
-                attend_wgmma_bwd_name(False, writes="staged"), attend_wgmma_bwd_name(True, writes="staged"),
-                attend_wgmma_bwd_name(False, writes="bulk"), attend_wgmma_bwd_name(True, writes="bulk"))
+                attend_wgmma_bwd_name(False, writes="staged"), attend_wgmma_bwd_name(True, writes="staged"))
     for kernel, over in KERNELS[file]:
         if over == "plain":
             out.append(name(kernel))

@@ -83,19 +83,15 @@ void emu_attend_wgmma_bwd(int atomic, const bf16_t* q, const bf16_t* kv, long lo
                           int t0, int count, long long L, int Hq, float scale, float sl2, const bf16_t* dout,
                           const float* lse, const float* delta, float* dq, float* out) {
     const int nhb = (Hq + ROWS - 1) / ROWS;
-    // atomic: bit 0, bit 1: 16-byte writes, bit 2: staged (the producer writes dK/dV), bit 3: bulk
-    // (the TMA writes them)
-    const unsigned smem = (atomic & 8) ? LAUNCH_SMEM_BULK : (atomic & 4) ? LAUNCH_SMEM_STAGED : LAUNCH_SMEM;
-    emu::wg::launch((unsigned)(count * nhb), THREADS, smem, [&] {
-#define HYTOPK_EMU_BWD(A, V, S, B) hytopk_attend_bwd_wgmma<A, V, S, B>(q, kv, ks, idx, kk, n, t0, L, Hq, nhb, scale, sl2, dout, lse, delta, dq, out)
-        if (atomic == 13) HYTOPK_EMU_BWD(true, true, true, true);
-        else if (atomic == 12) HYTOPK_EMU_BWD(false, true, true, true);
-        else if (atomic == 5) HYTOPK_EMU_BWD(true, true, true, false);
-        else if (atomic == 4) HYTOPK_EMU_BWD(false, true, true, false);
-        else if (atomic == 3) HYTOPK_EMU_BWD(true, true, false, false);
-        else if (atomic == 1) HYTOPK_EMU_BWD(true, false, false, false);
-        else if (atomic == 2) HYTOPK_EMU_BWD(false, true, false, false);
-        else HYTOPK_EMU_BWD(false, false, false, false);
+    // atomic: bit 0, bit 1: 16-byte writes, bit 2: staged (the producer writes dK/dV)
+    emu::wg::launch((unsigned)(count * nhb), THREADS, (atomic & 4) ? LAUNCH_SMEM_STAGED : LAUNCH_SMEM, [&] {
+#define HYTOPK_EMU_BWD(A, V, S) hytopk_attend_bwd_wgmma<A, V, S>(q, kv, ks, idx, kk, n, t0, L, Hq, nhb, scale, sl2, dout, lse, delta, dq, out)
+        if (atomic == 5) HYTOPK_EMU_BWD(true, true, true);
+        else if (atomic == 4) HYTOPK_EMU_BWD(false, true, true);
+        else if (atomic == 3) HYTOPK_EMU_BWD(true, true, false);
+        else if (atomic == 1) HYTOPK_EMU_BWD(true, false, false);
+        else if (atomic == 2) HYTOPK_EMU_BWD(false, true, false);
+        else HYTOPK_EMU_BWD(false, false, false);
 #undef HYTOPK_EMU_BWD
     });
 }
@@ -183,8 +179,8 @@ def backward(driver, q, kv, idx, dout, lse, delta, scale=None, *, atomic=False, 
     (float32 [L, 576], from zeros) or the part rows (float32 [count, nhb, kk, 576]; rows of masked
     slots stay NaN). dout: bf16 bits [n, Hq, 512]; lse, delta: float32 [n, Hq]. vec: the kernel's
     16-byte writes, else scalar ones (None: as the wrapper picks, instantiations.ATTEND_WGMMA_BWD_VEC);
-    writes: "staged", the consumers hand dK/dV to the producer warpgroup, which writes them; "bulk",
-    the TMA writes them (vec ignored by both); "direct", the consumers write them."""
+    writes: "staged", the consumers hand dK/dV to the producer warpgroup, which writes them (vec
+    ignored); "direct", the consumers write them."""
     q = np.ascontiguousarray(q, np.uint16)
     kv = np.ascontiguousarray(kv, np.uint16)
     idx = np.ascontiguousarray(idx, np.int32)
@@ -198,7 +194,7 @@ def backward(driver, q, kv, idx, dout, lse, delta, scale=None, *, atomic=False, 
     scale_log2 = np.float32(sc / math.log(2.0))
     vec = INST.ATTEND_WGMMA_BWD_VEC[bool(atomic)] if vec is None else vec
     assert writes in INST.ATTEND_WGMMA_BWD_WRITES, writes
-    mode = int(bool(atomic)) | {"direct": 2 if vec else 0, "staged": 4, "bulk": 12}[writes]   # emu_attend_wgmma_bwd's codes
+    mode = int(bool(atomic)) | {"direct": 2 if vec else 0, "staged": 4}[writes]   # emu_attend_wgmma_bwd's codes
     head = np.array([4, mode, 0, n, Hq, kk, L, stride, smem_off, 0, 1], np.int32)
     head[9] = scale_log2.view(np.int32)
     more = np.array([t0, count, 0], np.int32)      # the driver reads these after idx

@@ -8,25 +8,19 @@ within tolerance, and bitwise reproducible when deterministic.
   cupy.attend_backward.wgmma         per-(query, head block, slot) part rows summed per key in a
                                      fixed order (version 1's reduction): bitwise reproducible
   cupy.attend_backward.wgmma_atomic  dK/dV by float atomics into dkv: not reproducible
-dK/dV leave the block one of three ways (WRITES):
-  "bulk": each consumer hands its dK/dV to the producer warpgroup an 8-slot x 64-column
-    unit at a time through shared memory (two buffers per consumer), and the producer has the TMA
-    write each slot's 256 bytes: cp.reduce.async.bulk .add.f32 into dkv, or cp.async.bulk into the
-    part rows. The L2 takes the same float additions faster as 256-byte bulk reductions than as
-    16-byte ones (26.5 ms against 35.8 for the backward's 19.3 G at 128 heads: runs 1-2 of
-    results/h200-2026-12-03-s8).
-    Measured slower in the backward all the same: 67.4 ms against the staged path's 50.6 (runs 3-5 of
-    results/h200-2026-12-03-s8: 18 hand-overs a tile instead of 9, and the consumers' proxy fence
-    has ptxas serialise their wgmma).
-  "staged" (the default): the same hand-over in 16-slot units (one buffer per consumer), the producer's threads
-    writing them 16 bytes at a time (red.global.add.v4.f32 / st.global.v4.f32). Run 7 of
-    results/h200-2026-12-02-s7 (H200, 128 heads, n 8192, L 65536, k 2048, alternating rounds):
-    atomics 49.9 ms against the direct 51.7, deterministic 83.3 ms against 92.1.
+dK/dV leave the block one of two ways (WRITES):
+  "staged" (the default): each consumer hands its dK/dV to the producer warpgroup a 16-slot x
+    64-column unit at a time through shared memory, and the producer writes them 16 bytes at a time
+    (red.global.add.v4.f32 / st.global.v4.f32), so the consumers go on to their next MMAs instead of
+    waiting on the writes. Run 7 of results/h200-2026-12-02-s7 (H200, 128 heads, n 8192, L 65536,
+    k 2048, alternating rounds): atomics 49.9 ms against the direct 51.7, deterministic 83.3 ms
+    against 92.1. (The TMA's bulk reductions add the same floats faster, 26.5 ms against 35.8 with no
+    MMA, but a kernel writing through them took 62-67 ms: commit cd2ef35, results/h200-2026-12-03-s8.)
   "direct": each consumer writes from its accumulators, the part rows 16 bytes at a time
     (st.global.v4.f32), the atomics one float at a time (faster on the H200 than
     red.global.add.v4.f32 after the lane transpose it needs); VEC_WRITES = True takes the 16-byte
     atomics (scripts/bench_attention.py's comparison row).
-All three write the same floats to the same places: the part rows, hence the deterministic dk, are
+Both write the same floats to the same places: the part rows, hence the deterministic dk, are
 the same bits whichever path wrote them.
 """
 from __future__ import annotations
