@@ -33,6 +33,11 @@
 // 256-byte row pieces (red.global.add.v4.f32 / st.global.v4.f32), between issuing the next tile's
 // copies. The consumers no longer wait on the writes' queue: run 7 of results/h200-2026-12-02-s7,
 // atomics 49.9 ms against 51.7, part rows 83.3 against 92.1 (the same floats, the same places).
+// The units' round trips, not the writes, are the staged kernel's cost (run 9 of
+// results/h200-2026-12-03-s8: 48.2 ms with the hand-over but no writes, 23.8 with neither), so
+// HYTOPK_ATTWB_NAMED_HANDOVER=1 hands them over with a pair of named barriers per consumer (its 128
+// threads + its 2 storer warps) in place of the unit full / free mbarriers: CPU-emulated, not yet
+// timed or run on a GPU (results/h200-2026-12-03-s8/probe_bwd_named.py times it).
 //
 // Shared memory (no swizzle; element (r, d) of a [rows][D] bf16 tile at (r/8)*(D*16) + (d/8)*128 +
 // (r%8)*16 + (d%8)*2): Q [64][576], dO [64][512], K [2 stages][32][576], P and dS [64][32] each (the
@@ -79,6 +84,10 @@ constexpr int UNIT_SLOTS = 16, UNIT_COLS = 64, UNIT_BYTES = UNIT_SLOTS * UNIT_CO
 constexpr int UNITS_PER_TILE = 9;                  // m-tiles 4c .. 4c+3 in slot halves, then m-tile 8's 16 slots
 constexpr int STG_OFF = SMEM;
 constexpr int UFULL_OFF = BAR_OFF + 32, UFREE_OFF = BAR_OFF + 48;   // per consumer c: + 8 c
+#ifndef HYTOPK_ATTWB_NAMED_HANDOVER
+#define HYTOPK_ATTWB_NAMED_HANDOVER 0
+#endif
+constexpr bool NAMED_HANDOVER = HYTOPK_ATTWB_NAMED_HANDOVER != 0;
 constexpr int LAUNCH_SMEM_STAGED = STG_OFF + 2 * UNIT_BYTES + 128;
 static_assert(LAUNCH_SMEM_STAGED <= 227 * 1024, "attend_wgmma_bwd: shared memory over 227 KiB");
 constexpr int THREADS = 384;
@@ -98,6 +107,9 @@ static_assert(QN == 144, "attend_wgmma_bwd: dQ halves are m64n144");
 constexpr int BAR_Q = 1, BAR_FREE = 2, BAR_P = 3, BAR_X = 4, BAR_C0 = 5;
 // STAGED, the producer's 128 threads: every storer is done with a stage's keys before they are replaced
 constexpr int BAR_KEYS = 6;
+// STAGED with NAMED_HANDOVER, consumer c's unit: written (its 128 threads arrive, storer warps 2c, 2c + 1
+// sync), and read (the storers arrive, the consumer syncs before its next unit); 192 threads each
+constexpr int BAR_UFULL = 7, BAR_UFREE = 9, UNIT_BAR_THREADS = 128 + 64;   // + c
 
 // STAGED: the byte offset of (row ls, column col) in a unit (the layout above)
 __device__ __forceinline__ u32 unit_off(int ls, int col) {
@@ -156,7 +168,7 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
         mbar_init(full0 + 8, 128);
         mbar_init(empty0, 8);                         // one arrival per consumer warp
         mbar_init(empty0 + 8, 8);
-        if (STAGED)
+        if (STAGED && !NAMED_HANDOVER)
             for (int c = 0; c < 2; ++c) {
                 mbar_init(base + UFULL_OFF + 8 * c, 4);   // unit full: one arrival per consumer warp
                 mbar_init(base + UFREE_OFF + 8 * c, 2);   // unit free: one per storer warp
@@ -194,7 +206,8 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             const u32 ufull = base + UFULL_OFF + 8 * sc;
             const u32 ubuf = base + STG_OFF + (u32)(sc * UNIT_BYTES);
             const int colb = j < 8 ? 64 * (4 * sc + (j >> 1)) : 512, slotb = j < 8 ? 16 * (j & 1) : 16 * sc;
-            mbar_wait_or_trap(ufull, nu & 1u);
+            if (NAMED_HANDOVER) bar_sync(BAR_UFULL + sc, UNIT_BAR_THREADS);
+            else mbar_wait_or_trap(ufull, nu & 1u);
             uint4 v[4];
             int kx[4];
 #pragma unroll
@@ -204,9 +217,14 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
                 v[r] = ld_shared_v4(ubuf + unit_off(ls, 4 * pc));
             }
             // the unit is in registers: the consumer may refill it while these writes queue (run 6 of
-            // results/h200-2026-12-02-s7: released after them, the atomics took 58.0 ms)
-            __syncwarp();
-            if ((tid & 31) == 0) mbar_arrive(base + UFREE_OFF + 8 * sc);
+            // results/h200-2026-12-02-s7: released after them, the atomics took 58.0 ms). Named: not
+            // after the block's last unit, which no consumer sync pairs with
+            if (NAMED_HANDOVER) {
+                if (tile < ntiles - 1 || j < UNITS_PER_TILE - 1) bar_arrive(BAR_UFREE + sc, UNIT_BAR_THREADS);
+            } else {
+                __syncwarp();
+                if ((tid & 31) == 0) mbar_arrive(base + UFREE_OFF + 8 * sc);
+            }
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
                 if (kx[r] < 0) continue;              // masked slot (or past kk): not written
@@ -314,14 +332,21 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             const u32 x = opaque_u32(threadIdx.x), cc = x >> 7, wl = x & 127;
             const int w_ = (int)(wl >> 5), g_ = (int)(wl >> 2) & 7, t_ = (int)wl & 3;
             const u32 ubuf = base + STG_OFF + cc * UNIT_BYTES;
-            mbar_wait_or_trap(base + UFREE_OFF + 8 * cc, (nu & 1u) ^ 1u);   // the storers have the unit before (none: parity 1 is done)
+            if (!NAMED_HANDOVER)                      // the storers have the unit before (none: parity 1 is done)
+                mbar_wait_or_trap(base + UFREE_OFF + 8 * cc, (nu & 1u) ^ 1u);
+            else if (opaque_u32(nu) > 0)              // (opaque: as nu > 0, ptxas serialised the wgmma, C7511)
+                bar_sync(BAR_UFREE + (int)cc, UNIT_BAR_THREADS);
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
                 const int ls = 8 * (i >> 2) + 2 * t_ + (i & 1), col = 16 * w_ + g_ + 8 * ((i >> 1) & 1);
                 st_shared_u32(ubuf + unit_off(ls, col), __float_as_uint(v[i]));   // ((ls >> 1) & 3 = t_)
             }
-            __syncwarp();
-            if ((wl & 31) == 0) mbar_arrive(base + UFULL_OFF + 8 * cc);
+            if (NAMED_HANDOVER) {
+                bar_arrive(BAR_UFULL + (int)cc, UNIT_BAR_THREADS);
+            } else {
+                __syncwarp();
+                if ((wl & 31) == 0) mbar_arrive(base + UFULL_OFF + 8 * cc);
+            }
             ++nu;
         };
 

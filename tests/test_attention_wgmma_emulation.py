@@ -435,6 +435,33 @@ def test_backward_staged_under_jitter(driver):
         np.testing.assert_array_equal(bits(a), bits(b))
 
 
+NAMED_HANDOVER = "#define HYTOPK_ATTWB_NAMED_HANDOVER 1\n"
+
+
+def test_backward_staged_named_handover(driver, tmp_path):
+    """The staged kernel with its units handed over on named barriers (HYTOPK_ATTWB_NAMED_HANDOVER=1,
+    a probe's build, not yet the default): the same bits as the mbarrier hand-over on the staged cases
+    (atomics where every key is distinct per query, part rows always), calm and under jitter; a
+    missing arrival pairs with nothing and the watchdog reports the deadlock."""
+    src = (E.KERNELS / "attend_wgmma_bwd.cu").read_text()
+    drv = E.build(tmp_path / "named", sources={"attend_wgmma_bwd.cu": NAMED_HANDOVER + src})
+    for n, Hq, kk, kind, atomic in STAGED_CASES[:4]:
+        rng = np.random.default_rng(seed("wgmma-bwd-named", n, Hq, kk, kind, atomic))
+        kv, qd, dod, idx, lse, delta, *_ = backward_case(rng, n, Hq, kk, kind)
+        got = E.backward(drv, qd, kv, idx, dod, lse, delta, atomic=atomic, writes="staged",
+                         env={"HYTOPK_EMU_JITTER": "0.02", "HYTOPK_EMU_SEED": "3"} if kind == "dups" else None)
+        ref = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=atomic, writes="staged")
+        np.testing.assert_array_equal(bits(got[0]), bits(ref[0]))
+        if not atomic or kind != "dups":
+            np.testing.assert_array_equal(bits(got[1]), bits(ref[1]))
+    arrive = "                if (tile < ntiles - 1 || j < UNITS_PER_TILE - 1) bar_arrive(BAR_UFREE + sc, UNIT_BAR_THREADS);\n"
+    assert src.count(arrive) == 1
+    bad = E.build(tmp_path / "bad", sources={"attend_wgmma_bwd.cu": NAMED_HANDOVER + src.replace(arrive, "")})
+    kv, qd, dod, idx, lse, delta, *_ = backward_case(np.random.default_rng(4), 1, 64, 40, "random")
+    with pytest.raises(E.EmulationError, match="deadlock|trap"):
+        E.backward(bad, qd, kv, idx, dod, lse, delta, writes="staged", env={"HYTOPK_EMU_STALL_S": "3"})
+
+
 def test_backward_chunk_writes_only_its_queries(driver):
     """t0 / count (attend_backward's query chunks): dq rows of other queries stay unwritten (NaN), the
     part rows are the chunk's, indexed from 0, and equal the whole launch's."""
