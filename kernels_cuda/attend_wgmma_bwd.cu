@@ -218,9 +218,11 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             }
             // the unit is in registers: the consumer may refill it while these writes queue (run 6 of
             // results/h200-2026-12-02-s7: released after them, the atomics took 58.0 ms). Named: not
-            // after the block's last unit, which no consumer sync pairs with
+            // after the block's last unit, which no consumer sync pairs with (the tile through
+            // opaque_u32: as a plain compare, ptxas serialised the part-row kernel's wgmma, C7511)
             if (NAMED_HANDOVER) {
-                if (tile < ntiles - 1 || j < UNITS_PER_TILE - 1) bar_arrive(BAR_UFREE + sc, UNIT_BAR_THREADS);
+                if (opaque_u32((u32)tile) < (u32)(ntiles - 1) || j < UNITS_PER_TILE - 1)
+                    bar_arrive(BAR_UFREE + sc, UNIT_BAR_THREADS);
             } else {
                 __syncwarp();
                 if ((tid & 31) == 0) mbar_arrive(base + UFREE_OFF + 8 * sc);

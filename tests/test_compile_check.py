@@ -145,9 +145,8 @@ def test_geometry_mirror_is_checked_against_the_header(tmp_path):
 @needs_nvcc
 def test_named_handover_build_is_not_serialised(tmp_path):
     """attend_wgmma_bwd.cu's probe build HYTOPK_ATTWB_NAMED_HANDOVER=1 (results/h200-2026-12-03-s8/
-    probe_bwd_named.py times it): its staged atomic kernel compiles with no wgmma serialised (an
-    earlier form was serialised, C7511, and would have timed the serialisation, not the hand-over).
-    Its part-row kernel is serialised (the probe's deterministic row says so)."""
+    probe_bwd_named.py times it): its staged kernels, atomic and part rows, compile with no wgmma
+    serialised (earlier forms were, C7511, and would have timed the serialisation, not the hand-over)."""
     kdir = tmp_path / "k"
     shutil.copytree(loader.DEFAULT_KERNEL_DIR, kdir, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
     f = kdir / "attend_wgmma_bwd.cu"
@@ -156,5 +155,4 @@ def test_named_handover_build_is_not_serialised(tmp_path):
     ok, log = CC.run_nvcc(CC.find_nvcc(), f, names, "90", tmp_path)
     assert ok, log[-2000:]
     serial = {r.mangled[:35]: r.wgmma_serialized for r in CC.parse_ptxas(log)}
-    assert serial == {"_Z23hytopk_attend_bwd_wgmmaILb1ELb1": "",
-                      "_Z23hytopk_attend_bwd_wgmmaILb0ELb1": "insufficient register resources for the wgmma pipeline"}
+    assert serial == {"_Z23hytopk_attend_bwd_wgmmaILb1ELb1": "", "_Z23hytopk_attend_bwd_wgmmaILb0ELb1": ""}
