@@ -456,7 +456,8 @@ def test_backward_staged_named_handover(driver, tmp_path):
             np.testing.assert_array_equal(bits(got[1]), bits(ref[1]))
     arrive = "                    bar_arrive(BAR_UFREE + sc, UNIT_BAR_THREADS);\n"
     assert src.count(arrive) == 1
-    bad = E.build(tmp_path / "bad", sources={"attend_wgmma_bwd.cu": NAMED_HANDOVER + src.replace(arrive, "                    (void)0;\n")})
+    no_arrival = src.replace(arrive, "                    (void)0;\n")
+    bad = E.build(tmp_path / "bad", sources={"attend_wgmma_bwd.cu": NAMED_HANDOVER + no_arrival})
     kv, qd, dod, idx, lse, delta, *_ = backward_case(np.random.default_rng(4), 1, 64, 40, "random")
     with pytest.raises(E.EmulationError, match="deadlock|trap"):
         E.backward(bad, qd, kv, idx, dod, lse, delta, writes="staged", env={"HYTOPK_EMU_STALL_S": "3"})

@@ -103,11 +103,13 @@ def parse_ptxas(log: str) -> list[KernelReport]:
     return out
 
 
+def _allowed(table: dict[str, str], name: str) -> str | None:
+    """The reason `table` (name-expression prefix -> why) gives for kernel `name`, if any."""
+    return next((why for prefix, why in table.items() if name.startswith(prefix)), None)
+
+
 def allowed_spill(name: str) -> str | None:
-    for prefix, why in ALLOWED_SPILLS.items():
-        if name.startswith(prefix):
-            return why
-    return None
+    return _allowed(ALLOWED_SPILLS, name)
 
 
 def verdict(r: KernelReport) -> tuple[str, int]:
@@ -119,7 +121,7 @@ def verdict(r: KernelReport) -> tuple[str, int]:
         text += f"  spills, allowed: {why}" if why else "  SPILLS: not allowed"
         bad += why is None
     if r.wgmma_serialized:
-        why = next((w for p, w in ALLOWED_SERIAL.items() if r.name.startswith(p)), None)
+        why = _allowed(ALLOWED_SERIAL, r.name)
         text += (f"  wgmma serialised, allowed: {why}" if why
                  else f"  WGMMA SERIALISED by ptxas ({r.wgmma_serialized}): not allowed")
         bad += why is None
