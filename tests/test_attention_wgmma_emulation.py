@@ -435,17 +435,28 @@ def test_backward_staged_under_jitter(driver):
         np.testing.assert_array_equal(bits(a), bits(b))
 
 
-NAMED_HANDOVER = "#define HYTOPK_ATTWB_NAMED_HANDOVER 1\n"
+# the staged kernel's probe builds: (the define, the storers' free arrival a planted bug drops)
+STAGED_BUILDS = {
+    "named": ("#define HYTOPK_ATTWB_NAMED_HANDOVER 1\n", "                    bar_arrive(BAR_UFREE + sc, UNIT_BAR_THREADS);\n"),
+    "named_stmatrix": ("#define HYTOPK_ATTWB_NAMED_HANDOVER 1\n#define HYTOPK_ATTWB_STMATRIX 1\n",
+                       "                    bar_arrive(BAR_UFREE + sc, UNIT_BAR_THREADS);\n"),
+    "unit8": ("#define HYTOPK_ATTWB_UNIT8 1\n", "                bar_arrive(BAR_U8FREE + wp, U8_BAR_THREADS);\n"),
+}
 
 
-def test_backward_staged_named_handover(driver, tmp_path):
-    """The staged kernel with its units handed over on named barriers (HYTOPK_ATTWB_NAMED_HANDOVER=1,
-    a probe's build, not yet the default): the same bits as the mbarrier hand-over on the staged cases
-    (atomics where every key is distinct per query, part rows always), calm and under jitter; a
-    missing arrival pairs with nothing and the watchdog reports the deadlock."""
+@pytest.mark.parametrize("build", sorted(STAGED_BUILDS))
+def test_backward_staged_probe_builds(driver, tmp_path, build):
+    """The staged kernel's probe builds, not yet the default: named (its 16-slot units handed over on
+    named barriers, HYTOPK_ATTWB_NAMED_HANDOVER=1) and unit8 (8-slot units written by stmatrix, two
+    buffers per consumer, named barriers, HYTOPK_ATTWB_UNIT8=1), named_stmatrix (named, its units
+    written by stmatrix, HYTOPK_ATTWB_STMATRIX=1). The same bits as the mbarrier
+    hand-over on the staged cases (atomics where every key is distinct per query, part rows always),
+    calm and under jitter; a missing free arrival pairs with nothing and the watchdog reports the
+    deadlock."""
+    define, arrive = STAGED_BUILDS[build]
     src = (E.KERNELS / "attend_wgmma_bwd.cu").read_text()
-    drv = E.build(tmp_path / "named", sources={"attend_wgmma_bwd.cu": NAMED_HANDOVER + src})
-    for n, Hq, kk, kind, atomic in STAGED_CASES[:4]:
+    drv = E.build(tmp_path / build, sources={"attend_wgmma_bwd.cu": define + src})
+    for n, Hq, kk, kind, atomic in STAGED_CASES:
         rng = np.random.default_rng(seed("wgmma-bwd-named", n, Hq, kk, kind, atomic))
         kv, qd, dod, idx, lse, delta, *_ = backward_case(rng, n, Hq, kk, kind)
         got = E.backward(drv, qd, kv, idx, dod, lse, delta, atomic=atomic, writes="staged",
@@ -454,10 +465,9 @@ def test_backward_staged_named_handover(driver, tmp_path):
         np.testing.assert_array_equal(bits(got[0]), bits(ref[0]))
         if not atomic or kind != "dups":
             np.testing.assert_array_equal(bits(got[1]), bits(ref[1]))
-    arrive = "                    bar_arrive(BAR_UFREE + sc, UNIT_BAR_THREADS);\n"
     assert src.count(arrive) == 1
-    no_arrival = src.replace(arrive, "                    (void)0;\n")
-    bad = E.build(tmp_path / "bad", sources={"attend_wgmma_bwd.cu": NAMED_HANDOVER + no_arrival})
+    no_arrival = src.replace(arrive, arrive[:len(arrive) - len(arrive.lstrip())] + "(void)0;\n")
+    bad = E.build(tmp_path / "bad", sources={"attend_wgmma_bwd.cu": define + no_arrival})
     kv, qd, dod, idx, lse, delta, *_ = backward_case(np.random.default_rng(4), 1, 64, 40, "random")
     with pytest.raises(E.EmulationError, match="deadlock|trap"):
         E.backward(bad, qd, kv, idx, dod, lse, delta, writes="staged", env={"HYTOPK_EMU_STALL_S": "3"})
