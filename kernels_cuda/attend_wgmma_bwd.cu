@@ -110,6 +110,19 @@ static_assert(!(UNIT8 && NAMED_HANDOVER), "attend_wgmma_bwd: UNIT8 has its own n
 #endif
 constexpr bool STMATRIX = HYTOPK_ATTWB_STMATRIX != 0;
 static_assert(!STMATRIX || NAMED_HANDOVER, "attend_wgmma_bwd: STMATRIX is a form of the named hand-over");
+// STAGED with KRING (a probe build, HYTOPK_ATTWB_KRING=1): the units live in the tile's own K stage.
+// Once consumer c's dQ MMAs have read the stage, its half of every 8-key row group (columns 288c ..,
+// 4608 B at 9216 g + 4608 c) is free until the producer gathers tile it + 2 there, which it does only
+// after draining tile it's units. Units of a whole m-tile (32 slots x 64 columns, its slot halves in
+// groups 2b and 2b + 1: the 16-slot layout each) or m-tile 8's 16 slots (group 2b): 5 per tile,
+// alternately in buffer b = 0 / 1, handed over on named barriers (double-buffered: the consumer fills
+// one while the other is read).
+#ifndef HYTOPK_ATTWB_KRING
+#define HYTOPK_ATTWB_KRING 0
+#endif
+constexpr bool KRING = HYTOPK_ATTWB_KRING != 0;
+constexpr int KR_PER_TILE = 5;
+static_assert(!(KRING && (UNIT8 || NAMED_HANDOVER)), "attend_wgmma_bwd: one hand-over build at a time");
 constexpr int LAUNCH_SMEM_STAGED = STG_OFF + 2 * UNIT_BYTES + 128;
 static_assert(LAUNCH_SMEM_STAGED <= 227 * 1024, "attend_wgmma_bwd: shared memory over 227 KiB");
 constexpr int THREADS = 384;
@@ -135,6 +148,12 @@ constexpr int BAR_UFULL = 7, BAR_UFREE = 9, UNIT_BAR_THREADS = 128 + 64;   // + 
 // STAGED with UNIT8, consumer c's buffer b: the consumer's 128 threads + storer warp 2c + b
 constexpr int BAR_U8FULL = 7, BAR_U8FREE = 11, U8_BAR_THREADS = 128 + 32;   // + 2c + b
 static_assert(BAR_U8FREE + 3 <= 15, "attend_wgmma_bwd: 16 named barriers");
+// STAGED with KRING, consumer c's buffer b: its 128 threads + storer warps 2c, 2c + 1
+constexpr int BAR_KFULL = 7, BAR_KFREE = 11, KR_BAR_THREADS = 128 + 64;   // + 2c + b
+// KRING: a wgmma's warps run apart (each reads its B, the K stage, until its own wait): a unit goes
+// into the stage only once every warp of the consumer has retired its dQ MMAs, which the free sync
+// (all 128 threads) shows, and for the block's first unit this barrier of both consumers
+constexpr int BAR_KFIRST = 15;
 
 // STAGED: the byte offset of (row ls, column col) in a unit (the layout above)
 __device__ __forceinline__ u32 unit_off(int ls, int col) {
@@ -205,7 +224,7 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
         mbar_init(full0 + 8, 128);
         mbar_init(empty0, 8);                         // one arrival per consumer warp
         mbar_init(empty0 + 8, 8);
-        if (STAGED && !NAMED_HANDOVER && !UNIT8)
+        if (STAGED && !NAMED_HANDOVER && !UNIT8 && !KRING)
             for (int c = 0; c < 2; ++c) {
                 mbar_init(base + UFULL_OFF + 8 * c, 4);   // unit full: one arrival per consumer warp
                 mbar_init(base + UFREE_OFF + 8 * c, 2);   // unit free: one per storer warp
@@ -316,6 +335,40 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
                 else st_global_v4(p, comp(v[0], r), comp(v[1], r), comp(v[2], r), comp(v[3], r));
             }
         };
+        // KRING: unit u of consumer sc's tile (global unit g = 5 tile + u, buffer g & 1): thread stid
+        // reads 4-column piece pc of rows prow + 4 r of each slot half (the 16-slot layout), as drain
+        auto drain_k = [&](int tile, int u) {
+            const int sc = tid >> 6, stid = tid & 63, pc = stid & 15, prow = stid >> 4;
+            const u32 g = opaque_u32((u32)(tile * KR_PER_TILE + u)), b = g & 1u;
+            const u32 buf = base + K_OFF + (u32)((tile & 1) * TILE_BYTES + 2 * (int)b * QG + sc * (QG / 2));
+            const int halves = u < 4 ? 2 : 1, colb = u < 4 ? 64 * (4 * sc + u) : 512;
+            bar_sync(BAR_KFULL + 2 * sc + (int)b, KR_BAR_THREADS);
+            uint4 v[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    if (h >= halves) break;
+                    v[h][r] = ld_shared_v4(buf + (u32)(h * QG) + unit_off(prow + 4 * r, 4 * pc));
+                }
+            // each buffer's last unit of the block pairs with no consumer sync
+            if (g + 2u < (u32)(ntiles * KR_PER_TILE)) bar_arrive(BAR_KFREE + 2 * sc + (int)b, KR_BAR_THREADS);
+            // part rows: the tile's first (read late: not held with the values)
+            float* part0 = ATOMIC ? out : out + ((long long)opaque_u32(blockIdx.x) * kk + (long long)tile * NK) * DQK;
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    if (h >= halves) break;
+                    const int slot = (u < 4 ? 16 * h : 16 * sc) + prow + 4 * r;
+                    const int key = skey[(tile & 1) * NK + slot];   // (the stage's keys stay until BAR_KEYS)
+                    if (key < 0) continue;            // masked slot (or past kk): not written
+                    float* p = (ATOMIC ? out + (long long)key * DQK : part0 + slot * DQK) + colb + 4 * pc;
+                    const uint4 w = v[h][r];
+                    if (ATOMIC) red_add_v4(p, __uint_as_float(w.x), __uint_as_float(w.y), __uint_as_float(w.z), __uint_as_float(w.w));
+                    else st_global_v4(p, __uint_as_float(w.x), __uint_as_float(w.y), __uint_as_float(w.z), __uint_as_float(w.w));
+                }
+        };
         if (ntiles > 0) load_slots(0);
         for (int it = 0; it < ntiles; ++it) {
             const int st = it & 1;
@@ -344,7 +397,9 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             if (STAGED) {
                 // tile it-1's units while tile it lands; tile it published before the last one (the
                 // consumers go on to tile it as soon as they have handed it over)
-                if (it >= 1)
+                if (it >= 1 && KRING)
+                    for (int u = 0; u < KR_PER_TILE - 1; ++u) drain_k(it - 1, u);
+                else if (it >= 1)
                     for (int j = 0; j < UNITS_PER_TILE - 1; ++j) {
                         if (UNIT8) drain8(it - 1, j);
                         else drain(it - 1, j);
@@ -353,17 +408,21 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
                 fence_proxy_async();
                 mbar_arrive(full0 + 8 * st);
                 if (it >= 1) {
-                    if (UNIT8) drain8(it - 1, UNITS_PER_TILE - 1);
+                    if (KRING) drain_k(it - 1, KR_PER_TILE - 1);
+                    else if (UNIT8) drain8(it - 1, UNITS_PER_TILE - 1);
                     else drain(it - 1, UNITS_PER_TILE - 1);
                 }
             }
         }
         if (ntiles > 0) {
             if (STAGED) {
-                for (int j = 0; j < UNITS_PER_TILE; ++j) {
-                    if (UNIT8) drain8(ntiles - 1, j);
-                    else drain(ntiles - 1, j);
-                }
+                if (KRING)
+                    for (int u = 0; u < KR_PER_TILE; ++u) drain_k(ntiles - 1, u);
+                else
+                    for (int j = 0; j < UNITS_PER_TILE; ++j) {
+                        if (UNIT8) drain8(ntiles - 1, j);
+                        else drain(ntiles - 1, j);
+                    }
             } else {
                 cp_async_wait<0>();
                 fence_proxy_async();
@@ -459,6 +518,27 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             stmatrix_x4(ubuf + unit8_off(d, j & 1), __float_as_uint(a[0]), __float_as_uint(a[1]), __float_as_uint(a[2]),
                         __float_as_uint(a[3]));
             bar_arrive(BAR_U8FULL + id, U8_BAR_THREADS);
+        };
+
+        // KRING: unit u (a constant) of tile it_, halves slot halves of a (8 values each, put_unit's
+        // element order) into buffer b = (5 it_ + u) & 1 of the tile's K stage
+        auto put_unit_k = [&](int it_, int u, const float* a, int halves) {
+            const u32 x = opaque_u32(threadIdx.x), cc = x >> 7, wl = x & 127;
+            const int w_ = (int)(wl >> 5), g_ = (int)(wl >> 2) & 7, t_ = (int)wl & 3;
+            const u32 g = opaque_u32((u32)(it_ * KR_PER_TILE + u)), b = g & 1u;
+            const u32 buf = base + K_OFF + (u32)((it_ & 1) * TILE_BYTES) + b * (u32)(2 * QG) + cc * (u32)(QG / 2);
+            if (g >= 2u) bar_sync(BAR_KFREE + 2 * (int)cc + (int)b, KR_BAR_THREADS);   // (each buffer's first unit: free)
+            else if (g == 0u) bar_sync(BAR_KFIRST, 256);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                if (h >= halves) break;
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    const int ls = 8 * (i >> 2) + 2 * t_ + (i & 1), col = 16 * w_ + g_ + 8 * ((i >> 1) & 1);
+                    st_shared_u32(buf + (u32)(h * QG) + unit_off(ls, col), __float_as_uint(a[8 * h + i]));
+                }
+            }
+            bar_arrive(BAR_KFULL + 2 * (int)cc + (int)b, KR_BAR_THREADS);
         };
 
         for (int it = 0; it < ntiles; ++it) {
@@ -611,6 +691,10 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
                     for (int nb = 0; nb < 4; ++nb) put_unit8(it, 4 * mi + nb, acc + 4 * nb);
                     return;
                 }
+                if (STAGED && KRING) {
+                    put_unit_k(it, mi, acc, 2);
+                    return;
+                }
                 if (STAGED) {                         // slot halves 0 .. 15, 16 .. 31: elements 8 hs ..
 #pragma unroll
                     for (int hs = 0; hs < 2; ++hs) {
@@ -646,6 +730,10 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
                 if (STAGED && UNIT8) {
                     put_unit8(it, 16, acc);
                     put_unit8(it, 17, acc + 4);
+                    return;
+                }
+                if (STAGED && KRING) {
+                    put_unit_k(it, 4, acc, 1);
                     return;
                 }
                 if (STAGED) {

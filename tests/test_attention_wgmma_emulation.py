@@ -440,6 +440,8 @@ STAGED_BUILDS = {
     "named": ("#define HYTOPK_ATTWB_NAMED_HANDOVER 1\n", "                    bar_arrive(BAR_UFREE + sc, UNIT_BAR_THREADS);\n"),
     "named_stmatrix": ("#define HYTOPK_ATTWB_NAMED_HANDOVER 1\n#define HYTOPK_ATTWB_STMATRIX 1\n",
                        "                    bar_arrive(BAR_UFREE + sc, UNIT_BAR_THREADS);\n"),
+    "kring": ("#define HYTOPK_ATTWB_KRING 1\n",
+              "            if (g + 2u < (u32)(ntiles * KR_PER_TILE)) bar_arrive(BAR_KFREE + 2 * sc + (int)b, KR_BAR_THREADS);\n"),
     "unit8": ("#define HYTOPK_ATTWB_UNIT8 1\n", "                bar_arrive(BAR_U8FREE + wp, U8_BAR_THREADS);\n"),
 }
 
@@ -449,7 +451,8 @@ def test_backward_staged_probe_builds(driver, tmp_path, build):
     """The staged kernel's probe builds, not yet the default: named (its 16-slot units handed over on
     named barriers, HYTOPK_ATTWB_NAMED_HANDOVER=1) and unit8 (8-slot units written by stmatrix, two
     buffers per consumer, named barriers, HYTOPK_ATTWB_UNIT8=1), named_stmatrix (named, its units
-    written by stmatrix, HYTOPK_ATTWB_STMATRIX=1). The same bits as the mbarrier
+    written by stmatrix, HYTOPK_ATTWB_STMATRIX=1), kring (whole m-tile units in the tile's own K
+    stage once its dQ MMAs have read it, two buffers per consumer, HYTOPK_ATTWB_KRING=1). The same bits as the mbarrier
     hand-over on the staged cases (atomics where every key is distinct per query, part rows always),
     calm and under jitter; a missing free arrival pairs with nothing and the watchdog reports the
     deadlock."""

@@ -144,7 +144,7 @@ def test_geometry_mirror_is_checked_against_the_header(tmp_path):
 
 @needs_nvcc
 @pytest.mark.parametrize("define", ["HYTOPK_ATTWB_NAMED_HANDOVER", "HYTOPK_ATTWB_UNIT8",
-                                    "HYTOPK_ATTWB_NAMED_HANDOVER 1\n#define HYTOPK_ATTWB_STMATRIX"])
+                                    "HYTOPK_ATTWB_NAMED_HANDOVER 1\n#define HYTOPK_ATTWB_STMATRIX", "HYTOPK_ATTWB_KRING"])
 def test_staged_probe_builds_are_not_serialised(tmp_path, define):
     """attend_wgmma_bwd.cu's probe builds HYTOPK_ATTWB_NAMED_HANDOVER=1 and HYTOPK_ATTWB_UNIT8=1
     (results/h200-2026-12-03-s9/probe_bwd_units.py times them): their staged kernels, atomic and part

@@ -2,8 +2,9 @@
 OUT=dir): the shipped one (16-slot units, one 4 KiB buffer per consumer, mbarriers), named
 (HYTOPK_ATTWB_NAMED_HANDOVER=1: the same units on named barriers), unit8 (HYTOPK_ATTWB_UNIT8=1:
 8-slot units written by one stmatrix per warp, two buffers per consumer, named barriers, one storer
-warp per buffer) and named_stmatrix (named, each unit written by two stmatrix per warp,
-HYTOPK_ATTWB_STMATRIX=1), with the direct path and the forward; dq and the deterministic dk bit for bit
+warp per buffer), named_stmatrix (named, each unit written by two stmatrix per warp,
+HYTOPK_ATTWB_STMATRIX=1) and kring (HYTOPK_ATTWB_KRING=1: whole m-tile units in the tile's own K
+stage once the dQ MMAs have read it, two buffers per consumer, named barriers), with the direct path and the forward; dq and the deterministic dk bit for bit
 against the shipped build, the atomic dk's largest difference. Run 9 of results/h200-2026-12-03-s8
 found the hand-over (15.6 ms) and the consumers' unit stores (8.9 ms) to be the staged kernel's cost.
 Every build compiles without wgmma serialisation (tests/test_compile_check.py::
@@ -34,8 +35,9 @@ def build(*defines):
 
 
 ALL = {"mbarriers": (), "named": ("HYTOPK_ATTWB_NAMED_HANDOVER",), "unit8": ("HYTOPK_ATTWB_UNIT8",),
-       "named_stmatrix": ("HYTOPK_ATTWB_NAMED_HANDOVER", "HYTOPK_ATTWB_STMATRIX")}
-# PROBE_BUILDS: a comma-separated subset (run 2: mbarriers,named,unit8; run 3: mbarriers,named,named_stmatrix)
+       "named_stmatrix": ("HYTOPK_ATTWB_NAMED_HANDOVER", "HYTOPK_ATTWB_STMATRIX"), "kring": ("HYTOPK_ATTWB_KRING",)}
+# PROBE_BUILDS: a comma-separated subset (run 2: mbarriers,named,unit8; run 3: mbarriers,named,named_stmatrix;
+# run 4: mbarriers,named,kring)
 BUILDS = {b: (build(*ALL[b]) if ALL[b] else None)
           for b in os.environ.get("PROBE_BUILDS", "mbarriers,named,unit8,named_stmatrix").split(",")}
 
