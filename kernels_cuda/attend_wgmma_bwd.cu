@@ -28,16 +28,17 @@
 // written once per (query, head): no atomics, the key-tile order fixed.
 // STAGED (the wrapper's default): the consumers do not write dK/dV themselves. Each hands its tile's
 // dKV^T a unit at a time (16 slots x 64 columns: an m-tile's slot half, or m-tile 8's 16 slots; 9
-// per tile) to the producer warpgroup through one 4 KiB buffer per consumer (unit full / free
-// mbarriers), and the producer's warps 2c, 2c+1 write consumer c's units 16 bytes at a time, whole
-// 256-byte row pieces (red.global.add.v4.f32 / st.global.v4.f32), between issuing the next tile's
-// copies. The consumers no longer wait on the writes' queue: run 7 of results/h200-2026-12-02-s7,
-// atomics 49.9 ms against 51.7, part rows 83.3 against 92.1 (the same floats, the same places).
-// The units' round trips, not the writes, are the staged kernel's cost (run 9 of
-// results/h200-2026-12-03-s8: 48.2 ms with the hand-over but no writes, 23.8 with neither), so
-// HYTOPK_ATTWB_NAMED_HANDOVER=1 hands them over with a pair of named barriers per consumer (its 128
-// threads + its 2 storer warps) in place of the unit full / free mbarriers: CPU-emulated, not yet
-// timed or run on a GPU (results/h200-2026-12-03-s8/probe_bwd_named.py times it).
+// per tile) to the producer warpgroup through one 4 KiB buffer per consumer, handed over on a pair
+// of named barriers (unit full / free: the consumer's 128 threads + its 2 storer warps), and the
+// producer's warps 2c, 2c+1 write consumer c's units 16 bytes at a time, whole 256-byte row pieces
+// (red.global.add.v4.f32 / st.global.v4.f32), between issuing the next tile's copies. The consumers
+// no longer wait on the writes' queue: run 7 of results/h200-2026-12-02-s7, atomics 49.9 ms against
+// 51.7, part rows 83.3 against 92.1 (the same floats, the same places). The units' round trips were
+// the cost (run 9 of results/h200-2026-12-03-s8: 48.2 ms with the hand-over but no writes, 23.8 with
+// neither): named barriers in place of mbarriers, 44.8 ms against 50.7-51.1 (runs 2-4 of
+// results/h200-2026-12-03-s9). Tried there and slower (commit 2399e0c has them): 8-slot units by
+// stmatrix, double-buffered (47.1); these units by stmatrix (47.6); whole m-tile units double-buffered
+// in the tile's own K stage once its dQ MMAs have read it (46.1).
 //
 // Shared memory (no swizzle; element (r, d) of a [rows][D] bf16 tile at (r/8)*(D*16) + (d/8)*128 +
 // (r%8)*16 + (d%8)*2): Q [64][576], dO [64][512], K [2 stages][32][576], P and dS [64][32] each (the
@@ -73,7 +74,7 @@ constexpr int K_OFF = DO_OFF + DO_BYTES;
 constexpr int P_OFF = K_OFF + 2 * TILE_BYTES;
 constexpr int DS_OFF = P_OFF + PT_BYTES;
 constexpr int KEY_OFF = DS_OFF + PT_BYTES;         // int [2 stages][NK]: the slot's key, -1 masked
-constexpr int BAR_OFF = KEY_OFF + 2 * NK * 4;      // full[2], empty[2]; STAGED: unit full[2], unit free[2]
+constexpr int BAR_OFF = KEY_OFF + 2 * NK * 4;      // full[2], empty[2]
 constexpr int ZERO_OFF = (BAR_OFF + 8 * 8 + 127) & ~127;   // a zero [64][16] bf16 tile (2 KiB): dP's 4 padding k-steps
 constexpr int SMEM = ZERO_OFF + ROWS / 8 * 256;
 constexpr int LAUNCH_SMEM = SMEM + 128;            // the base is rounded up to 128 B
@@ -83,46 +84,6 @@ constexpr int LAUNCH_SMEM = SMEM + 128;            // the base is rounded up to 
 constexpr int UNIT_SLOTS = 16, UNIT_COLS = 64, UNIT_BYTES = UNIT_SLOTS * UNIT_COLS * 4;
 constexpr int UNITS_PER_TILE = 9;                  // m-tiles 4c .. 4c+3 in slot halves, then m-tile 8's 16 slots
 constexpr int STG_OFF = SMEM;
-constexpr int UFULL_OFF = BAR_OFF + 32, UFREE_OFF = BAR_OFF + 48;   // per consumer c: + 8 c
-#ifndef HYTOPK_ATTWB_NAMED_HANDOVER
-#define HYTOPK_ATTWB_NAMED_HANDOVER 0
-#endif
-constexpr bool NAMED_HANDOVER = HYTOPK_ATTWB_NAMED_HANDOVER != 0;
-// STAGED with UNIT8 (a probe build, HYTOPK_ATTWB_UNIT8=1): units of 8 slots x 64 columns (2 KiB, one
-// n-block of an m-tile's accumulator: 18 per tile), two buffers per consumer in the same 8 KiB. The
-// consumer writes a unit with one stmatrix per warp (in place of 8 scalar stores a thread) and hands
-// it over on named barriers; storer warp 2c + b drains consumer c's buffer b, so the consumer fills one
-// buffer while the other is read. Unit layout: 16-byte chunk (d, e) = column d's slots e, e + 2, e + 4,
-// e + 6 (the accumulator's even / odd columns, as stmatrix takes them), in 128-byte line
-// 2 (d / 8) + e at position (d % 8) ^ ((d / 8) % 4): a stmatrix's matrix (8 consecutive d) and a
-// storer load (d = 4 j + i, j = 0 .. 7) both hit 8 distinct positions (conflict-free).
-#ifndef HYTOPK_ATTWB_UNIT8
-#define HYTOPK_ATTWB_UNIT8 0
-#endif
-constexpr bool UNIT8 = HYTOPK_ATTWB_UNIT8 != 0;
-constexpr int U8_BYTES = 2048, U8_PER_TILE = 18;
-static_assert(!(UNIT8 && NAMED_HANDOVER), "attend_wgmma_bwd: UNIT8 has its own named hand-over");
-// STAGED with NAMED_HANDOVER and STMATRIX (a probe build, HYTOPK_ATTWB_STMATRIX=1): the 16-slot unit
-// written by two stmatrix per warp (in place of 8 scalar stores a thread), in UNIT8's chunk layout
-// with 4 chunks per column (slots q / 2 * 8 + q % 2 + 2 r of quad q) in line 4 (d / 8) + q
-#ifndef HYTOPK_ATTWB_STMATRIX
-#define HYTOPK_ATTWB_STMATRIX 0
-#endif
-constexpr bool STMATRIX = HYTOPK_ATTWB_STMATRIX != 0;
-static_assert(!STMATRIX || NAMED_HANDOVER, "attend_wgmma_bwd: STMATRIX is a form of the named hand-over");
-// STAGED with KRING (a probe build, HYTOPK_ATTWB_KRING=1): the units live in the tile's own K stage.
-// Once consumer c's dQ MMAs have read the stage, its half of every 8-key row group (columns 288c ..,
-// 4608 B at 9216 g + 4608 c) is free until the producer gathers tile it + 2 there, which it does only
-// after draining tile it's units. Units of a whole m-tile (32 slots x 64 columns, its slot halves in
-// groups 2b and 2b + 1: the 16-slot layout each) or m-tile 8's 16 slots (group 2b): 5 per tile,
-// alternately in buffer b = 0 / 1, handed over on named barriers (double-buffered: the consumer fills
-// one while the other is read).
-#ifndef HYTOPK_ATTWB_KRING
-#define HYTOPK_ATTWB_KRING 0
-#endif
-constexpr bool KRING = HYTOPK_ATTWB_KRING != 0;
-constexpr int KR_PER_TILE = 5;
-static_assert(!(KRING && (UNIT8 || NAMED_HANDOVER)), "attend_wgmma_bwd: one hand-over build at a time");
 constexpr int LAUNCH_SMEM_STAGED = STG_OFF + 2 * UNIT_BYTES + 128;
 static_assert(LAUNCH_SMEM_STAGED <= 227 * 1024, "attend_wgmma_bwd: shared memory over 227 KiB");
 constexpr int THREADS = 384;
@@ -142,34 +103,13 @@ static_assert(QN == 144, "attend_wgmma_bwd: dQ halves are m64n144");
 constexpr int BAR_Q = 1, BAR_FREE = 2, BAR_P = 3, BAR_X = 4, BAR_C0 = 5;
 // STAGED, the producer's 128 threads: every storer is done with a stage's keys before they are replaced
 constexpr int BAR_KEYS = 6;
-// STAGED with NAMED_HANDOVER, consumer c's unit: written (its 128 threads arrive, storer warps 2c, 2c + 1
-// sync), and read (the storers arrive, the consumer syncs before its next unit); 192 threads each
+// STAGED, consumer c's unit: written (its 128 threads arrive, storer warps 2c, 2c + 1 sync), and read
+// (the storers arrive, the consumer syncs before its next unit); 192 threads each
 constexpr int BAR_UFULL = 7, BAR_UFREE = 9, UNIT_BAR_THREADS = 128 + 64;   // + c
-// STAGED with UNIT8, consumer c's buffer b: the consumer's 128 threads + storer warp 2c + b
-constexpr int BAR_U8FULL = 7, BAR_U8FREE = 11, U8_BAR_THREADS = 128 + 32;   // + 2c + b
-static_assert(BAR_U8FREE + 3 <= 15, "attend_wgmma_bwd: 16 named barriers");
-// STAGED with KRING, consumer c's buffer b: its 128 threads + storer warps 2c, 2c + 1
-constexpr int BAR_KFULL = 7, BAR_KFREE = 11, KR_BAR_THREADS = 128 + 64;   // + 2c + b
-// KRING: a wgmma's warps run apart (each reads its B, the K stage, until its own wait): a unit goes
-// into the stage only once every warp of the consumer has retired its dQ MMAs, which the free sync
-// (all 128 threads) shows, and for the block's first unit this barrier of both consumers
-constexpr int BAR_KFIRST = 15;
 
 // STAGED: the byte offset of (row ls, column col) in a unit (the layout above)
 __device__ __forceinline__ u32 unit_off(int ls, int col) {
     return (u32)(4 * (ls * UNIT_COLS + (col ^ (8 * ((ls >> 1) & 3)))));
-}
-// UNIT8: the byte offset of chunk (column d, slot parity e) in a unit
-__device__ __forceinline__ u32 unit8_off(int d, int e) {
-    return (u32)((((d >> 3) * 2 + e) << 7) + (((d & 7) ^ ((d >> 3) & 3)) << 4));
-}
-// STMATRIX: the byte offset of chunk (column d, quad q) in a 16-slot unit
-__device__ __forceinline__ u32 unit16_off(int d, int q) {
-    return (u32)((((d >> 3) * 4 + q) << 7) + (((d & 7) ^ ((d >> 3) & 3)) << 4));
-}
-// component r (a constant after unrolling) of a uint4 as a float
-__device__ __forceinline__ float comp(const uint4& v, int r) {
-    return __uint_as_float(r == 0 ? v.x : r == 1 ? v.y : r == 2 ? v.z : v.w);
 }
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
@@ -224,11 +164,6 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
         mbar_init(full0 + 8, 128);
         mbar_init(empty0, 8);                         // one arrival per consumer warp
         mbar_init(empty0 + 8, 8);
-        if (STAGED && !NAMED_HANDOVER && !UNIT8 && !KRING)
-            for (int c = 0; c < 2; ++c) {
-                mbar_init(base + UFULL_OFF + 8 * c, 4);   // unit full: one arrival per consumer warp
-                mbar_init(base + UFREE_OFF + 8 * c, 2);   // unit free: one per storer warp
-            }
         mbar_fence_init();
     }
     __syncthreads();
@@ -256,118 +191,36 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
         // STAGED: warps 2 sc, 2 sc + 1 also store consumer sc's dK/dV units (drain): thread stid reads
         // 4-column piece pc of unit rows prow + 4 r and writes each 16 bytes at once (a warp: two rows'
         // 256 contiguous bytes). Everything but the count recomputed per unit.
-        u32 nu = 0;                                   // units drained
         auto drain = [&](int tile, int j) {           // unit j of consumer sc's tile
             const int sc = tid >> 6, stid = tid & 63, pc = stid & 15, prow = stid >> 4;
-            const u32 ufull = base + UFULL_OFF + 8 * sc;
             const u32 ubuf = base + STG_OFF + (u32)(sc * UNIT_BYTES);
             const int colb = j < 8 ? 64 * (4 * sc + (j >> 1)) : 512, slotb = j < 8 ? 16 * (j & 1) : 16 * sc;
-            if (NAMED_HANDOVER) bar_sync(BAR_UFULL + sc, UNIT_BAR_THREADS);
-            else mbar_wait_or_trap(ufull, nu & 1u);
+            bar_sync(BAR_UFULL + sc, UNIT_BAR_THREADS);
             uint4 v[4];
             int kx[4];
-            // STMATRIX: thread (quad qd, d4) loads chunks (4 d4 + i, qd), i < 4, and writes slot
-            // qd / 2 * 8 + qd % 2 + 2 r's columns 4 d4 .. + 3
-            const int qd = stid >> 4, d4 = stid & 15;
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
-                const int ls = STMATRIX ? (qd >> 1) * 8 + (qd & 1) + 2 * r : prow + 4 * r;
+                const int ls = prow + 4 * r;
                 kx[r] = skey[(tile & 1) * NK + slotb + ls];
-                v[r] = ld_shared_v4(ubuf + (STMATRIX ? unit16_off(4 * d4 + r, qd) : unit_off(ls, 4 * pc)));
+                v[r] = ld_shared_v4(ubuf + unit_off(ls, 4 * pc));
             }
             // the unit is in registers: the consumer may refill it while these writes queue (run 6 of
-            // results/h200-2026-12-02-s7: released after them, the atomics took 58.0 ms). Named: not
-            // after the block's last unit, which no consumer sync pairs with (the tile through
-            // opaque_u32: as a plain compare, ptxas serialised the part-row kernel's wgmma, C7511)
-            if (NAMED_HANDOVER) {
-                if (opaque_u32((u32)tile) < (u32)(ntiles - 1) || j < UNITS_PER_TILE - 1)
-                    bar_arrive(BAR_UFREE + sc, UNIT_BAR_THREADS);
-            } else {
-                __syncwarp();
-                if ((tid & 31) == 0) mbar_arrive(base + UFREE_OFF + 8 * sc);
-            }
+            // results/h200-2026-12-02-s7: released after them, the atomics took 58.0 ms); not after the
+            // block's last unit, which no consumer sync pairs with (the tile through opaque_u32: as a
+            // plain compare, ptxas serialised the part-row kernel's wgmma, C7511)
+            if (opaque_u32((u32)tile) < (u32)(ntiles - 1) || j < UNITS_PER_TILE - 1)
+                bar_arrive(BAR_UFREE + sc, UNIT_BAR_THREADS);
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
                 if (kx[r] < 0) continue;              // masked slot (or past kk): not written
-                const int ls = STMATRIX ? (qd >> 1) * 8 + (qd & 1) + 2 * r : prow + 4 * r;
                 float* row = ATOMIC ? out + (long long)kx[r] * DQK
-                                    : out + ((long long)blockIdx.x * kk + (long long)tile * NK + slotb + ls) * DQK;
-                float* p = row + colb + 4 * (STMATRIX ? d4 : pc);
-                if (STMATRIX) {
-                    if (ATOMIC) red_add_v4(p, comp(v[0], r), comp(v[1], r), comp(v[2], r), comp(v[3], r));
-                    else st_global_v4(p, comp(v[0], r), comp(v[1], r), comp(v[2], r), comp(v[3], r));
-                    continue;
-                }
+                                    : out + ((long long)blockIdx.x * kk + (long long)tile * NK + slotb + prow + 4 * r) * DQK;
+                float* p = row + colb + 4 * pc;
                 const float a = __uint_as_float(v[r].x), b = __uint_as_float(v[r].y);
                 const float c = __uint_as_float(v[r].z), d = __uint_as_float(v[r].w);
                 if (ATOMIC) red_add_v4(p, a, b, c, d);
                 else st_global_v4(p, a, b, c, d);
             }
-            ++nu;
-        };
-        // UNIT8: warp wp = 2 sc + b drains consumer sc's buffer b: units u = 2 jj + b (jj < 9) of a tile;
-        // lane (d4, e) loads chunks (4 d4 + i, e), i < 4, and writes slot e + 2 r's columns 4 d4 .. + 3
-        // (a warp: two rows' 256 contiguous bytes per write)
-        auto drain8 = [&](int tile, int jj) {
-            const int wp = tid >> 5, sc = wp >> 1, b = wp & 1, ln = tid & 31, d4 = ln & 15, e = ln >> 4;
-            const int u = 2 * jj + b;
-            const int colb = u < 16 ? 64 * (4 * sc + (u >> 2)) : 512, slotb = u < 16 ? 8 * (u & 3) : 16 * sc + 8 * (u - 16);
-            const u32 ubuf = base + STG_OFF + (u32)(wp * U8_BYTES);
-            bar_sync(BAR_U8FULL + wp, U8_BAR_THREADS);
-            uint4 v[4];
-            int kx[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                kx[i] = skey[(tile & 1) * NK + slotb + e + 2 * i];
-                v[i] = ld_shared_v4(ubuf + unit8_off(4 * d4 + i, e));
-            }
-            // the buffer's last unit of the block pairs with no consumer sync
-            if (opaque_u32((u32)tile) < (u32)(ntiles - 1) || jj < U8_PER_TILE / 2 - 1)
-                bar_arrive(BAR_U8FREE + wp, U8_BAR_THREADS);
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                if (kx[r] < 0) continue;              // masked slot (or past kk): not written
-                const int slot = slotb + e + 2 * r;
-                float* row = ATOMIC ? out + (long long)kx[r] * DQK
-                                    : out + ((long long)opaque_u32(blockIdx.x) * kk + (long long)tile * NK + slot) * DQK;
-                float* p = row + colb + 4 * d4;
-                if (ATOMIC) red_add_v4(p, comp(v[0], r), comp(v[1], r), comp(v[2], r), comp(v[3], r));
-                else st_global_v4(p, comp(v[0], r), comp(v[1], r), comp(v[2], r), comp(v[3], r));
-            }
-        };
-        // KRING: unit u of consumer sc's tile (global unit g = 5 tile + u, buffer g & 1): thread stid
-        // reads 4-column piece pc of rows prow + 4 r of each slot half (the 16-slot layout), as drain
-        auto drain_k = [&](int tile, int u) {
-            const int sc = tid >> 6, stid = tid & 63, pc = stid & 15, prow = stid >> 4;
-            const u32 g = opaque_u32((u32)(tile * KR_PER_TILE + u)), b = g & 1u;
-            const u32 buf = base + K_OFF + (u32)((tile & 1) * TILE_BYTES + 2 * (int)b * QG + sc * (QG / 2));
-            const int halves = u < 4 ? 2 : 1, colb = u < 4 ? 64 * (4 * sc + u) : 512;
-            bar_sync(BAR_KFULL + 2 * sc + (int)b, KR_BAR_THREADS);
-            uint4 v[2][4];
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-#pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                    if (h >= halves) break;
-                    v[h][r] = ld_shared_v4(buf + (u32)(h * QG) + unit_off(prow + 4 * r, 4 * pc));
-                }
-            // each buffer's last unit of the block pairs with no consumer sync
-            if (g + 2u < (u32)(ntiles * KR_PER_TILE)) bar_arrive(BAR_KFREE + 2 * sc + (int)b, KR_BAR_THREADS);
-            // part rows: the tile's first (read late: not held with the values)
-            float* part0 = ATOMIC ? out : out + ((long long)opaque_u32(blockIdx.x) * kk + (long long)tile * NK) * DQK;
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-#pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                    if (h >= halves) break;
-                    const int slot = (u < 4 ? 16 * h : 16 * sc) + prow + 4 * r;
-                    const int key = skey[(tile & 1) * NK + slot];   // (the stage's keys stay until BAR_KEYS)
-                    if (key < 0) continue;            // masked slot (or past kk): not written
-                    float* p = (ATOMIC ? out + (long long)key * DQK : part0 + slot * DQK) + colb + 4 * pc;
-                    const uint4 w = v[h][r];
-                    if (ATOMIC) red_add_v4(p, __uint_as_float(w.x), __uint_as_float(w.y), __uint_as_float(w.z), __uint_as_float(w.w));
-                    else st_global_v4(p, __uint_as_float(w.x), __uint_as_float(w.y), __uint_as_float(w.z), __uint_as_float(w.w));
-                }
         };
         if (ntiles > 0) load_slots(0);
         for (int it = 0; it < ntiles; ++it) {
@@ -397,32 +250,17 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             if (STAGED) {
                 // tile it-1's units while tile it lands; tile it published before the last one (the
                 // consumers go on to tile it as soon as they have handed it over)
-                if (it >= 1 && KRING)
-                    for (int u = 0; u < KR_PER_TILE - 1; ++u) drain_k(it - 1, u);
-                else if (it >= 1)
-                    for (int j = 0; j < UNITS_PER_TILE - 1; ++j) {
-                        if (UNIT8) drain8(it - 1, j);
-                        else drain(it - 1, j);
-                    }
+                if (it >= 1)
+                    for (int j = 0; j < UNITS_PER_TILE - 1; ++j) drain(it - 1, j);
                 cp_async_wait<0>();
                 fence_proxy_async();
                 mbar_arrive(full0 + 8 * st);
-                if (it >= 1) {
-                    if (KRING) drain_k(it - 1, KR_PER_TILE - 1);
-                    else if (UNIT8) drain8(it - 1, UNITS_PER_TILE - 1);
-                    else drain(it - 1, UNITS_PER_TILE - 1);
-                }
+                if (it >= 1) drain(it - 1, UNITS_PER_TILE - 1);
             }
         }
         if (ntiles > 0) {
             if (STAGED) {
-                if (KRING)
-                    for (int u = 0; u < KR_PER_TILE; ++u) drain_k(ntiles - 1, u);
-                else
-                    for (int j = 0; j < UNITS_PER_TILE; ++j) {
-                        if (UNIT8) drain8(ntiles - 1, j);
-                        else drain(ntiles - 1, j);
-                    }
+                for (int j = 0; j < UNITS_PER_TILE; ++j) drain(ntiles - 1, j);
             } else {
                 cp_async_wait<0>();
                 fence_proxy_async();
@@ -478,67 +316,15 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             const u32 x = opaque_u32(threadIdx.x), cc = x >> 7, wl = x & 127;
             const int w_ = (int)(wl >> 5), g_ = (int)(wl >> 2) & 7, t_ = (int)wl & 3;
             const u32 ubuf = base + STG_OFF + cc * UNIT_BYTES;
-            if (!NAMED_HANDOVER)                      // the storers have the unit before (none: parity 1 is done)
-                mbar_wait_or_trap(base + UFREE_OFF + 8 * cc, (nu & 1u) ^ 1u);
-            else if (opaque_u32(nu) > 0)              // (opaque: as nu > 0, ptxas serialised the wgmma, C7511)
-                bar_sync(BAR_UFREE + (int)cc, UNIT_BAR_THREADS);
-            if (STMATRIX) {                           // matrix j of n-block h: columns 16 warp + 8 (j >> 1) + 0..7, quad 2 h + (j & 1)
-                const int ln = (int)(wl & 31), j = ln >> 3, d = 16 * w_ + 8 * (j >> 1) + (ln & 7);
+            if (opaque_u32(nu) > 0)                   // the storers have the unit before (opaque: as nu > 0,
+                bar_sync(BAR_UFREE + (int)cc, UNIT_BAR_THREADS);   // ptxas serialised the wgmma, C7511)
 #pragma unroll
-                for (int h = 0; h < 2; ++h)
-                    stmatrix_x4(ubuf + unit16_off(d, 2 * h + (j & 1)), __float_as_uint(v[4 * h]), __float_as_uint(v[4 * h + 1]),
-                                __float_as_uint(v[4 * h + 2]), __float_as_uint(v[4 * h + 3]));
-            } else {
-#pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    const int ls = 8 * (i >> 2) + 2 * t_ + (i & 1), col = 16 * w_ + g_ + 8 * ((i >> 1) & 1);
-                    st_shared_u32(ubuf + unit_off(ls, col), __float_as_uint(v[i]));   // ((ls >> 1) & 3 = t_)
-                }
+            for (int i = 0; i < 8; ++i) {
+                const int ls = 8 * (i >> 2) + 2 * t_ + (i & 1), col = 16 * w_ + g_ + 8 * ((i >> 1) & 1);
+                st_shared_u32(ubuf + unit_off(ls, col), __float_as_uint(v[i]));   // ((ls >> 1) & 3 = t_)
             }
-            if (NAMED_HANDOVER) {
-                bar_arrive(BAR_UFULL + (int)cc, UNIT_BAR_THREADS);
-            } else {
-                __syncwarp();
-                if ((wl & 31) == 0) mbar_arrive(base + UFULL_OFF + 8 * cc);
-            }
+            bar_arrive(BAR_UFULL + (int)cc, UNIT_BAR_THREADS);
             ++nu;
-        };
-        // UNIT8: unit u (a constant: 4 mi + nb, m-tile 8's 16 + nb) of tile it_, n-block nb of an m-tile's
-        // accumulator (a = its 4 elements), into buffer b = u & 1: matrix j = a[j] is columns
-        // d = 16 warp + 8 (j >> 1) + 0..7, slot parity e = j & 1 (element 4 nb + j: row 16 warp + g8 +
-        // 8 (j >> 1), slot 8 nb + 2 tig + (j & 1))
-        auto put_unit8 = [&](int it_, int u, const float* a) {
-            const u32 x = opaque_u32(threadIdx.x), cc = x >> 7, wl = x & 127;
-            const int ln = (int)(wl & 31), j = ln >> 3;
-            const int d = 16 * (int)(wl >> 5) + 8 * (j >> 1) + (ln & 7);
-            const int id = 2 * (int)cc + (u & 1);
-            const u32 ubuf = base + STG_OFF + (u32)(id * U8_BYTES);
-            if (u >= 2 || opaque_u32((u32)it_) > 0)  // (each buffer's first unit of the block: free)
-                bar_sync(BAR_U8FREE + id, U8_BAR_THREADS);
-            stmatrix_x4(ubuf + unit8_off(d, j & 1), __float_as_uint(a[0]), __float_as_uint(a[1]), __float_as_uint(a[2]),
-                        __float_as_uint(a[3]));
-            bar_arrive(BAR_U8FULL + id, U8_BAR_THREADS);
-        };
-
-        // KRING: unit u (a constant) of tile it_, halves slot halves of a (8 values each, put_unit's
-        // element order) into buffer b = (5 it_ + u) & 1 of the tile's K stage
-        auto put_unit_k = [&](int it_, int u, const float* a, int halves) {
-            const u32 x = opaque_u32(threadIdx.x), cc = x >> 7, wl = x & 127;
-            const int w_ = (int)(wl >> 5), g_ = (int)(wl >> 2) & 7, t_ = (int)wl & 3;
-            const u32 g = opaque_u32((u32)(it_ * KR_PER_TILE + u)), b = g & 1u;
-            const u32 buf = base + K_OFF + (u32)((it_ & 1) * TILE_BYTES) + b * (u32)(2 * QG) + cc * (u32)(QG / 2);
-            if (g >= 2u) bar_sync(BAR_KFREE + 2 * (int)cc + (int)b, KR_BAR_THREADS);   // (each buffer's first unit: free)
-            else if (g == 0u) bar_sync(BAR_KFIRST, 256);
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                if (h >= halves) break;
-#pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    const int ls = 8 * (i >> 2) + 2 * t_ + (i & 1), col = 16 * w_ + g_ + 8 * ((i >> 1) & 1);
-                    st_shared_u32(buf + (u32)(h * QG) + unit_off(ls, col), __float_as_uint(a[8 * h + i]));
-                }
-            }
-            bar_arrive(BAR_KFULL + 2 * (int)cc + (int)b, KR_BAR_THREADS);
         };
 
         for (int it = 0; it < ntiles; ++it) {
@@ -686,15 +472,6 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             // m-tile 4c + mi out: element i = 4 sb + 2 h2 + e is slot 8 sb + 2 tig + e, column
             // 64 (4c + mi) + 16 warp + g8 + 8 h2
             auto store_m = [&](const float (&acc)[16], int mi) {
-                if (STAGED && UNIT8) {
-#pragma unroll
-                    for (int nb = 0; nb < 4; ++nb) put_unit8(it, 4 * mi + nb, acc + 4 * nb);
-                    return;
-                }
-                if (STAGED && KRING) {
-                    put_unit_k(it, mi, acc, 2);
-                    return;
-                }
                 if (STAGED) {                         // slot halves 0 .. 15, 16 .. 31: elements 8 hs ..
 #pragma unroll
                     for (int hs = 0; hs < 2; ++hs) {
@@ -727,15 +504,6 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             // m-tile 8 out (columns 512 .. 575, this consumer's slots 16 c ..): element i = 4 sb8 + 2 h2 + e
             // is slot 16 c + 8 sb8 + 2 tig + e, column 512 + 16 warp + g8 + 8 h2: rows of sb = 2 c + sb8
             auto store_m8 = [&](const float (&acc)[8]) {
-                if (STAGED && UNIT8) {
-                    put_unit8(it, 16, acc);
-                    put_unit8(it, 17, acc + 4);
-                    return;
-                }
-                if (STAGED && KRING) {
-                    put_unit_k(it, 4, acc, 1);
-                    return;
-                }
                 if (STAGED) {
                     put_unit(acc);
                     return;

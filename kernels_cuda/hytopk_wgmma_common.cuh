@@ -29,13 +29,6 @@ __device__ __forceinline__ float rcp_approx(float x) {
 // Named barriers (0 is __syncthreads): `threads` of the block, a multiple of 32.
 __device__ __forceinline__ void bar_sync(int id, int threads) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id, int threads) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
-// A warp stores four 8 x 16-byte matrices: register j of lane l is word l % 4 of matrix j's row l / 4,
-// and lane l gives the address of row l % 8 of matrix l / 8 (16-byte aligned). 32-bit words pass
-// unchanged (b16 pairs), so a float accumulator's (row, column pair) fragment goes out 16 B a lane.
-__device__ __forceinline__ void stmatrix_x4(u32 row_addr, u32 r0, u32 r1, u32 r2, u32 r3) {
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(row_addr), "r"(r0), "r"(r1),
-                 "r"(r2), "r"(r3) : "memory");
-}
 #endif  // HYTOPK_EMU_PTX
 
 // Matrix descriptor: no swizzle, K-major; addresses and offsets in 16-byte units.

@@ -140,22 +140,3 @@ def test_geometry_mirror_is_checked_against_the_header(tmp_path):
     wrong = asserts[0].replace("SMEM_BYTES == ", "SMEM_BYTES == 16 + ", 1)
     p = compile_with([wrong])
     assert p.returncode != 0 and "WsGeometry" in p.stdout + p.stderr
-
-
-@needs_nvcc
-@pytest.mark.parametrize("define", ["HYTOPK_ATTWB_NAMED_HANDOVER", "HYTOPK_ATTWB_UNIT8",
-                                    "HYTOPK_ATTWB_NAMED_HANDOVER 1\n#define HYTOPK_ATTWB_STMATRIX", "HYTOPK_ATTWB_KRING"])
-def test_staged_probe_builds_are_not_serialised(tmp_path, define):
-    """attend_wgmma_bwd.cu's probe builds HYTOPK_ATTWB_NAMED_HANDOVER=1 and HYTOPK_ATTWB_UNIT8=1
-    (results/h200-2026-12-03-s9/probe_bwd_units.py times them): their staged kernels, atomic and part
-    rows, compile with no wgmma serialised (earlier forms were, C7511, and would have timed the
-    serialisation, not the hand-over)."""
-    kdir = tmp_path / "k"
-    shutil.copytree(loader.DEFAULT_KERNEL_DIR, kdir, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
-    f = kdir / "attend_wgmma_bwd.cu"
-    f.write_text(f"#define {define} 1\n" + f.read_text())
-    names = [INST.attend_wgmma_bwd_name(True, writes="staged"), INST.attend_wgmma_bwd_name(False, writes="staged")]
-    ok, log = CC.run_nvcc(CC.find_nvcc(), f, names, "90", tmp_path)
-    assert ok, log[-2000:]
-    serial = {r.mangled[:35]: r.wgmma_serialized for r in CC.parse_ptxas(log)}
-    assert serial == {"_Z23hytopk_attend_bwd_wgmmaILb1ELb1": "", "_Z23hytopk_attend_bwd_wgmmaILb0ELb1": ""}

@@ -570,21 +570,6 @@ inline void fence_proxy_async() {}
 inline float rcp_approx(float x) { return 1.0f / x; }     // (the GPU's is approximate; the refined quotient is the same)
 inline void bar_sync(int id, int threads) { emu::wg::named_bar(id, threads, true); }
 inline void bar_arrive(int id, int threads) { emu::wg::named_bar(id, threads, false); }
-// stmatrix.m8n8.x4.b16: lane l writes row l % 8 of matrix l / 8, words w = 0..3 from lane 4 (l % 8) + w's
-// register l / 8 (every lane of the warp takes part in each exchange, as on the GPU)
-inline void stmatrix_x4(u32 row_addr, u32 r0, u32 r1, u32 r2, u32 r3) {
-    const unsigned lane = (unsigned)threadIdx.x & 31u;
-    const u32 reg[4] = {r0, r1, r2, r3};
-    u32 row[4] = {0, 0, 0, 0};
-    for (int j = 0; j < 4; ++j)
-        for (int w = 0; w < 4; ++w) {
-            const u32 v = __shfl_sync(0xffffffffu, reg[j], (int)(4 * (lane & 7) + (unsigned)w));
-            if ((int)(lane >> 3) == j) row[w] = v;
-        }
-    emu::wg::jitter();
-    if (row_addr % 16) EMU_FAIL("stmatrix: row address 0x%x not 16-byte aligned", row_addr);
-    std::memcpy(emu::wg::sh(row_addr, 16, "stmatrix.m8n8.x4"), row, 16);
-}
 
 inline void mbar_init(u32 bar, u32 count) {
     emu::wg::sh(bar, 8, "mbarrier.init");
