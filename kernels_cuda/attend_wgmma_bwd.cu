@@ -84,9 +84,21 @@ constexpr int LAUNCH_SMEM = SMEM + 128;            // the base is rounded up to 
 constexpr int UNIT_SLOTS = 16, UNIT_COLS = 64, UNIT_BYTES = UNIT_SLOTS * UNIT_COLS * 4;
 constexpr int UNITS_PER_TILE = 9;                  // m-tiles 4c .. 4c+3 in slot halves, then m-tile 8's 16 slots
 constexpr int STG_OFF = SMEM;
-constexpr int LAUNCH_SMEM_STAGED = STG_OFF + 2 * UNIT_BYTES + 128;
+// STAGED with STORER_WG (a probe build, HYTOPK_ATTWB_STORER_WG=1): a fourth warpgroup drains the units
+// (warps 2c, 2c + 1 consumer c's, as the producer's do otherwise), so the producer only gathers and the
+// storers never wait on its copies; 512 threads, setmaxnreg 40 / 208 / 56. The storers read the slot
+// keys from a ring of 4 tiles' (after the units, 512 B) that the producer fills with the stages' keys:
+// it replaces tile t's there at tile t + 4, when the storers, a tile behind the consumers at most,
+// are long done with it (held in registers instead, the keys made ptxas serialise the wgmma).
+#ifndef HYTOPK_ATTWB_STORER_WG
+#define HYTOPK_ATTWB_STORER_WG 0
+#endif
+constexpr bool STORER_WG = HYTOPK_ATTWB_STORER_WG != 0;
+constexpr int THREADS = STORER_WG ? 512 : 384;
+constexpr int STORER_REGS = 56;
+constexpr int KRING_OFF = STG_OFF + 2 * UNIT_BYTES;   // STORER_WG: int [4 tiles][NK]
+constexpr int LAUNCH_SMEM_STAGED = STG_OFF + 2 * UNIT_BYTES + (STORER_WG ? 4 * NK * 4 : 0) + 128;
 static_assert(LAUNCH_SMEM_STAGED <= 227 * 1024, "attend_wgmma_bwd: shared memory over 227 KiB");
-constexpr int THREADS = 384;
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
 static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= THREADS * (65536 / THREADS / 8 * 8),   // the 168 x 384 launched with
               "attend_wgmma_bwd: setmaxnreg budgets exceed the block's launch registers (.inc would wait forever)");
@@ -96,6 +108,8 @@ static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= THREADS * (65536 / TH
 constexpr int PRODUCER_REGS_STAGED = 88, CONSUMER_REGS_STAGED = 208;
 static_assert(128 * PRODUCER_REGS_STAGED + 256 * CONSUMER_REGS_STAGED <= THREADS * (65536 / THREADS / 8 * 8),
               "attend_wgmma_bwd: staged setmaxnreg budgets exceed the block's launch registers");
+static_assert(!STORER_WG || 128 * PRODUCER_REGS + 256 * CONSUMER_REGS_STAGED + 128 * STORER_REGS <= THREADS * (65536 / THREADS / 8 * 8),
+              "attend_wgmma_bwd: storer-warpgroup setmaxnreg budgets exceed the block's launch registers");
 constexpr int QCOLS = DQK / 2, QN = QCOLS / 2;     // dQ columns per consumer (288) in two m64n144 halves
 static_assert(QN == 144, "attend_wgmma_bwd: dQ halves are m64n144");
 // named barriers (0 = __syncthreads): the 256 consumer threads
@@ -169,9 +183,40 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
     __syncthreads();
     const int wg = (int)(threadIdx.x >> 7), tid = (int)(threadIdx.x & 127);
 
-    if (wg == 2) {
+    // the producer drains the units too (STAGED without STORER_WG)
+    constexpr bool PS = STAGED && !STORER_WG;
+    if (STORER_WG && wg == 3) {
+        // ------------------------------------------------------------------ storers (STORER_WG)
+        regs_dec<STORER_REGS>();
+        if (!STAGED) return;
+        const int sc = tid >> 6, stid = tid & 63, pc = stid & 15, prow = stid >> 4;
+        const u32 ubuf = base + STG_OFF + (u32)(sc * UNIT_BYTES);
+        for (int tile = 0; tile < ntiles; ++tile) {
+            for (int j = 0; j < UNITS_PER_TILE; ++j) {
+                const int colb = j < 8 ? 64 * (4 * sc + (j >> 1)) : 512, h = j < 8 ? (j & 1) : sc;
+                bar_sync(BAR_UFULL + sc, UNIT_BAR_THREADS);
+                uint4 v[4];
+#pragma unroll
+                for (int r = 0; r < 4; ++r) v[r] = ld_shared_v4(ubuf + unit_off(prow + 4 * r, 4 * pc));
+                if (opaque_u32((u32)tile) < (u32)(ntiles - 1) || j < UNITS_PER_TILE - 1)
+                    bar_arrive(BAR_UFREE + sc, UNIT_BAR_THREADS);
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const int key = skey[(KRING_OFF - KEY_OFF) / 4 + (tile & 3) * NK + 16 * h + prow + 4 * r];
+                    if (key < 0) continue;            // masked slot (or past kk): not written
+                    float* row = ATOMIC ? out + (long long)key * DQK
+                                        : out + ((long long)blockIdx.x * kk + (long long)tile * NK + 16 * h + prow + 4 * r) * DQK;
+                    float* p = row + colb + 4 * pc;
+                    const float a = __uint_as_float(v[r].x), b = __uint_as_float(v[r].y);
+                    const float c = __uint_as_float(v[r].z), d = __uint_as_float(v[r].w);
+                    if (ATOMIC) red_add_v4(p, a, b, c, d);
+                    else st_global_v4(p, a, b, c, d);
+                }
+            }
+        }
+    } else if (wg == 2) {
         // ---------------------------------------------------------------- producer
-        regs_dec<STAGED ? PRODUCER_REGS_STAGED : PRODUCER_REGS>();
+        regs_dec<PS ? PRODUCER_REGS_STAGED : PRODUCER_REGS>();
         // rows g * 8 + r8 (g < 4) of the tile, chunks cq + 16 i (< 72). A warp copies 8 rows x 4
         // chunks (4 whole core matrices, 4 shared-memory wavefronts); each quarter warp 4 rows x 2
         // chunks, whole 32-byte sectors: 8 rows' chunk c per quarter warp (8 half sectors) made L2
@@ -225,13 +270,13 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
         if (ntiles > 0) load_slots(0);
         for (int it = 0; it < ntiles; ++it) {
             const int st = it & 1;
-            if (it >= 1 && !STAGED) {                 // tile it-1 landed: publish it
+            if (it >= 1 && !PS) {                     // tile it-1 landed: publish it
                 cp_async_wait<0>();
                 fence_proxy_async();
                 mbar_arrive(full0 + 8 * ((it - 1) & 1));
             }
             if (it >= 2) mbar_wait_or_trap(empty0 + 8 * st, (u32)(((it >> 1) - 1) & 1));
-            if (STAGED && it >= 2) bar_sync(BAR_KEYS, 128);   // (the warps drain their consumers' units apart)
+            if (PS && it >= 2) bar_sync(BAR_KEYS, 128);   // (the warps drain their consumers' units apart)
             const u32 dst = sk0 + (u32)(st * TILE_BYTES + r8 * 16);
 #pragma unroll
             for (int g = 0; g < NK / 8; ++g) {
@@ -244,10 +289,14 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
                     if (c < DQK / 8) cp_async16(dst + (u32)(g * QG + c * 128), src + (ok ? c * 8 : 0), ok);
                 }
             }
-            if (tid < NK) skey[st * NK + tid] = (nm >= 0 && (long long)nm < L) ? nm : -1;
+            if (tid < NK) {
+                const int key = (nm >= 0 && (long long)nm < L) ? nm : -1;
+                skey[st * NK + tid] = key;
+                if (STORER_WG) skey[(KRING_OFF - KEY_OFF) / 4 + (it & 3) * NK + tid] = key;
+            }
             cp_async_commit();
             if (it + 1 < ntiles) load_slots(it + 1);   // in flight under the next waits
-            if (STAGED) {
+            if (PS) {
                 // tile it-1's units while tile it lands; tile it published before the last one (the
                 // consumers go on to tile it as soon as they have handed it over)
                 if (it >= 1)
@@ -259,7 +308,7 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             }
         }
         if (ntiles > 0) {
-            if (STAGED) {
+            if (PS) {
                 for (int j = 0; j < UNITS_PER_TILE; ++j) drain(ntiles - 1, j);
             } else {
                 cp_async_wait<0>();
@@ -267,7 +316,7 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
                 mbar_arrive(full0 + 8 * ((ntiles - 1) & 1));
             }
         }
-    } else {
+    } else if (!STORER_WG || wg < 2) {
         // -------------------------------------------------------------------- consumers
         regs_inc<STAGED ? CONSUMER_REGS_STAGED : CONSUMER_REGS>();
         const int c = wg;
@@ -587,7 +636,7 @@ using namespace hytopk::attwb;
 // grid (queries in the chunk) * nhb; ATOMIC: out = dkv [L, 576] float; else out = part rows; VEC:
 // 16-byte writes, else scalar ones (the faster atomics on the H200: instantiations.attend_wgmma_bwd_name)
 template <bool ATOMIC, bool VEC, bool STAGED>
-__global__ void __launch_bounds__(384, 1)
+__global__ void __launch_bounds__(THREADS, 1)
 hytopk_attend_bwd_wgmma(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv, long long kv_stride,
                         const int* __restrict__ idx, int kk, int n, int t0, long long L, int Hq, int nhb, float scale,
                         float scale_log2, const bf16_t* __restrict__ dout, const float* __restrict__ lse,

@@ -448,6 +448,24 @@ def test_backward_staged_missing_free_arrival_deadlocks(driver, tmp_path):
         E.backward(bad, qd, kv, idx, dod, lse, delta, writes="staged", env={"HYTOPK_EMU_STALL_S": "3"})
 
 
+def test_backward_storer_warpgroup_build(driver, tmp_path):
+    """The probe build HYTOPK_ATTWB_STORER_WG=1 (a fourth warpgroup drains the units, the producer only
+    gathers; its slot keys from a 4-tile ring): the same bits as the shipped staged kernel on the
+    staged cases (atomics where every key is distinct per query, part rows always), the duplicated
+    keys' case and 7 tiles (the key ring wraps) under jitter."""
+    src = (E.KERNELS / "attend_wgmma_bwd.cu").read_text()
+    drv = E.build(tmp_path / "storer_wg", sources={"attend_wgmma_bwd.cu": "#define HYTOPK_ATTWB_STORER_WG 1\n" + src})
+    for n, Hq, kk, kind, atomic in STAGED_CASES + [(1, 64, 200, "dups", False)]:
+        rng = np.random.default_rng(seed("wgmma-bwd-storer-wg", n, Hq, kk, kind, atomic))
+        kv, qd, dod, idx, lse, delta, *_ = backward_case(rng, n, Hq, kk, kind)
+        got = E.backward(drv, qd, kv, idx, dod, lse, delta, atomic=atomic, writes="staged",
+                         env={"HYTOPK_EMU_JITTER": "0.02", "HYTOPK_EMU_SEED": "5"} if kind == "dups" else None)
+        ref = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=atomic, writes="staged")
+        np.testing.assert_array_equal(bits(got[0]), bits(ref[0]))
+        if not atomic or kind != "dups":
+            np.testing.assert_array_equal(bits(got[1]), bits(ref[1]))
+
+
 def test_backward_chunk_writes_only_its_queries(driver):
     """t0 / count (attend_backward's query chunks): dq rows of other queries stay unwritten (NaN), the
     part rows are the chunk's, indexed from 0, and equal the whole launch's."""
