@@ -185,10 +185,13 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
 
     // the producer drains the units too (STAGED without STORER_WG)
     constexpr bool PS = STAGED && !STORER_WG;
+    if (STORER_WG && !STAGED) {                       // (the probe build's direct kernels: no key ring, and
+        device_trap();                                // 40 / 232 / 56 registers over 512 threads would hang)
+        return;
+    }
     if (STORER_WG && wg == 3) {
         // ------------------------------------------------------------------ storers (STORER_WG)
         regs_dec<STORER_REGS>();
-        if (!STAGED) return;
         const int sc = tid >> 6, stid = tid & 63, pc = stid & 15, prow = stid >> 4;
         const u32 ubuf = base + STG_OFF + (u32)(sc * UNIT_BYTES);
         for (int tile = 0; tile < ntiles; ++tile) {
@@ -292,7 +295,7 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             if (tid < NK) {
                 const int key = (nm >= 0 && (long long)nm < L) ? nm : -1;
                 skey[st * NK + tid] = key;
-                if (STORER_WG) skey[(KRING_OFF - KEY_OFF) / 4 + (it & 3) * NK + tid] = key;
+                if (STORER_WG && STAGED) skey[(KRING_OFF - KEY_OFF) / 4 + (it & 3) * NK + tid] = key;
             }
             cp_async_commit();
             if (it + 1 < ntiles) load_slots(it + 1);   // in flight under the next waits

@@ -440,9 +440,9 @@ def test_backward_staged_missing_free_arrival_deadlocks(driver, tmp_path):
     arrival dropped, leaves the consumer waiting and the watchdog reports the deadlock (the kernel's
     trap on the GPU would be a hang)."""
     src = (E.KERNELS / "attend_wgmma_bwd.cu").read_text()
-    arrive = "                bar_arrive(BAR_UFREE + sc, UNIT_BAR_THREADS);\n"
+    arrive = "\n                bar_arrive(BAR_UFREE + sc, UNIT_BAR_THREADS);\n"   # the producer's drain
     assert src.count(arrive) == 1
-    bad = E.build(tmp_path / "bad", sources={"attend_wgmma_bwd.cu": src.replace(arrive, "                (void)0;\n")})
+    bad = E.build(tmp_path / "bad", sources={"attend_wgmma_bwd.cu": src.replace(arrive, "\n                (void)0;\n")})
     kv, qd, dod, idx, lse, delta, *_ = backward_case(np.random.default_rng(4), 1, 64, 40, "random")
     with pytest.raises(E.EmulationError, match="deadlock|trap"):
         E.backward(bad, qd, kv, idx, dod, lse, delta, writes="staged", env={"HYTOPK_EMU_STALL_S": "3"})
@@ -452,7 +452,8 @@ def test_backward_storer_warpgroup_build(driver, tmp_path):
     """The probe build HYTOPK_ATTWB_STORER_WG=1 (a fourth warpgroup drains the units, the producer only
     gathers; its slot keys from a 4-tile ring): the same bits as the shipped staged kernel on the
     staged cases (atomics where every key is distinct per query, part rows always), the duplicated
-    keys' case and 7 tiles (the key ring wraps) under jitter."""
+    keys' case and 7 tiles (the key ring wraps) under jitter; its storers' free arrival dropped, the
+    watchdog reports the deadlock (warpgroup 3 is what drains the units)."""
     src = (E.KERNELS / "attend_wgmma_bwd.cu").read_text()
     drv = E.build(tmp_path / "storer_wg", sources={"attend_wgmma_bwd.cu": "#define HYTOPK_ATTWB_STORER_WG 1\n" + src})
     for n, Hq, kk, kind, atomic in STAGED_CASES + [(1, 64, 200, "dups", False)]:
@@ -464,6 +465,14 @@ def test_backward_storer_warpgroup_build(driver, tmp_path):
         np.testing.assert_array_equal(bits(got[0]), bits(ref[0]))
         if not atomic or kind != "dups":
             np.testing.assert_array_equal(bits(got[1]), bits(ref[1]))
+    # the storer warpgroup is what runs: its free arrival dropped, the consumers wait forever
+    arrive = "\n                    bar_arrive(BAR_UFREE + sc, UNIT_BAR_THREADS);\n"
+    assert src.count(arrive) == 1
+    bad = E.build(tmp_path / "bad", sources={"attend_wgmma_bwd.cu": "#define HYTOPK_ATTWB_STORER_WG 1\n"
+                                                                     + src.replace(arrive, "\n                    (void)0;\n")})
+    kv, qd, dod, idx, lse, delta, *_ = backward_case(np.random.default_rng(4), 1, 64, 40, "random")
+    with pytest.raises(E.EmulationError, match="deadlock|trap"):
+        E.backward(bad, qd, kv, idx, dod, lse, delta, writes="staged", env={"HYTOPK_EMU_STALL_S": "3"})
 
 
 def test_backward_chunk_writes_only_its_queries(driver):

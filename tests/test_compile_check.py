@@ -157,5 +157,9 @@ def test_storer_warpgroup_build_is_not_serialised(tmp_path, monkeypatch):
     names = [INST.attend_wgmma_bwd_name(True, writes="staged"), INST.attend_wgmma_bwd_name(False, writes="staged")]
     ok, log = CC.run_nvcc(CC.find_nvcc(), f, names, "90", tmp_path)
     assert ok, log[-2000:]
-    serial = {r.mangled[:35]: r.wgmma_serialized for r in CC.parse_ptxas(log)}
+    reports = CC.parse_ptxas(log)
+    serial = {r.mangled[:35]: r.wgmma_serialized for r in reports}
     assert serial == {"_Z23hytopk_attend_bwd_wgmmaILb1ELb1": "", "_Z23hytopk_attend_bwd_wgmmaILb0ELb1": ""}
+    # the define took: 512 threads' launch bound gives 128 registers (the shipped 384, 168), all the
+    # roles' 40 / 208 / 56 need
+    assert [r.registers for r in reports] == [128, 128]
