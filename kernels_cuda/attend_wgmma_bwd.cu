@@ -154,7 +154,7 @@ __device__ __forceinline__ void transpose4(float (&x)[4], int q) {
 // nhb head blocks of 64: block b is query t0 + b / nhb, heads 64 (b % nhb) ... dq [n, Hq, 576]
 // float (written); ATOMIC: dkv [L, 576] float (+=); else part rows as above (masked slots' rows
 // are not written).
-template <bool ATOMIC, bool VEC, bool STAGED>
+template <bool ATOMIC, bool VEC, bool STAGED, bool PDS = false>
 __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv,
                                                  long long kv_stride, const int* __restrict__ idx, int kk, int n,
                                                  int t0, long long L, int Hq, int nhb, float scale, float scale_log2,
@@ -379,6 +379,27 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             ++nu;
         };
 
+        // PDS (the split backward's first pass): consumer 0's P and dS of tile it, bf16, into the
+        // query's 64-key block it / 2 (its 32-key half it % 2) of `out`, laid out as the second pass
+        // reads them (split_dkv below: [P | dS] per block, each [nhb * 64 heads][64 keys] in 8 x 8
+        // core matrices, element (h, j) at (h / 8) 512 + (j / 8) 64 + (h % 8) 8 + j % 8): a warp's
+        // store is one whole 128-byte core matrix. Nothing held across the key loop: the query and
+        // head block re-read from blockIdx (opaque).
+        auto put_pds = [&](int it_, const float (&pv)[16], const float (&dv)[16]) {
+            const u32 bx = opaque_u32(blockIdx.x);
+            const int tq = (int)(bx / (unsigned)nhb), hbq = (int)(bx % (unsigned)nhb);
+            const long long tile = (long long)(nhb * ROWS) * 64;                  // elements of one P or dS block
+            bf16_t* pb = reinterpret_cast<bf16_t*>(out) + ((long long)tq * ((kk + 63) / 64) + (it_ >> 1)) * 2 * tile;
+            const int o0 = (hbq * 8 + 2 * warp) * 512 + 4 * (it_ & 1) * 64 + g8 * 8 + 2 * tig;   // row r0; r1: + 512
+#pragma unroll
+            for (int nb = 0; nb < NK / 8; ++nb) {
+                st_global_u32(pb + o0 + nb * 64, pack_bf16x2(pv[4 * nb], pv[4 * nb + 1]));
+                st_global_u32(pb + o0 + nb * 64 + 512, pack_bf16x2(pv[4 * nb + 2], pv[4 * nb + 3]));
+                st_global_u32(pb + tile + o0 + nb * 64, pack_bf16x2(dv[4 * nb], dv[4 * nb + 1]));
+                st_global_u32(pb + tile + o0 + nb * 64 + 512, pack_bf16x2(dv[4 * nb + 2], dv[4 * nb + 3]));
+            }
+        };
+
         for (int it = 0; it < ntiles; ++it) {
             const int st = it & 1;
             const u32 sk = sk0 + (u32)(st * TILE_BYTES);
@@ -433,6 +454,7 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
                         d[4 * nb + 2 * h + 1] = p[4 * nb + 2 * h + 1] * x1 * scale;
                     }
                 bar_sync(BAR_C0, 128);                // every read of the float tile done: P / dS over it
+                if (PDS) put_pds(it, p, d);
 #pragma unroll
                 for (int nb = 0; nb < NK / 8; ++nb) {
                     const int j = 8 * nb + 2 * tig;
@@ -459,6 +481,12 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
                 }
             }
             wgmma_commit();
+            if (PDS) {                                // the second pass does dK/dV (split_dkv)
+                wgmma_wait<0>();
+                __syncwarp();
+                if (lane == 0) mbar_arrive(empty0 + 8 * st);
+                continue;
+            }
             // dKV^T: m-tiles 4c .. 4c+3 (64 columns x the tile's 32 slots: Q^T dS + dO^T P), then
             // m-tile 8 (columns 512 .. 575: Q^T dS only) on this consumer's 16 slots; the same code for
             // both consumers (a warpgroup-uniform path: no serialised wgmma). Two accumulators in turn:
@@ -611,6 +639,10 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             if (lane == 0) mbar_arrive(empty0 + 8 * st);
         }
 
+        if (PDS && c == 0 && (ntiles & 1)) {         // the last 64-key block's unused half: zeros
+            const float z[16] = {};
+            put_pds(ntiles, z, z);
+        }
         // dq rows (heads past Hq not written); the query and head block read again from blockIdx
         // (opaque: not hoisted), so no row address stays live, spilled, across the key loop
         const u32 bx = opaque_u32(blockIdx.x);
@@ -631,6 +663,153 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
     }
 }
 
+
+// ---------------------------------------------------------------------------------------------------
+// SPLIT: the backward in two passes (the wrapper's WRITES = "split"). The first (PDS above, the same
+// kernel without its dK/dV MMAs) writes each query's P and dS (bf16, the very operands the one-pass
+// kernel multiplies) to a scratch of [queries][64-key blocks][P | dS][nhb * 64 heads][64 keys]; the
+// second, split_dkv, computes dKV[keys, d] = dS^T Q + P^T dO with the keys as M and all the query's
+// heads as K (up to 128: both head blocks in one sum), so each (query, slot, column) leaves once, not
+// once per head block: half the one-pass kernel's float additions at 128 heads. A block is one query
+// x a third of the 576 columns; WG 0's first thread copies the key blocks (bulk copies, 4 stages),
+// consumers 1 and 2 take alternate blocks: m64n192k16 x (hpad / 16) x 2, then each thread writes its
+// two key rows' 96 floats 8 bytes at a time (red.global.add.v2.f32 into dkv, or st.global.v2.f32 into
+// the part rows [count][kk][576]) while the other consumer's MMAs run.
+// HYTOPK_ATTWB_DKV_V4=1 (a probe build): 16-byte writes after one exchange between lanes, half the
+// write instructions (each warp's: 16 rows x 32 bytes instead of 8 x 32)
+#ifndef HYTOPK_ATTWB_DKV_V4
+#define HYTOPK_ATTWB_DKV_V4 0
+#endif
+namespace dkv {
+constexpr int KT = 64;                              // keys per block
+constexpr int COLS = 192, PARTS = DQK / COLS;       // columns per CTA (a third)
+constexpr int HMAX = 128;                           // heads: nhb * 64, at most two head blocks
+constexpr int RG = COLS / 8 * 128;                  // bytes per 8 heads of a [.][192] tile: 3072
+constexpr int TG = KT / 8 * 128;                    // bytes per 8 heads of a [.][64] P / dS block: 1024
+constexpr int Q_OFF = 0, DO_OFF = HMAX / 8 * RG;    // Q and dO columns of this third: [128][192] each
+constexpr int TILE = HMAX / 8 * TG;                 // one P or dS block (16 KiB at 128 heads)
+constexpr int NST = 4;                              // stages of [P | dS]
+constexpr int ST_OFF = 2 * DO_OFF;
+constexpr int BAR_OFF = ST_OFF + NST * 2 * TILE;    // full[NST], empty[NST]
+constexpr int SMEM = BAR_OFF + 2 * NST * 8;
+constexpr int LAUNCH_SMEM = SMEM + 128;
+static_assert(LAUNCH_SMEM <= 227 * 1024, "attend_wgmma_bwd split_dkv: shared memory over 227 KiB");
+static_assert(PARTS * COLS == DQK && DV % 64 == 0, "attend_wgmma_bwd split_dkv: column thirds");
+constexpr int THREADS = 384, PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= THREADS * (65536 / THREADS / 8 * 8),
+              "attend_wgmma_bwd split_dkv: setmaxnreg budgets exceed the block's launch registers");
+}  // namespace dkv
+
+// q [n, Hq, 576], dout [n, Hq, 512] bf16; pds: the first pass's blocks of queries t0 .. t0 + count - 1;
+// idx [n, kk]; grid count * 3: block b is query t0 + b / 3, columns 192 (b % 3) ... HPAD = nhb * 64.
+template <bool ATOMIC, int HPAD>
+__device__ __forceinline__ void split_dkv(const bf16_t* __restrict__ q, const bf16_t* __restrict__ dout,
+                                          const bf16_t* __restrict__ pds, const int* __restrict__ idx, int kk, int t0,
+                                          long long L, int Hq, float* __restrict__ out) {
+    constexpr int KT = dkv::KT, COLS = dkv::COLS, PARTS = dkv::PARTS, RG = dkv::RG, TG = dkv::TG, TILE = dkv::TILE;
+    constexpr int NST = dkv::NST, ST_OFF = dkv::ST_OFF, THREADS = dkv::THREADS;
+    static_assert(HPAD == 64 || HPAD == 128, "split_dkv: one or two head blocks");
+    constexpr bool V4 = HYTOPK_ATTWB_DKV_V4 != 0;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    const int tl = (int)(blockIdx.x / (unsigned)PARTS), part = (int)(blockIdx.x % (unsigned)PARTS);
+    const int t = t0 + tl, col0 = COLS * part;
+    const u32 raw = smem_addr(smem_raw), base = (raw + 127u) & ~127u;
+    const u32 sq = base + dkv::Q_OFF, sdo = base + dkv::DO_OFF, full0 = base + dkv::BAR_OFF, empty0 = full0 + 8 * NST;
+    const int nt = (kk + KT - 1) / KT;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < NST; ++s) {
+            mbar_init(full0 + 8 * s, 1);
+            mbar_init(empty0 + 8 * s, 4);             // one arrival per warp of the block's consumer
+        }
+        mbar_fence_init();
+    }
+    // this third's Q and dO columns (zero rows past Hq, zero dO columns past 512): 8 consecutive
+    // threads copy one core matrix (8 rows' chunk ch)
+    for (int i = (int)threadIdx.x; i < HPAD * (COLS / 8); i += THREADS) {
+        const int r = (i & 7) + ((i >> 3) / (COLS / 8)) * 8, ch = (i >> 3) % (COLS / 8);
+        const bool ok = r < Hq, okv = ok && col0 + ch * 8 < DV;
+        const long long row = (long long)t * Hq + (ok ? r : 0);
+        const u32 at = (u32)((r >> 3) * RG + ch * 128 + (r & 7) * 16);
+        cp_async16(sq + at, q + row * DQK + col0 + ch * 8, ok);
+        cp_async16(sdo + at, dout + row * DV + (okv ? col0 + ch * 8 : 0), okv);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();
+    const int wg = (int)(threadIdx.x >> 7), tid = (int)(threadIdx.x & 127);
+    constexpr u32 BLOCK = (u32)HPAD * KT * 2;         // bytes of one P or dS block
+    const bf16_t* blocks = pds + (long long)tl * nt * 2 * HPAD * KT;
+    if (wg == 0) {
+        regs_dec<dkv::PRODUCER_REGS>();
+        if (tid == 0)
+            for (int T = 0; T < nt; ++T) {
+                const int s = T % NST;
+                if (T >= NST) mbar_wait_or_trap(empty0 + 8 * s, (u32)(((T / NST) - 1) & 1));
+                const u32 sp = base + ST_OFF + (u32)(s * 2 * TILE);
+                mbar_expect_tx(full0 + 8 * s, 2 * BLOCK);
+                bulk_g2s(sp, blocks + (long long)T * 2 * HPAD * KT, BLOCK, full0 + 8 * s);
+                bulk_g2s(sp + TILE, blocks + ((long long)T * 2 + 1) * HPAD * KT, BLOCK, full0 + 8 * s);
+            }
+        return;
+    }
+    regs_inc<dkv::CONSUMER_REGS>();
+    const int c = wg - 1, warp = tid >> 5, lane = tid & 31, g8 = lane >> 2, tig = lane & 3;
+    const int* lst = idx + (long long)t * kk;
+    for (int T = c; T < nt; T += 2) {
+        const int s = T % NST;
+        const u32 sp = base + ST_OFF + (u32)(s * 2 * TILE), sds = sp + TILE;
+        mbar_wait_or_trap(full0 + 8 * s, (u32)((T / NST) & 1));
+        // element 4 nb + 2 h + e: key row warp * 16 + g8 + 8 h of the block, column col0 + 8 nb + 2 tig + e
+        float acc[COLS / 2];
+        wgmma_fence();
+#pragma unroll
+        for (int kh = 0; kh < HPAD / 16; ++kh)       // dS^T Q: A = dS (M = keys, MN-major), B = Q (N = d, MN-major)
+            wgmma_m64n192k16_bf16_ta_tb(acc, smem_desc(sds + (u32)(kh * 2 * TG), TG, 128),
+                                        smem_desc(sq + (u32)(kh * 2 * RG), RG, 128), kh > 0);
+#pragma unroll
+        for (int kh = 0; kh < HPAD / 16; ++kh)       // + P^T dO (dO's columns past 512 are zeros)
+            wgmma_m64n192k16_bf16_ta_tb(acc, smem_desc(sp + (u32)(kh * 2 * TG), TG, 128),
+                                        smem_desc(sdo + (u32)(kh * 2 * RG), RG, 128), 1);
+        wgmma_commit();
+        wgmma_wait<0>();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty0 + 8 * s);    // the stage is free; the writes go on from registers
+        if (V4) {
+            // lanes tig, tig ^ 1 swap halves: the even one keeps row r0's four columns 8 nb + 2 tig ..,
+            // the odd one row r1's from 8 nb + 2 (tig - 1): one 16-byte write per lane and nb
+            const int h = tig & 1, slot = T * KT + warp * 16 + g8 + 8 * h;
+            const int key = slot < kk ? __ldg(lst + slot) : -1;
+            const bool ok = key >= 0 && (long long)key < L;          // masked slot: not written
+            float* row = (ATOMIC ? out + (long long)(ok ? key : 0) * DQK : out + ((long long)tl * kk + slot) * DQK)
+                         + col0 + 2 * (tig & 2);
+#pragma unroll
+            for (int nb = 0; nb < COLS / 8; ++nb) {
+                const float x0 = __shfl_xor_sync(0xffffffffu, h ? acc[4 * nb] : acc[4 * nb + 2], 1);
+                const float x1 = __shfl_xor_sync(0xffffffffu, h ? acc[4 * nb + 1] : acc[4 * nb + 3], 1);
+                const float v0 = h ? x0 : acc[4 * nb], v1 = h ? x1 : acc[4 * nb + 1];
+                const float v2 = h ? acc[4 * nb + 2] : x0, v3 = h ? acc[4 * nb + 3] : x1;
+                if (!ok) continue;
+                if (ATOMIC) red_add_v4(row + 8 * nb, v0, v1, v2, v3);
+                else st_global_v4(row + 8 * nb, v0, v1, v2, v3);
+            }
+            continue;
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int slot = T * KT + warp * 16 + g8 + 8 * h;
+            const int key = slot < kk ? __ldg(lst + slot) : -1;
+            if (key < 0 || (long long)key >= L) continue;             // masked slot: not written
+            float* row = (ATOMIC ? out + (long long)key * DQK : out + ((long long)tl * kk + slot) * DQK) + col0 + 2 * tig;
+#pragma unroll
+            for (int nb = 0; nb < COLS / 8; ++nb) {
+                if (ATOMIC) red_add_v2(row + 8 * nb, acc[4 * nb + 2 * h], acc[4 * nb + 2 * h + 1]);
+                else st_global_v2(row + 8 * nb, acc[4 * nb + 2 * h], acc[4 * nb + 2 * h + 1]);
+            }
+        }
+    }
+}
+
 }  // namespace attwb
 }  // namespace hytopk
 
@@ -647,3 +826,22 @@ hytopk_attend_bwd_wgmma(const bf16_t* __restrict__ q, const bf16_t* __restrict__
     attend_bwd_wgmma<ATOMIC, VEC, STAGED>(q, kv, kv_stride, idx, kk, n, t0, L, Hq, nhb, scale, scale_log2, dout, lse, delta, dq,
                              out);
 }
+
+// SPLIT, first pass: S, dP and dQ as above, P and dS (bf16) to pds instead of the dK/dV MMAs
+__global__ void __launch_bounds__(THREADS, 1)
+hytopk_attend_bwd_pds(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv, long long kv_stride,
+                      const int* __restrict__ idx, int kk, int n, int t0, long long L, int Hq, int nhb, float scale,
+                      float scale_log2, const bf16_t* __restrict__ dout, const float* __restrict__ lse,
+                      const float* __restrict__ delta, float* __restrict__ dq, bf16_t* __restrict__ pds) {
+    attend_bwd_wgmma<false, false, false, true>(q, kv, kv_stride, idx, kk, n, t0, L, Hq, nhb, scale, scale_log2, dout, lse,
+                                                delta, dq, reinterpret_cast<float*>(pds));
+}
+
+// SPLIT, second pass: ATOMIC: out = dkv [L, 576] float (+=); else the part rows [count][kk][576]
+template <bool ATOMIC, int HPAD>
+__global__ void __launch_bounds__(dkv::THREADS, 1)
+hytopk_attend_bwd_dkv(const bf16_t* __restrict__ q, const bf16_t* __restrict__ dout, const bf16_t* __restrict__ pds,
+                      const int* __restrict__ idx, int kk, int t0, long long L, int Hq, float* __restrict__ out) {
+    split_dkv<ATOMIC, HPAD>(q, dout, pds, idx, kk, t0, L, Hq, out);
+}
+

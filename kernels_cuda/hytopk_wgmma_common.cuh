@@ -110,6 +110,16 @@ __device__ __forceinline__ void red_add_v4(float* p, float a, float b, float c, 
 __device__ __forceinline__ void st_global_v4(float* p, float a, float b, float c, float d) {
     asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
 }
+// 8 bytes: two float reductions in one / one store; 4 bytes (a packed bf16 pair)
+__device__ __forceinline__ void red_add_v2(float* p, float a, float b) {
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+}
+__device__ __forceinline__ void st_global_v2(float* p, float a, float b) {
+    asm volatile("st.global.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+}
+__device__ __forceinline__ void st_global_u32(void* p, u32 v) {
+    asm volatile("st.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
 
 // ---- 2-CTA clusters
 __device__ __forceinline__ u32 cluster_ctarank() {

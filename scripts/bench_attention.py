@@ -17,7 +17,7 @@
             the fastest two-query kernel against the fastest one-query kernel
   backward  deterministic, atomic and deterministic_v2 (attend.cu's mma.sync backward), wgmma and
             wgmma_atomic (attend_wgmma_bwd.cu, sm_90a: version 4; wgmma_atomic_vec: 16-byte atomics
-            instead of float-by-float ones), effective TFLOP/s
+            instead of float-by-float ones; *_staged, *_split: the other dK/dV paths), effective TFLOP/s
             2 n H k (3 d_qk + 2 d_v) / t (the logits are recomputed), and its ratio to the forward rate
             (one's, and the op's forward: wgmma3)
   backward16 the same rows at 16 heads (a tensor-parallel shard: where the op switches backwards)
@@ -264,12 +264,15 @@ def backward_rows(n, H, L, k, fwd_rate, op_rate=None):
         variants += [("wgmma", dict(deterministic=True, version=4)), ("wgmma_atomic", dict(deterministic=False, version=4)),
                      ("wgmma_atomic_vec", dict(deterministic=False, version=4)),
                      ("wgmma_staged", dict(deterministic=True, version=4)),
-                     ("wgmma_atomic_staged", dict(deterministic=False, version=4))]
+                     ("wgmma_atomic_staged", dict(deterministic=False, version=4)),
+                     ("wgmma_split", dict(deterministic=True, version=4)),
+                     ("wgmma_atomic_split", dict(deterministic=False, version=4))]
     writes_default = AWB.WRITES
     for name, kw in variants:
         AWB.VEC_WRITES = True if name == "wgmma_atomic_vec" else None
-        # wgmma*: dK/dV written by the consumers (direct); *_staged: by the producer warpgroup (AWB.WRITES)
-        AWB.WRITES = "staged" if name.endswith("_staged") else "direct"
+        # wgmma*: dK/dV written by the consumers (direct); *_staged: by the producer warpgroup; *_split: a
+        # second pass over all the heads (AWB.WRITES; the op's default, "auto": split deterministic, staged atomics)
+        AWB.WRITES = "staged" if name.endswith("_staged") else "split" if name.endswith("_split") else "direct"
         try:
             t = timed(lambda: CA.attend_backward(dout, q, kk, vv, idx, out, lse, None, **kw), reps=3)
         finally:

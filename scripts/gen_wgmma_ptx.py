@@ -77,6 +77,7 @@ def render() -> str:
     parts.append(wrapper_vt(144, False))             # the MLA backward's dQ = dS K (K MN-major)
     parts.append(wrapper_vt(32, False, ta=True))     # ... and its dKV^T = Q^T dS + dO^T P
     parts.append(wrapper_vt(16, False, ta=True))
+    parts.append(wrapper_vt(192, False, ta=True))    # the split backward's dKV = dS^T Q + P^T dO (keys as M)
     parts.append("#endif  // HYTOPK_EMU_PTX\n}  // namespace wgp\n}  // namespace hytopk\n")
     return "\n".join(parts)
 

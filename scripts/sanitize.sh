@@ -62,8 +62,8 @@ TABLEJOB=("$TT::test_more_ties_at_the_kth_key_than_fit_in_shared_memory" "$TT::t
 CL=(tests/test_table_topk_gpu.py -k "test_fused_hytopk_cluster_listed_rows or (test_fused_hytopk_cluster_is_exact and ties_at_kth and (8-1-40 or 4-0-2))")
 
 # the wgmma attention forwards (attend_wgmma2.cu: producer warpgroup, mbarriers, setmaxnreg), a few random cases,
-# its query-pair kernel (wgmma2sp), and the wgmma MLA backward (attend_wgmma_bwd.cu) on duplicated keys
-AW=(tests/test_attention_wgmma_gpu.py tests/test_attention_wgmma_bwd_gpu.py -k "(test_random_inputs_match_reference and 100 and (empty or dups) and 64) or (test_pair_random_inputs_match_reference and 100 and dups and 16) or (test_backward_matches_reference and dups) or (test_staged_matches_reference and dups)")
+# its query-pair kernel (wgmma2sp), and the wgmma MLA backward (attend_wgmma_bwd.cu: direct, staged, split) on duplicated keys
+AW=(tests/test_attention_wgmma_gpu.py tests/test_attention_wgmma_bwd_gpu.py -k "(test_random_inputs_match_reference and 100 and (empty or dups) and 64) or (test_pair_random_inputs_match_reference and 100 and dups and 16) or (test_backward_matches_reference and dups) or (test_staged_matches_reference and dups) or (test_split_matches_reference and (dups or pad_only))")
 # the sort-free selects (hytopk_select_fast.cuh): select_smem and cupy.select.fast at k = 300 / 2048, every family
 SEL=(tests/test_select_smem_gpu.py -k "test_select_smem_matches_reference and (300 or 2048)")
 

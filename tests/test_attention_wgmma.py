@@ -41,7 +41,19 @@ def test_backward_instantiations_and_launch_figures():
                                                              "hytopk_attend_bwd_wgmma<true, false, false>",
                                                              "hytopk_attend_bwd_wgmma<true, true, false>",
                                                              "hytopk_attend_bwd_wgmma<false, true, true>",
-                                                             "hytopk_attend_bwd_wgmma<true, true, true>"]
+                                                             "hytopk_attend_bwd_wgmma<true, true, true>",
+                                                             "hytopk_attend_bwd_pds",
+                                                             "hytopk_attend_bwd_dkv<false, 64>",
+                                                             "hytopk_attend_bwd_dkv<false, 128>",
+                                                             "hytopk_attend_bwd_dkv<true, 64>",
+                                                             "hytopk_attend_bwd_dkv<true, 128>"]
+    # split: the first pass launches as the direct kernel; the second sums one or two head blocks
+    assert INST.attend_wgmma_bwd_name(True, writes="split") == "hytopk_attend_bwd_pds"
+    assert INST.attend_wgmma_bwd_smem("split") == INST.ATTEND_WGMMA_BWD_SMEM
+    assert INST.attend_wgmma_bwd_dkv_name(True, 128) == "hytopk_attend_bwd_dkv<true, 128>"
+    with pytest.raises(ValueError, match="hpad"):
+        INST.attend_wgmma_bwd_dkv_name(True, 192)
+    assert INST.ATTEND_WGMMA_BWD_DKV_SMEM <= 227 * 1024
     # the direct kernel's picks: part rows 16 bytes at a time, atomics float by float (measured faster);
     # staged: 16 bytes at a time both ways (vec ignored)
     assert INST.attend_wgmma_bwd_name(False) == "hytopk_attend_bwd_wgmma<false, true, false>"
@@ -50,19 +62,20 @@ def test_backward_instantiations_and_launch_figures():
     with pytest.raises(ValueError, match="argument 'writes'"):
         INST.attend_wgmma_bwd_name(True, writes="bulk")
     assert INST.FILE_OPTIONS["attend_wgmma_bwd.cu"] == ("-arch=sm_90a",)
-    assert len(INST.geometry_asserts("attend_wgmma_bwd.cu")) == 5
+    assert len(INST.geometry_asserts("attend_wgmma_bwd.cu")) == 6
     # the setmaxnreg budgets fill the 168 registers x 384 threads of the launch exactly, both splits
     assert sum(t * r for t, r in INST.ATTEND_WGMMA_BWD_ROLES) == 168 * 384
     assert sum(t * r for t, r in INST.ATTEND_WGMMA_BWD_ROLES_STAGED) == 168 * 384
     assert [INST.attend_wgmma_bwd_roles(w) for w in INST.ATTEND_WGMMA_BWD_WRITES] == [
-        INST.ATTEND_WGMMA_BWD_ROLES, INST.ATTEND_WGMMA_BWD_ROLES_STAGED]
+        INST.ATTEND_WGMMA_BWD_ROLES, INST.ATTEND_WGMMA_BWD_ROLES_STAGED, INST.ATTEND_WGMMA_BWD_ROLES]
+    assert sum(t * r for t, r in INST.ATTEND_WGMMA_BWD_DKV_ROLES) == 168 * 384
     # Q + dO + two 32-key stages + P and dS (64 x 32 bf16) + the stages' slot keys + 8 mbarriers + padding + a zero
     # [64][16] tile + 128 B alignment; staged: + one 16 x 64 float unit per consumer
     assert INST.ATTEND_WGMMA_BWD_SMEM == (64 * 576 * 2 + 64 * 512 * 2 + 2 * 32 * 576 * 2 + 2 * 64 * 32 * 2
                                           + 2 * 32 * 4 + 8 * 8 + 64 + 64 * 16 * 2 + 128) <= INST.ATTEND_SMEM_LIMIT
     assert INST.ATTEND_WGMMA_BWD_SMEM_STAGED == INST.ATTEND_WGMMA_BWD_SMEM + 2 * 16 * 64 * 4 <= INST.ATTEND_SMEM_LIMIT
     assert [INST.attend_wgmma_bwd_smem(w) for w in INST.ATTEND_WGMMA_BWD_WRITES] == [
-        INST.ATTEND_WGMMA_BWD_SMEM, INST.ATTEND_WGMMA_BWD_SMEM_STAGED]
+        INST.ATTEND_WGMMA_BWD_SMEM, INST.ATTEND_WGMMA_BWD_SMEM_STAGED, INST.ATTEND_WGMMA_BWD_SMEM]
     assert INST.ATTEND_WGMMA_BWD_THREADS == 384
 
 

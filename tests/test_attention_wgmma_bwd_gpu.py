@@ -248,3 +248,115 @@ def test_staged_atomics_close_to_direct_at_k_2048(CA, staged):
     np.testing.assert_array_equal(bits(got[0]), bits(direct[0]))
     dk = cp.asnumpy(got[1])
     np.testing.assert_allclose(dk, cp.asnumpy(direct[1]), rtol=1e-4, atol=1e-4 * float(abs(dk).max()))
+
+
+@pytest.fixture
+def split(monkeypatch):
+    """WRITES = "split": the first pass writes P / dS (bf16), the second computes dK/dV of all of a
+    query's heads at once (tests/test_attention_wgmma_emulation.py emulates both on the CPU)."""
+    from workbench.families.cupy import attend_wgmma_bwd as AWB
+    monkeypatch.setattr(AWB, "WRITES", "split")
+    return AWB
+
+
+@pytest.mark.parametrize("Hq", [8, 64, 80, 128, 136])
+@pytest.mark.parametrize("atomic", [False, True], ids=["det", "atomic"])
+@pytest.mark.parametrize("kind", ["random", "shared", "dups", "empty", "disjoint", "pad_only"])
+def test_split_matches_reference(CA, split, Hq, atomic, kind):
+    """kk 150: five 32-key tiles (the last 64-key block's second half zeroed by the first pass),
+    partial head blocks (8, 80: padding heads' P / dS are zeros), 136 heads (three head blocks: the
+    staged path instead); dq bit for bit the direct kernel's; untouched keys exactly 0."""
+    rng = np.random.default_rng(seed("wgmma-bwd-split", Hq, atomic, kind))
+    n, L, kk = 7, 400, 150
+    k, v, kh, vh, qd, qh, dod, doh, idx = case(rng, n, Hq, L, kk, kind)
+    out, lse = CA.attend_forward(qd, k, v, cp.asarray(idx), None, out_dtype="float32")
+    dq, dk, _ = CA.attend_backward(dod, qd, k, v, cp.asarray(idx), out, lse, None, deterministic=not atomic, version=4)
+    rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)
+    _rel_close(cp.asnumpy(dq), rq)
+    _rel_close(cp.asnumpy(dk)[:, 0], RA.mla_dkv(rk, rv))
+    untouched = np.setdiff1d(np.arange(L), idx[idx >= 0])
+    assert np.all(cp.asnumpy(dk)[untouched] == 0)
+    split.WRITES = "direct"
+    direct = CA.attend_backward(dod, qd, k, v, cp.asarray(idx), out, lse, None, deterministic=not atomic, version=4)
+    np.testing.assert_array_equal(bits(dq), bits(direct[0]))
+
+
+@pytest.mark.parametrize("Hq", [16, 128])
+def test_split_deterministic_reproducible_under_chunking(CA, split, Hq):
+    """k 2048 (every slot valid but one) and a 'shared' selection with collisions: 20 runs identical,
+    and the same bits when a small scratch cuts the queries into chunks of one."""
+    rng = np.random.default_rng(seed("wgmma-bwd-split-bits", Hq))
+    for n, L, kk, kind in ((4, 8192, 2048, "full"), (64, 512, 256, "shared")):
+        k, v, kh, vh, qd, qh, dod, doh, idx = case(rng, n, Hq, L, kk, "shared")
+        if kind == "full":
+            idx = np.stack([rng.choice(L, kk, replace=False) for _ in range(n)]).astype(np.int32)
+            idx[-1, 40] = -1
+        ic = cp.asarray(idx)
+        out, lse = CA.attend_forward(qd, k, v, ic, None)
+        run = lambda sb=None: [bits(x) for x in CA.attend_backward(dod, qd, k, v, ic, out, lse, None, version=4,
+                                                                   scratch_bytes=sb)[:2]]
+        first = run()
+        for _ in range(20 if kind == "shared" else 2):
+            for a, b in zip(first, run()):
+                np.testing.assert_array_equal(a, b)
+        for a, b in zip(first, run(1)):
+            np.testing.assert_array_equal(a, b)
+        rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)
+        _rel_close(first[1].view(np.float32)[:, 0], RA.mla_dkv(rk, rv))
+
+
+def test_split_atomics_close_to_staged_at_k_2048(CA, split):
+    """128 heads, k 2048: the split atomics against the reference and close to the staged kernel's
+    (the same products, the two head blocks summed inside the MMA instead of by two atomics)."""
+    rng = np.random.default_rng(seed("wgmma-bwd-split-2048"))
+    n, L, kk = 6, 8192, 2048
+    k, v, kh, vh, qd, qh, dod, doh, idx = case(rng, n, 128, L, kk, "shared")
+    out, lse = CA.attend_forward(qd, k, v, cp.asarray(idx), None, out_dtype="float32")
+    got = CA.attend_backward(dod, qd, k, v, cp.asarray(idx), out, lse, None, deterministic=False, version=4)
+    split.WRITES = "staged"
+    staged = CA.attend_backward(dod, qd, k, v, cp.asarray(idx), out, lse, None, deterministic=False, version=4)
+    rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)
+    _rel_close(cp.asnumpy(got[0]), rq)
+    _rel_close(cp.asnumpy(got[1])[:, 0], RA.mla_dkv(rk, rv))
+    np.testing.assert_array_equal(bits(got[0]), bits(staged[0]))
+    dk = cp.asnumpy(got[1])
+    np.testing.assert_allclose(dk, cp.asnumpy(staged[1]), rtol=1e-4, atol=1e-4 * float(abs(dk).max()))
+
+
+@pytest.mark.parametrize("Hq", [16, 128])
+def test_split_overlapped_atomics(CA, split, Hq):
+    """SPLIT_OVERLAP: the second pass of each chunk on a side stream under the next chunk's first
+    pass (two P / dS buffers): the same dq bits, dk close to the serial split's (the same adds in
+    another order), against the reference; 9 queries in chunks of 2 (the buffers reused)."""
+    rng = np.random.default_rng(seed("wgmma-bwd-split-overlap", Hq))
+    n, L, kk = 9, 2048, 512
+    k, v, kh, vh, qd, qh, dod, doh, idx = case(rng, n, Hq, L, kk, "dups")
+    ic = cp.asarray(idx)
+    out, lse = CA.attend_forward(qd, k, v, ic, None, out_dtype="float32")
+    serial = CA.attend_backward(dod, qd, k, v, ic, out, lse, None, deterministic=False, version=4)
+    split.SPLIT_OVERLAP, split.SPLIT_OVERLAP_CHUNKS = True, 5
+    got = CA.attend_backward(dod, qd, k, v, ic, out, lse, None, deterministic=False, version=4)
+    np.testing.assert_array_equal(bits(got[0]), bits(serial[0]))
+    dk = cp.asnumpy(got[1])
+    np.testing.assert_allclose(dk, cp.asnumpy(serial[1]), rtol=1e-4, atol=1e-4 * float(abs(dk).max()))
+    rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)
+    _rel_close(dk[:, 0], RA.mla_dkv(rk, rv))
+
+
+def test_auto_writes_take_split_deterministic_and_staged_atomics(CA, monkeypatch):
+    """WRITES = "auto" (the default): the deterministic mode's bits are the split path's, the atomics'
+    dq the staged path's (the same dq bits on every path)."""
+    from workbench.families.cupy import attend_wgmma_bwd as AWB
+    rng = np.random.default_rng(seed("wgmma-bwd-auto"))
+    n, L, kk = 5, 400, 150
+    k, v, kh, vh, qd, qh, dod, doh, idx = case(rng, n, 128, L, kk, "dups")
+    ic = cp.asarray(idx)
+    out, lse = CA.attend_forward(qd, k, v, ic, None, out_dtype="float32")
+
+    def run(writes, det):
+        monkeypatch.setattr(AWB, "WRITES", writes)
+        return [bits(x) for x in CA.attend_backward(dod, qd, k, v, ic, out, lse, None, deterministic=det, version=4)[:2]]
+    for a, b in zip(run("auto", True), run("split", True)):
+        np.testing.assert_array_equal(a, b)
+    assert AWB.AUTO_WRITES == {True: "split", False: "staged"}
+    np.testing.assert_array_equal(run("auto", False)[0], run("staged", False)[0])

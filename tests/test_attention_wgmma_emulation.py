@@ -475,6 +475,67 @@ def test_backward_storer_warpgroup_build(driver, tmp_path):
         E.backward(bad, qd, kv, idx, dod, lse, delta, writes="staged", env={"HYTOPK_EMU_STALL_S": "3"})
 
 
+# the split backward (two passes: P / dS in bf16 through a scratch, then dK/dV of all the heads at
+# once with the keys as M): partial 64-key blocks (an odd 32-key tile count: the first pass zeroes the
+# last block's second half), one and two head blocks (8, 80, 128 heads), masked slots, duplicates
+SPLIT_CASES = [(3, 64, 45, "random", False), (3, 64, 70, "dups", True), (3, 8, 33, "disjoint", False),
+               (3, 64, 45, "empty", True), (2, 80, 40, "shared", False), (2, 64, 1, "random", True),
+               (2, 128, 100, "full", False), (2, 128, 130, "dups", True)]
+
+
+@pytest.mark.parametrize("n,Hq,kk,kind,atomic", SPLIT_CASES)
+def test_backward_split_matches_reference(driver, n, Hq, kk, kind, atomic):
+    """dq bit for bit the one-pass kernel's (the first pass is that kernel without its dK/dV MMAs);
+    dK/dV against the float64 reference; one part row per (query, slot), masked slots' rows never
+    written; untouched keys exactly 0."""
+    rng = np.random.default_rng(seed("wgmma-bwd-split", n, Hq, kk, kind, atomic))
+    L = 150
+    kv, qd, dod, idx, lse, delta, rq, rkv, valid = backward_case(rng, n, Hq, kk, kind, L)
+    dq, out = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=atomic, writes="split")
+    rel_close(dq, rq)
+    rel_close(out if atomic else summed_part_rows(out, valid, 0, L), rkv)
+    if atomic:
+        untouched = np.setdiff1d(np.arange(L), valid[valid >= 0])
+        assert np.all(out[untouched] == 0)
+    else:
+        assert out.shape == (n, 1, kk, 576)
+        rows = out[:, 0]
+        assert np.isnan(rows[valid < 0]).all() and not np.isnan(rows[valid >= 0]).any()
+    dq_d, _ = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=atomic)
+    np.testing.assert_array_equal(bits(dq), bits(dq_d))
+
+
+def test_backward_split_under_jitter_and_chunks(driver):
+    """Other interleavings (random sleeps at every synchronisation) give the same bits, and a chunk
+    (queries 1 .. 1) writes its own part rows and dq rows only, with the same bits as the whole run."""
+    rng = np.random.default_rng(seed("wgmma-bwd-split-jitter"))
+    kv, qd, dod, idx, lse, delta, *_ = backward_case(rng, 3, 128, 300, "random")
+    calm = E.backward(driver, qd, kv, idx, dod, lse, delta, writes="split")
+    shaken = E.backward(driver, qd, kv, idx, dod, lse, delta, writes="split",
+                        env={"HYTOPK_EMU_JITTER": "0.02", "HYTOPK_EMU_SEED": "3"})
+    for a, b in zip(calm, shaken):
+        np.testing.assert_array_equal(bits(a), bits(b))
+    dq, part = E.backward(driver, qd, kv, idx, dod, lse, delta, writes="split", t0=1, count=1)
+    np.testing.assert_array_equal(bits(dq[1]), bits(calm[0][1]))
+    assert np.isnan(dq[[0, 2]]).all()
+    np.testing.assert_array_equal(bits(part[0]), bits(calm[1][1]))
+
+
+def test_backward_split_v4_build(driver, tmp_path):
+    """The probe build HYTOPK_ATTWB_DKV_V4=1 (16-byte writes after a lane exchange) puts the same
+    floats in the same places: the part rows and, blocks run in turn with distinct keys, the atomics
+    bit for bit the default split's."""
+    src = (E.KERNELS / "attend_wgmma_bwd.cu").read_text()
+    drv = E.build(tmp_path / "v4", sources={"attend_wgmma_bwd.cu": "#define HYTOPK_ATTWB_DKV_V4 1\n" + src})
+    rng = np.random.default_rng(seed("wgmma-bwd-split-v4"))
+    kv, qd, dod, idx, lse, delta, *_ = backward_case(rng, 2, 80, 100, "full")
+    for atomic in (False, True):
+        got = E.backward(drv, qd, kv, idx, dod, lse, delta, atomic=atomic, writes="split")
+        ref = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=atomic, writes="split")
+        for a, b in zip(got, ref):
+            np.testing.assert_array_equal(bits(a), bits(b))
+
+
 def test_backward_chunk_writes_only_its_queries(driver):
     """t0 / count (attend_backward's query chunks): dq rows of other queries stay unwritten (NaN), the
     part rows are the chunk's, indexed from 0, and equal the whole launch's."""

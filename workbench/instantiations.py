@@ -238,7 +238,13 @@ ATTEND_WGMMA_BWD_SMEM = 73728 + 65536 + 2 * 36864 + 2 * 4096 + 2 * 32 * 4 + 8 * 
 ATTEND_WGMMA_BWD_SMEM_STAGED = ATTEND_WGMMA_BWD_SMEM + 2 * 16 * 64 * 4
 # how dK/dV leave the block: the consumers write them (direct), or the producer warpgroup does (staged;
 # the TMA's bulk operations instead were slower: commit cd2ef35, results/h200-2026-12-03-s8)
-ATTEND_WGMMA_BWD_WRITES = ("direct", "staged")
+ATTEND_WGMMA_BWD_WRITES = ("direct", "staged", "split")
+# split: the first pass (hytopk_attend_bwd_pds) launches as the direct kernel; the second
+# (hytopk_attend_bwd_dkv): Q and dO thirds [128][192] bf16 each, 4 stages of P and dS blocks
+# [128][64] bf16, 8 mbarriers, 128 B to round the base up (attwb::dkv::LAUNCH_SMEM)
+ATTEND_WGMMA_BWD_DKV_SMEM = 2 * 128 * 192 * 2 + 4 * 2 * 128 * 64 * 2 + 8 * 8 + 128
+ATTEND_WGMMA_BWD_DKV_ROLES = ((128, 40), (256, 232))
+ATTEND_WGMMA_BWD_SPLIT_HEADS = 128      # the second pass sums at most two head blocks
 ATTEND_WGMMA_BWD_THREADS = 384
 ATTEND_WGMMA_BWD_ROLES = ((128, 40), (256, 232))   # (threads, setmaxnreg): the producer, the consumers
 ATTEND_WGMMA_BWD_ROLES_STAGED = ((128, 88), (256, 208))   # staged: the producer also writes dK/dV
@@ -258,19 +264,31 @@ def attend_wgmma_bwd_name(atomic, vec=None, writes="direct") -> str:
     (ATTEND_WGMMA_BWD_VEC). writes (ATTEND_WGMMA_BWD_WRITES): "staged", the consumers hand dK/dV to
     the producer warpgroup through shared memory, which writes them (16 bytes at a time, whole
     256-byte row pieces; vec ignored)."""
-    staged = _bwd_writes(writes) == "staged"
+    if _bwd_writes(writes) == "split":
+        return "hytopk_attend_bwd_pds"
+    staged = writes == "staged"
     vec = True if staged else ATTEND_WGMMA_BWD_VEC[bool(atomic)] if vec is None else vec
     return f"hytopk_attend_bwd_wgmma<{_b(atomic)}, {_b(vec)}, {_b(staged)}>"
 
 
 def attend_wgmma_bwd_smem(writes="direct") -> int:
     """The launch's dynamic shared memory for a write path."""
-    return {"direct": ATTEND_WGMMA_BWD_SMEM, "staged": ATTEND_WGMMA_BWD_SMEM_STAGED}[_bwd_writes(writes)]
+    return {"direct": ATTEND_WGMMA_BWD_SMEM, "staged": ATTEND_WGMMA_BWD_SMEM_STAGED,
+            "split": ATTEND_WGMMA_BWD_SMEM}[_bwd_writes(writes)]
 
 
 def attend_wgmma_bwd_roles(writes="direct") -> tuple:
     """(threads, setmaxnreg) of the producer and the consumers for a write path."""
-    return {"direct": ATTEND_WGMMA_BWD_ROLES, "staged": ATTEND_WGMMA_BWD_ROLES_STAGED}[_bwd_writes(writes)]
+    return {"direct": ATTEND_WGMMA_BWD_ROLES, "staged": ATTEND_WGMMA_BWD_ROLES_STAGED,
+            "split": ATTEND_WGMMA_BWD_ROLES}[_bwd_writes(writes)]
+
+
+def attend_wgmma_bwd_dkv_name(atomic, hpad) -> str:
+    """The split backward's second pass: dK/dV of one or two head blocks (hpad 64 / 128) by float
+    atomics into dkv, else into per-(query, slot) part rows."""
+    if hpad not in (64, 128):
+        raise ValueError(f"argument 'hpad': {hpad} is not 64 or 128")
+    return f"hytopk_attend_bwd_dkv<{_b(atomic)}, {int(hpad)}>"
 
 
 def attend_names() -> tuple:
@@ -345,7 +363,10 @@ def geometry_asserts(file: str, shapes=SHAPES) -> list[str]:
                 f'{ATTEND_WGMMA_BWD_ROLES[1][1]}, "instantiations.ATTEND_WGMMA_BWD_ROLES drifted");',
                 f'static_assert(hytopk::attwb::PRODUCER_REGS_STAGED == {ATTEND_WGMMA_BWD_ROLES_STAGED[0][1]} && '
                 f'hytopk::attwb::CONSUMER_REGS_STAGED == {ATTEND_WGMMA_BWD_ROLES_STAGED[1][1]}, '
-                '"instantiations.ATTEND_WGMMA_BWD_ROLES_STAGED drifted");']
+                '"instantiations.ATTEND_WGMMA_BWD_ROLES_STAGED drifted");',
+                f'static_assert(hytopk::attwb::dkv::LAUNCH_SMEM == {ATTEND_WGMMA_BWD_DKV_SMEM} && hytopk::attwb::dkv::PRODUCER_REGS == '
+                f'{ATTEND_WGMMA_BWD_DKV_ROLES[0][1]} && hytopk::attwb::dkv::CONSUMER_REGS == {ATTEND_WGMMA_BWD_DKV_ROLES[1][1]} && '
+                f'hytopk::attwb::dkv::THREADS == {ATTEND_WGMMA_BWD_THREADS}, "instantiations.ATTEND_WGMMA_BWD_DKV_* drifted");']
     if file == "attend_wgmma3.cu":
         return [f'static_assert(hytopk::attw3::LAUNCH_SMEM == {ATTEND_WGMMA3_SMEM}, "instantiations.ATTEND_WGMMA3_SMEM drifted");',
                 f'static_assert(hytopk::attw3::THREADS == {ATTEND_WGMMA3_THREADS}, "instantiations.ATTEND_WGMMA3_THREADS drifted");',
@@ -385,7 +406,9 @@ def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
     if file == "attend_wgmma_bwd.cu":
         # part rows 16 bytes at a time; atomics both ways (the bench compares them); both staged
         return (attend_wgmma_bwd_name(False, True), attend_wgmma_bwd_name(True, False), attend_wgmma_bwd_name(True, True),
-                attend_wgmma_bwd_name(False, writes="staged"), attend_wgmma_bwd_name(True, writes="staged"))
+                attend_wgmma_bwd_name(False, writes="staged"), attend_wgmma_bwd_name(True, writes="staged"),
+                attend_wgmma_bwd_name(False, writes="split"),
+                *(attend_wgmma_bwd_dkv_name(a, h) for a in (False, True) for h in (64, 128)))
     for kernel, over in KERNELS[file]:
         if over == "plain":
             out.append(name(kernel))

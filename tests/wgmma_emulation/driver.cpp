@@ -50,7 +50,8 @@ static int backward(std::ifstream& in, const char* out_path, const int* h, const
     if (!in) { std::fprintf(stderr, "driver: short input\n"); return 2; }
     const int nhb = (Hq + 63) / 64;
     const size_t dqb = rows * 576 * 4;
-    const size_t ob = atomic ? (size_t)L * 576 * 4 : (size_t)count * nhb * kk * 576 * 4;
+    const int nrow = (mode & 8) ? 1 : nhb;           // split: one part row per (query, slot)
+    const size_t ob = atomic ? (size_t)L * 576 * 4 : (size_t)count * nrow * kk * 576 * 4;
     float* dq = reinterpret_cast<float*>(buffer(sdq, dqb, "dq"));
     float* out = reinterpret_cast<float*>(buffer(sout, ob, atomic ? "dkv" : "part"));
     std::memset(dq, 0xff, dqb);                     // NaN: rows the kernel must not write stay NaN

@@ -83,8 +83,8 @@ void emu_attend_wgmma_bwd(int atomic, const bf16_t* q, const bf16_t* kv, long lo
                           int t0, int count, long long L, int Hq, float scale, float sl2, const bf16_t* dout,
                           const float* lse, const float* delta, float* dq, float* out) {
     const int nhb = (Hq + ROWS - 1) / ROWS;
-    // atomic: bit 0, bit 1: 16-byte writes, bit 2: staged (the producer writes dK/dV)
-    emu::wg::launch((unsigned)(count * nhb), THREADS, (atomic & 4) ? LAUNCH_SMEM_STAGED : LAUNCH_SMEM, [&] {
+    // atomic: bit 0, bit 1: 16-byte writes, bit 2: staged (the producer writes dK/dV), bit 3: split (two passes)
+    if (!(atomic & 8)) emu::wg::launch((unsigned)(count * nhb), THREADS, (atomic & 4) ? LAUNCH_SMEM_STAGED : LAUNCH_SMEM, [&] {
 #define HYTOPK_EMU_BWD(A, V, S) hytopk_attend_bwd_wgmma<A, V, S>(q, kv, ks, idx, kk, n, t0, L, Hq, nhb, scale, sl2, dout, lse, delta, dq, out)
         if (atomic == 5) HYTOPK_EMU_BWD(true, true, true);
         else if (atomic == 4) HYTOPK_EMU_BWD(false, true, true);
@@ -93,6 +93,21 @@ void emu_attend_wgmma_bwd(int atomic, const bf16_t* q, const bf16_t* kv, long lo
         else if (atomic == 2) HYTOPK_EMU_BWD(false, true, false);
         else HYTOPK_EMU_BWD(false, false, false);
 #undef HYTOPK_EMU_BWD
+    });
+    if (!(atomic & 8)) return;
+    // split (bit 3): the first pass's P / dS blocks into a scratch (0xCD bytes before), then the second
+    const int nt = (kk + 63) / 64, hpad = nhb * 64;
+    std::vector<unsigned char> store((size_t)count * nt * 2 * hpad * 64 * 2 + 256, 0xCD);
+    bf16_t* pds = reinterpret_cast<bf16_t*>(store.data() + (256 - reinterpret_cast<uintptr_t>(store.data()) % 256) % 256);
+    emu::wg::global_buffer(pds, (size_t)count * nt * 2 * hpad * 64 * 2, "pds");
+    emu::wg::launch((unsigned)(count * nhb), THREADS, LAUNCH_SMEM, [&] {
+        hytopk_attend_bwd_pds(q, kv, ks, idx, kk, n, t0, L, Hq, nhb, scale, sl2, dout, lse, delta, dq, pds);
+    });
+    emu::wg::launch((unsigned)(count * dkv::PARTS), dkv::THREADS, dkv::LAUNCH_SMEM, [&] {
+        if (hpad == 64 && (atomic & 1)) hytopk_attend_bwd_dkv<true, 64>(q, dout, pds, idx, kk, t0, L, Hq, out);
+        else if (hpad == 64) hytopk_attend_bwd_dkv<false, 64>(q, dout, pds, idx, kk, t0, L, Hq, out);
+        else if (atomic & 1) hytopk_attend_bwd_dkv<true, 128>(q, dout, pds, idx, kk, t0, L, Hq, out);
+        else hytopk_attend_bwd_dkv<false, 128>(q, dout, pds, idx, kk, t0, L, Hq, out);
     });
 }
 """,
@@ -194,7 +209,8 @@ def backward(driver, q, kv, idx, dout, lse, delta, scale=None, *, atomic=False, 
     scale_log2 = np.float32(sc / math.log(2.0))
     vec = INST.ATTEND_WGMMA_BWD_VEC[bool(atomic)] if vec is None else vec
     assert writes in INST.ATTEND_WGMMA_BWD_WRITES, writes
-    mode = int(bool(atomic)) | {"direct": 2 if vec else 0, "staged": 4}[writes]   # emu_attend_wgmma_bwd's codes
+    mode = int(bool(atomic)) | {"direct": 2 if vec else 0, "staged": 4, "split": 8}[writes]   # emu_attend_wgmma_bwd's codes
+    assert writes != "split" or Hq <= INST.ATTEND_WGMMA_BWD_SPLIT_HEADS, Hq
     head = np.array([4, mode, 0, n, Hq, kk, L, stride, smem_off, 0, 1], np.int32)
     head[9] = scale_log2.view(np.int32)
     more = np.array([t0, count, 0], np.int32)      # the driver reads these after idx
@@ -205,7 +221,7 @@ def backward(driver, q, kv, idx, dout, lse, delta, scale=None, *, atomic=False, 
     nhb = -(-Hq // 64)
     nq = n * Hq * DQK
     dq = np.frombuffer(b, np.float32, nq).reshape(n, Hq, DQK).copy()
-    shape = (L, DQK) if atomic else (count, nhb, kk, DQK)
+    shape = (L, DQK) if atomic else (count, 1 if writes == "split" else nhb, kk, DQK)
     out = np.frombuffer(b, np.float32, int(np.prod(shape)), nq * 4).reshape(shape).copy()
     return dq, out
 

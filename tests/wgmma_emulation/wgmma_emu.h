@@ -638,6 +638,24 @@ inline void red_add_v4(float* p, float a, float b, float c, float d) {
     const float v[4] = {a, b, c, d};
     for (int i = 0; i < 4; ++i) std::atomic_ref<float>(p[i]).fetch_add(v[i]);
 }
+inline void red_add_v2(float* p, float a, float b) {
+    if (reinterpret_cast<uintptr_t>(p) % 8) EMU_FAIL("red.global.add.v2.f32: %p not 8-byte aligned", (void*)p);
+    emu::wg::check_global(p, 8, "red.global.add.v2.f32");
+    emu::wg::jitter();
+    std::atomic_ref<float>(p[0]).fetch_add(a);
+    std::atomic_ref<float>(p[1]).fetch_add(b);
+}
+inline void st_global_v2(float* p, float a, float b) {
+    if (reinterpret_cast<uintptr_t>(p) % 8) EMU_FAIL("st.global.v2.f32: %p not 8-byte aligned", (void*)p);
+    emu::wg::check_global(p, 8, "st.global.v2.f32");
+    const float v[2] = {a, b};
+    std::memcpy(p, v, 8);
+}
+inline void st_global_u32(void* p, u32 v) {
+    if (reinterpret_cast<uintptr_t>(p) % 4) EMU_FAIL("st.global.u32: %p not 4-byte aligned", (void*)p);
+    emu::wg::check_global(p, 4, "st.global.u32");
+    std::memcpy(p, &v, 4);
+}
 inline void st_global_v4(float* p, float a, float b, float c, float d) {
     if (reinterpret_cast<uintptr_t>(p) % 16) EMU_FAIL("st.global.v4.f32: %p not 16-byte aligned", (void*)p);
     emu::wg::check_global(p, 16, "st.global.v4.f32");
@@ -677,6 +695,9 @@ inline void wgmma_m64n32k16_bf16_ta_tb(float (&d)[16], u64 da, u64 db, int scale
     emu::wg::mma(d, da, nullptr, db, scale_d, true, true);
 }
 inline void wgmma_m64n16k16_bf16_ta_tb(float (&d)[8], u64 da, u64 db, int scale_d) {
+    emu::wg::mma(d, da, nullptr, db, scale_d, true, true);
+}
+inline void wgmma_m64n192k16_bf16_ta_tb(float (&d)[96], u64 da, u64 db, int scale_d) {
     emu::wg::mma(d, da, nullptr, db, scale_d, true, true);
 }
 }  // namespace wgp

@@ -8,23 +8,36 @@ within tolerance, and bitwise reproducible when deterministic.
   cupy.attend_backward.wgmma         per-(query, head block, slot) part rows summed per key in a
                                      fixed order (version 1's reduction): bitwise reproducible
   cupy.attend_backward.wgmma_atomic  dK/dV by float atomics into dkv: not reproducible
-dK/dV leave the block one of two ways (WRITES):
-  "staged" (the default): each consumer hands its dK/dV to the producer warpgroup a 16-slot x
+dK/dV leave one of three ways (WRITES; "auto", the default: split when deterministic, staged for
+the atomics, the faster of each on the H200):
+  "split": two passes. The first is the one-pass kernel without its dK/dV MMAs: S, dP, dQ, and P / dS
+    (bf16, the same operands) into a scratch; the second computes dKV = dS^T Q + P^T dO of all the
+    query's heads at once (keys as the MMA's M, up to 128 heads as its K), so each (query, slot,
+    column) leaves once instead of once per 64-head block. Runs 2-3 of results/h200-2026-12-03-s10
+    (H200, 128 heads, n 8192, L 65536, k 2048, alternating rounds): deterministic 57.8 ms against
+    the staged 82.2 (the part rows halve); atomics 46.9 against 46.3 (the first pass 22.6 ms, the
+    second's 9.7 G float additions the rest; neither its 16-byte writes nor overlapping it with the
+    next chunk's first pass on a second stream, SPLIT_OVERLAP, were faster). At most 128 heads (two
+    head blocks): above, staged.
+  "staged": each consumer hands its dK/dV to the producer warpgroup a 16-slot x
     64-column unit at a time through shared memory, and the producer writes them 16 bytes at a time
     (red.global.add.v4.f32 / st.global.v4.f32), so the consumers go on to their next MMAs instead of
     waiting on the writes. Run 7 of results/h200-2026-12-02-s7 (H200, 128 heads, n 8192, L 65536,
     k 2048, alternating rounds): atomics 49.9 ms against the direct 51.7, deterministic 83.3 ms
-    against 92.1. (The TMA's bulk reductions add the same floats faster, 26.5 ms against 35.8 with no
-    MMA, but a kernel writing through them took 62-67 ms: commit cd2ef35, results/h200-2026-12-03-s8.)
+    against 92.1; 44.8 ms with named-barrier hand-overs (results/h200-2026-12-03-s9). (The TMA's bulk
+    reductions add the same floats faster, 26.5 ms against 35.8 with no MMA, but a kernel writing
+    through them took 62-67 ms: commit cd2ef35, results/h200-2026-12-03-s8.)
   "direct": each consumer writes from its accumulators, the part rows 16 bytes at a time
     (st.global.v4.f32), the atomics one float at a time (faster on the H200 than
     red.global.add.v4.f32 after the lane transpose it needs); VEC_WRITES = True takes the 16-byte
     atomics (scripts/bench_attention.py's comparison row).
-Both write the same floats to the same places: the part rows, hence the deterministic dk, are
-the same bits whichever path wrote them.
+Direct and staged write the same floats to the same places: the part rows, hence the deterministic
+dk, are the same bits whichever wrote them. Split sums the head blocks inside the MMA: other bits,
+equally reproducible; dq is the same bits on all three.
 """
 from __future__ import annotations
 
+import cupy as cp
 import numpy as np
 
 from workbench import instantiations as INST
@@ -38,16 +51,19 @@ from .wgmma import require_sm90
 
 FILE = "attend_wgmma_bwd.cu"
 VEC_WRITES: bool | None = None     # None: instantiations.ATTEND_WGMMA_BWD_VEC; True: 16-byte atomics too
-WRITES = "staged"                  # how dK/dV leave the block: instantiations.ATTEND_WGMMA_BWD_WRITES
+WRITES = "auto"                    # how dK/dV leave: instantiations.ATTEND_WGMMA_BWD_WRITES, or "auto" (AUTO_WRITES)
+AUTO_WRITES = {True: "split", False: "staged"}   # deterministic -> the faster path on the H200 (results/h200-2026-12-03-s10)
+SPLIT_OVERLAP = False              # split atomics: the second pass of a chunk under the next one's first
+SPLIT_OVERLAP_CHUNKS = 8           # ... the queries in at least this many chunks
 _FITS: dict[int, object] = {}     # id -> function already checked (held, so ids are not reused)
 
 
-def _fn(name: str, writes: str = "direct"):
+def _fn(name: str, writes: str = "direct", roles=None, smem=None):
     fn = loader.module(FILE, (name,), options=INST.FILE_OPTIONS[FILE]).function(name)
     if id(fn) not in _FITS:           # a launch that cannot fit says why (registers x threads)
         check_launch(fn.num_regs, fn.max_threads_per_block, INST.ATTEND_WGMMA_BWD_THREADS, name,
-                     roles=INST.attend_wgmma_bwd_roles(writes))
-        smem = INST.attend_wgmma_bwd_smem(writes)
+                     roles=roles or INST.attend_wgmma_bwd_roles(writes))
+        smem = smem or INST.attend_wgmma_bwd_smem(writes)
         if fn.max_dynamic_shared_size_bytes < smem:
             fn.max_dynamic_shared_size_bytes = smem
         _FITS[id(fn)] = fn
@@ -66,7 +82,11 @@ def backward(b, deterministic, scratch_bytes, do, lse, delta, dq, dk):
     """attend_backward's version 4 on a Bound b (checked by check_applies): dq written, dk (MLA's
     dkv [L, 1, 576]) summed from part rows per key in a fixed order, or by atomics."""
     nhb = -(-b.Hq // INST.ATTEND_WGMMA_HEADS)
-    writes = WRITES
+    writes = AUTO_WRITES[bool(deterministic)] if WRITES == "auto" else WRITES
+    if writes == "split" and b.Hq > INST.ATTEND_WGMMA_BWD_SPLIT_HEADS:
+        writes = "staged"             # the second pass sums at most two head blocks
+    if writes == "split":
+        return _split(b, nhb, deterministic, scratch_bytes, do, lse, delta, dq, dk)
     smem, threads = INST.attend_wgmma_bwd_smem(writes), INST.ATTEND_WGMMA_BWD_THREADS
     head = (b.q, b.k, np.int64(b.k_stride), b.idx, np.int32(b.kk), np.int32(b.n))
     tail = (np.int64(b.L), np.int32(b.Hq), np.int32(nhb), np.float32(b.scale), b.scale_log2, do, lse, delta, dq)
@@ -82,6 +102,75 @@ def backward(b, deterministic, scratch_bytes, do, lse, delta, dq, dk):
     A.sum_part_rows(b, chunk, nhb, W, True, dk, None,
                     lambda t0, c, part: fn((c * nhb,), (threads,), head + (np.int32(t0),) + tail + (part,),
                                            shared_mem=smem))
+
+
+def _split(b, nhb, deterministic, scratch_bytes, do, lse, delta, dq, dk):
+    """WRITES = "split": per query chunk, the first pass (dq, and P / dS in bf16 into a scratch of
+    nhb * 64 x ceil(kk / 64) * 64 x 2 per query) then the second (dK/dV of all the query's heads at
+    once: atomics into dk, or one part row per (query, slot) summed per key in a fixed order)."""
+    hpad, nt = nhb * INST.ATTEND_WGMMA_HEADS, -(-b.kk // 64)
+    per_query = hpad * nt * 64 * 2 * 2
+    smem, threads = INST.attend_wgmma_bwd_smem("split"), INST.ATTEND_WGMMA_BWD_THREADS
+    first = _fn(INST.attend_wgmma_bwd_name(False, writes="split"), "split")
+    second = _fn(INST.attend_wgmma_bwd_dkv_name(not deterministic, hpad), roles=INST.ATTEND_WGMMA_BWD_DKV_ROLES,
+                 smem=INST.ATTEND_WGMMA_BWD_DKV_SMEM)
+    head = (b.q, b.k, np.int64(b.k_stride), b.idx, np.int32(b.kk), np.int32(b.n))
+    tail = (np.int64(b.L), np.int32(b.Hq), np.int32(nhb), np.float32(b.scale), b.scale_log2, do, lse, delta, dq)
+    scratch = scratch_bytes or A._scratch_v2()
+    W = b.DQK
+    per_row = 0 if not deterministic else b.Hkv * b.kk * W * 4       # part rows per query
+    chunk = max(1, min(b.n, scratch // (per_query + per_row), (2 ** 31 - 1) // (nhb * 3)))
+    if not deterministic and SPLIT_OVERLAP and b.n > 1:
+        return _split_overlapped(b, nhb, do, chunk, per_query, first, second, head, tail, smem, threads, dk)
+    pds = cp.empty(chunk * per_query // 2, cp.uint16)
+
+    def launch(t0, c, out):
+        first((c * nhb,), (threads,), head + (np.int32(t0),) + tail + (pds,), shared_mem=smem)
+        second((c * 3,), (threads,), (b.q, do, pds, b.idx, np.int32(b.kk), np.int32(t0), np.int64(b.L),
+                                      np.int32(b.Hq), out), shared_mem=INST.ATTEND_WGMMA_BWD_DKV_SMEM)
+
+    if not deterministic:
+        for t0 in range(0, b.n, chunk):
+            launch(t0, min(chunk, b.n - t0), dk)
+        return
+    A.sum_part_rows(b, chunk, 1, W, True, dk, None, launch)
+
+
+_SIDE: dict[int, object] = {}      # device -> the side stream of the overlapped split
+
+
+def _split_overlapped(b, nhb, do, chunk, per_query, first, second, head, tail, smem, threads, dk):
+    """SPLIT_OVERLAP: the atomics' chunks in two P / dS buffers, the second pass of chunk i on a side
+    stream while the first pass of chunk i + 1 runs on the caller's (the first pass is MMA-bound,
+    the second bound by the L2's float additions). Forked from and joined back to the current
+    stream with events (as CUDA graphs capture a fork / join)."""
+    chunk = max(1, min(chunk // 2, -(-b.n // SPLIT_OVERLAP_CHUNKS)))
+    bufs = [cp.empty(chunk * per_query // 2, cp.uint16) for _ in range(2)]
+    main = cp.cuda.get_current_stream()
+    dev = cp.cuda.Device().id
+    side = _SIDE.get(dev)
+    if side is None:
+        side = _SIDE[dev] = cp.cuda.Stream(non_blocking=True)
+    start = cp.cuda.Event(disable_timing=True)
+    start.record(main)
+    side.wait_event(start)                        # the side stream sees dk zeroed, dq's buffer, ...
+    freed = [None, None]                          # the second pass that last read buffer j
+    for i, t0 in enumerate(range(0, b.n, chunk)):
+        c, j = min(chunk, b.n - t0), i & 1
+        if freed[j] is not None:
+            main.wait_event(freed[j])
+        first((c * nhb,), (threads,), head + (np.int32(t0),) + tail + (bufs[j],), shared_mem=smem)
+        done = cp.cuda.Event(disable_timing=True)
+        done.record(main)
+        side.wait_event(done)
+        with side:                                # (RawKernel launches on the current stream)
+            second((c * 3,), (threads,), (b.q, do, bufs[j], b.idx, np.int32(b.kk), np.int32(t0), np.int64(b.L),
+                                          np.int32(b.Hq), dk), shared_mem=INST.ATTEND_WGMMA_BWD_DKV_SMEM)
+        freed[j] = cp.cuda.Event(disable_timing=True)
+        freed[j].record(side)
+    end = cp.cuda.Event(disable_timing=True)
+    end.record(side)
+    main.wait_event(end)        # (so the buffers, freed to the pool on this stream, are reused after the side's reads)
 
 
 @register("attend_backward", "cupy.attend_backward.wgmma", gpu_only=True)
