@@ -695,7 +695,14 @@ constexpr int SMEM = BAR_OFF + 2 * NST * 8;
 constexpr int LAUNCH_SMEM = SMEM + 128;
 static_assert(LAUNCH_SMEM <= 227 * 1024, "attend_wgmma_bwd split_dkv: shared memory over 227 KiB");
 static_assert(PARTS * COLS == DQK && DV % 64 == 0, "attend_wgmma_bwd split_dkv: column thirds");
-constexpr int THREADS = 384, PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+// HYTOPK_ATTWB_DKV_CONSUMERS=3 (a probe build): three consumer warpgroups take the key blocks in turn
+// (512 threads, setmaxnreg 40 / 152), more writes in flight under the MMAs
+#ifndef HYTOPK_ATTWB_DKV_CONSUMERS
+#define HYTOPK_ATTWB_DKV_CONSUMERS 2
+#endif
+constexpr int CONSUMERS = HYTOPK_ATTWB_DKV_CONSUMERS;
+static_assert(CONSUMERS == 2 || CONSUMERS == 3, "attend_wgmma_bwd split_dkv: two or three consumers");
+constexpr int THREADS = 128 * (CONSUMERS + 1), PRODUCER_REGS = 40, CONSUMER_REGS = CONSUMERS == 2 ? 232 : 152;
 static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= THREADS * (65536 / THREADS / 8 * 8),
               "attend_wgmma_bwd split_dkv: setmaxnreg budgets exceed the block's launch registers");
 }  // namespace dkv
@@ -756,7 +763,7 @@ __device__ __forceinline__ void split_dkv(const bf16_t* __restrict__ q, const bf
     regs_inc<dkv::CONSUMER_REGS>();
     const int c = wg - 1, warp = tid >> 5, lane = tid & 31, g8 = lane >> 2, tig = lane & 3;
     const int* lst = idx + (long long)t * kk;
-    for (int T = c; T < nt; T += 2) {
+    for (int T = c; T < nt; T += dkv::CONSUMERS) {
         const int s = T % NST;
         const u32 sp = base + ST_OFF + (u32)(s * 2 * TILE), sds = sp + TILE;
         mbar_wait_or_trap(full0 + 8 * s, (u32)((T / NST) & 1));

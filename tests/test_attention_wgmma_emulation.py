@@ -536,6 +536,22 @@ def test_backward_split_v4_build(driver, tmp_path):
             np.testing.assert_array_equal(bits(a), bits(b))
 
 
+def test_backward_split_three_consumers_build(driver, tmp_path):
+    """The probe build HYTOPK_ATTWB_DKV_CONSUMERS=3 (the second pass with three consumer warpgroups
+    taking the key blocks in turn, 512 threads, setmaxnreg 40 / 152): the default split's bits, also
+    under jitter (a stage's consumer and its empty barrier now change from use to use)."""
+    src = (E.KERNELS / "attend_wgmma_bwd.cu").read_text()
+    drv = E.build(tmp_path / "c3", sources={"attend_wgmma_bwd.cu": "#define HYTOPK_ATTWB_DKV_CONSUMERS 3\n" + src})
+    rng = np.random.default_rng(seed("wgmma-bwd-split-c3"))
+    kv, qd, dod, idx, lse, delta, *_ = backward_case(rng, 2, 128, 450, "random")
+    for atomic in (False, True):
+        ref = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=atomic, writes="split")
+        for env in (None, {"HYTOPK_EMU_JITTER": "0.02", "HYTOPK_EMU_SEED": "11"}):
+            got = E.backward(drv, qd, kv, idx, dod, lse, delta, atomic=atomic, writes="split", env=env)
+            for a, b in zip(got, ref):
+                np.testing.assert_array_equal(bits(a), bits(b))
+
+
 def test_backward_chunk_writes_only_its_queries(driver):
     """t0 / count (attend_backward's query chunks): dq rows of other queries stay unwritten (NaN), the
     part rows are the chunk's, indexed from 0, and equal the whole launch's."""

@@ -58,10 +58,10 @@ SPLIT_OVERLAP_CHUNKS = 8           # ... the queries in at least this many chunk
 _FITS: dict[int, object] = {}     # id -> function already checked (held, so ids are not reused)
 
 
-def _fn(name: str, writes: str = "direct", roles=None, smem=None):
+def _fn(name: str, writes: str = "direct", roles=None, smem=None, threads=None):
     fn = loader.module(FILE, (name,), options=INST.FILE_OPTIONS[FILE]).function(name)
     if id(fn) not in _FITS:           # a launch that cannot fit says why (registers x threads)
-        check_launch(fn.num_regs, fn.max_threads_per_block, INST.ATTEND_WGMMA_BWD_THREADS, name,
+        check_launch(fn.num_regs, fn.max_threads_per_block, threads or INST.ATTEND_WGMMA_BWD_THREADS, name,
                      roles=roles or INST.attend_wgmma_bwd_roles(writes))
         smem = smem or INST.attend_wgmma_bwd_smem(writes)
         if fn.max_dynamic_shared_size_bytes < smem:
@@ -113,7 +113,8 @@ def _split(b, nhb, deterministic, scratch_bytes, do, lse, delta, dq, dk):
     smem, threads = INST.attend_wgmma_bwd_smem("split"), INST.ATTEND_WGMMA_BWD_THREADS
     first = _fn(INST.attend_wgmma_bwd_name(False, writes="split"), "split")
     second = _fn(INST.attend_wgmma_bwd_dkv_name(not deterministic, hpad), roles=INST.ATTEND_WGMMA_BWD_DKV_ROLES,
-                 smem=INST.ATTEND_WGMMA_BWD_DKV_SMEM)
+                 smem=INST.ATTEND_WGMMA_BWD_DKV_SMEM, threads=INST.ATTEND_WGMMA_BWD_DKV_THREADS)
+    dkv_threads = INST.ATTEND_WGMMA_BWD_DKV_THREADS
     head = (b.q, b.k, np.int64(b.k_stride), b.idx, np.int32(b.kk), np.int32(b.n))
     tail = (np.int64(b.L), np.int32(b.Hq), np.int32(nhb), np.float32(b.scale), b.scale_log2, do, lse, delta, dq)
     scratch = scratch_bytes or A._scratch_v2()
@@ -126,7 +127,7 @@ def _split(b, nhb, deterministic, scratch_bytes, do, lse, delta, dq, dk):
 
     def launch(t0, c, out):
         first((c * nhb,), (threads,), head + (np.int32(t0),) + tail + (pds,), shared_mem=smem)
-        second((c * 3,), (threads,), (b.q, do, pds, b.idx, np.int32(b.kk), np.int32(t0), np.int64(b.L),
+        second((c * 3,), (dkv_threads,), (b.q, do, pds, b.idx, np.int32(b.kk), np.int32(t0), np.int64(b.L),
                                       np.int32(b.Hq), out), shared_mem=INST.ATTEND_WGMMA_BWD_DKV_SMEM)
 
     if not deterministic:
@@ -164,7 +165,7 @@ def _split_overlapped(b, nhb, do, chunk, per_query, first, second, head, tail, s
         done.record(main)
         side.wait_event(done)
         with side:                                # (RawKernel launches on the current stream)
-            second((c * 3,), (threads,), (b.q, do, bufs[j], b.idx, np.int32(b.kk), np.int32(t0), np.int64(b.L),
+            second((c * 3,), (INST.ATTEND_WGMMA_BWD_DKV_THREADS,), (b.q, do, bufs[j], b.idx, np.int32(b.kk), np.int32(t0), np.int64(b.L),
                                           np.int32(b.Hq), dk), shared_mem=INST.ATTEND_WGMMA_BWD_DKV_SMEM)
         freed[j] = cp.cuda.Event(disable_timing=True)
         freed[j].record(side)
