@@ -1,6 +1,8 @@
 // Sparse attention backward on wgmma (sm_90a) for MLA's shared kv (docs/CONTRACT.md §8; the same
 // function as hytopk_attend_bwd of attend.cu): d_qk 576, d_v 512 (V = the first 512 columns of the
 // gathered kv row), one query x 64 heads per block (heads past Hq are zero rows, not written).
+// PDS / split_dkv (the wrapper's WRITES = "split", its deterministic default): the same kernel without
+// its dK/dV MMAs, writing P and dS instead, then a second kernel over all the heads (below the first).
 //
 // 384 threads = 3 warpgroups. WG 2 (producer) gathers key tiles of NK = 32 slots (32 rows x 1152 B,
 // no-swizzle core-matrix layout) with cp.async into two stages, as attend_wgmma2.cu's producer
@@ -84,21 +86,9 @@ constexpr int LAUNCH_SMEM = SMEM + 128;            // the base is rounded up to 
 constexpr int UNIT_SLOTS = 16, UNIT_COLS = 64, UNIT_BYTES = UNIT_SLOTS * UNIT_COLS * 4;
 constexpr int UNITS_PER_TILE = 9;                  // m-tiles 4c .. 4c+3 in slot halves, then m-tile 8's 16 slots
 constexpr int STG_OFF = SMEM;
-// STAGED with STORER_WG (a probe build, HYTOPK_ATTWB_STORER_WG=1): a fourth warpgroup drains the units
-// (warps 2c, 2c + 1 consumer c's, as the producer's do otherwise), so the producer only gathers and the
-// storers never wait on its copies; 512 threads, setmaxnreg 40 / 208 / 56. The storers read the slot
-// keys from a ring of 4 tiles' (after the units, 512 B) that the producer fills with the stages' keys:
-// it replaces tile t's there at tile t + 4, when the storers, a tile behind the consumers at most,
-// are long done with it (held in registers instead, the keys made ptxas serialise the wgmma).
-#ifndef HYTOPK_ATTWB_STORER_WG
-#define HYTOPK_ATTWB_STORER_WG 0
-#endif
-constexpr bool STORER_WG = HYTOPK_ATTWB_STORER_WG != 0;
-constexpr int THREADS = STORER_WG ? 512 : 384;
-constexpr int STORER_REGS = 56;
-constexpr int KRING_OFF = STG_OFF + 2 * UNIT_BYTES;   // STORER_WG: int [4 tiles][NK]
-constexpr int LAUNCH_SMEM_STAGED = STG_OFF + 2 * UNIT_BYTES + (STORER_WG ? 4 * NK * 4 : 0) + 128;
+constexpr int LAUNCH_SMEM_STAGED = STG_OFF + 2 * UNIT_BYTES + 128;
 static_assert(LAUNCH_SMEM_STAGED <= 227 * 1024, "attend_wgmma_bwd: shared memory over 227 KiB");
+constexpr int THREADS = 384;
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
 static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= THREADS * (65536 / THREADS / 8 * 8),   // the 168 x 384 launched with
               "attend_wgmma_bwd: setmaxnreg budgets exceed the block's launch registers (.inc would wait forever)");
@@ -108,8 +98,6 @@ static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= THREADS * (65536 / TH
 constexpr int PRODUCER_REGS_STAGED = 88, CONSUMER_REGS_STAGED = 208;
 static_assert(128 * PRODUCER_REGS_STAGED + 256 * CONSUMER_REGS_STAGED <= THREADS * (65536 / THREADS / 8 * 8),
               "attend_wgmma_bwd: staged setmaxnreg budgets exceed the block's launch registers");
-static_assert(!STORER_WG || 128 * PRODUCER_REGS + 256 * CONSUMER_REGS_STAGED + 128 * STORER_REGS <= THREADS * (65536 / THREADS / 8 * 8),
-              "attend_wgmma_bwd: storer-warpgroup setmaxnreg budgets exceed the block's launch registers");
 constexpr int QCOLS = DQK / 2, QN = QCOLS / 2;     // dQ columns per consumer (288) in two m64n144 halves
 static_assert(QN == 144, "attend_wgmma_bwd: dQ halves are m64n144");
 // named barriers (0 = __syncthreads): the 256 consumer threads
@@ -183,43 +171,9 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
     __syncthreads();
     const int wg = (int)(threadIdx.x >> 7), tid = (int)(threadIdx.x & 127);
 
-    // the producer drains the units too (STAGED without STORER_WG)
-    constexpr bool PS = STAGED && !STORER_WG;
-    if (STORER_WG && !STAGED) {                       // (the probe build's direct kernels: no key ring, and
-        device_trap();                                // 40 / 232 / 56 registers over 512 threads would hang)
-        return;
-    }
-    if (STORER_WG && wg == 3) {
-        // ------------------------------------------------------------------ storers (STORER_WG)
-        regs_dec<STORER_REGS>();
-        const int sc = tid >> 6, stid = tid & 63, pc = stid & 15, prow = stid >> 4;
-        const u32 ubuf = base + STG_OFF + (u32)(sc * UNIT_BYTES);
-        for (int tile = 0; tile < ntiles; ++tile) {
-            for (int j = 0; j < UNITS_PER_TILE; ++j) {
-                const int colb = j < 8 ? 64 * (4 * sc + (j >> 1)) : 512, h = j < 8 ? (j & 1) : sc;
-                bar_sync(BAR_UFULL + sc, UNIT_BAR_THREADS);
-                uint4 v[4];
-#pragma unroll
-                for (int r = 0; r < 4; ++r) v[r] = ld_shared_v4(ubuf + unit_off(prow + 4 * r, 4 * pc));
-                if (opaque_u32((u32)tile) < (u32)(ntiles - 1) || j < UNITS_PER_TILE - 1)
-                    bar_arrive(BAR_UFREE + sc, UNIT_BAR_THREADS);
-#pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                    const int key = skey[(KRING_OFF - KEY_OFF) / 4 + (tile & 3) * NK + 16 * h + prow + 4 * r];
-                    if (key < 0) continue;            // masked slot (or past kk): not written
-                    float* row = ATOMIC ? out + (long long)key * DQK
-                                        : out + ((long long)blockIdx.x * kk + (long long)tile * NK + 16 * h + prow + 4 * r) * DQK;
-                    float* p = row + colb + 4 * pc;
-                    const float a = __uint_as_float(v[r].x), b = __uint_as_float(v[r].y);
-                    const float c = __uint_as_float(v[r].z), d = __uint_as_float(v[r].w);
-                    if (ATOMIC) red_add_v4(p, a, b, c, d);
-                    else st_global_v4(p, a, b, c, d);
-                }
-            }
-        }
-    } else if (wg == 2) {
+    if (wg == 2) {
         // ---------------------------------------------------------------- producer
-        regs_dec<PS ? PRODUCER_REGS_STAGED : PRODUCER_REGS>();
+        regs_dec<STAGED ? PRODUCER_REGS_STAGED : PRODUCER_REGS>();
         // rows g * 8 + r8 (g < 4) of the tile, chunks cq + 16 i (< 72). A warp copies 8 rows x 4
         // chunks (4 whole core matrices, 4 shared-memory wavefronts); each quarter warp 4 rows x 2
         // chunks, whole 32-byte sectors: 8 rows' chunk c per quarter warp (8 half sectors) made L2
@@ -273,13 +227,13 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
         if (ntiles > 0) load_slots(0);
         for (int it = 0; it < ntiles; ++it) {
             const int st = it & 1;
-            if (it >= 1 && !PS) {                     // tile it-1 landed: publish it
+            if (it >= 1 && !STAGED) {                 // tile it-1 landed: publish it
                 cp_async_wait<0>();
                 fence_proxy_async();
                 mbar_arrive(full0 + 8 * ((it - 1) & 1));
             }
             if (it >= 2) mbar_wait_or_trap(empty0 + 8 * st, (u32)(((it >> 1) - 1) & 1));
-            if (PS && it >= 2) bar_sync(BAR_KEYS, 128);   // (the warps drain their consumers' units apart)
+            if (STAGED && it >= 2) bar_sync(BAR_KEYS, 128);   // (the warps drain their consumers' units apart)
             const u32 dst = sk0 + (u32)(st * TILE_BYTES + r8 * 16);
 #pragma unroll
             for (int g = 0; g < NK / 8; ++g) {
@@ -292,14 +246,10 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
                     if (c < DQK / 8) cp_async16(dst + (u32)(g * QG + c * 128), src + (ok ? c * 8 : 0), ok);
                 }
             }
-            if (tid < NK) {
-                const int key = (nm >= 0 && (long long)nm < L) ? nm : -1;
-                skey[st * NK + tid] = key;
-                if (STORER_WG && STAGED) skey[(KRING_OFF - KEY_OFF) / 4 + (it & 3) * NK + tid] = key;
-            }
+            if (tid < NK) skey[st * NK + tid] = (nm >= 0 && (long long)nm < L) ? nm : -1;
             cp_async_commit();
             if (it + 1 < ntiles) load_slots(it + 1);   // in flight under the next waits
-            if (PS) {
+            if (STAGED) {
                 // tile it-1's units while tile it lands; tile it published before the last one (the
                 // consumers go on to tile it as soon as they have handed it over)
                 if (it >= 1)
@@ -311,7 +261,7 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             }
         }
         if (ntiles > 0) {
-            if (PS) {
+            if (STAGED) {
                 for (int j = 0; j < UNITS_PER_TILE; ++j) drain(ntiles - 1, j);
             } else {
                 cp_async_wait<0>();
@@ -319,7 +269,7 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
                 mbar_arrive(full0 + 8 * ((ntiles - 1) & 1));
             }
         }
-    } else if (!STORER_WG || wg < 2) {
+    } else {
         // -------------------------------------------------------------------- consumers
         regs_inc<STAGED ? CONSUMER_REGS_STAGED : CONSUMER_REGS>();
         const int c = wg;
@@ -675,11 +625,6 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
 // consumers 1 and 2 take alternate blocks: m64n192k16 x (hpad / 16) x 2, then each thread writes its
 // two key rows' 96 floats 8 bytes at a time (red.global.add.v2.f32 into dkv, or st.global.v2.f32 into
 // the part rows [count][kk][576]) while the other consumer's MMAs run.
-// HYTOPK_ATTWB_DKV_V4=1 (a probe build): 16-byte writes after one exchange between lanes, half the
-// write instructions (each warp's: 16 rows x 32 bytes instead of 8 x 32)
-#ifndef HYTOPK_ATTWB_DKV_V4
-#define HYTOPK_ATTWB_DKV_V4 0
-#endif
 namespace dkv {
 constexpr int KT = 64;                              // keys per block
 constexpr int COLS = 192, PARTS = DQK / COLS;       // columns per CTA (a third)
@@ -695,14 +640,7 @@ constexpr int SMEM = BAR_OFF + 2 * NST * 8;
 constexpr int LAUNCH_SMEM = SMEM + 128;
 static_assert(LAUNCH_SMEM <= 227 * 1024, "attend_wgmma_bwd split_dkv: shared memory over 227 KiB");
 static_assert(PARTS * COLS == DQK && DV % 64 == 0, "attend_wgmma_bwd split_dkv: column thirds");
-// HYTOPK_ATTWB_DKV_CONSUMERS=3 (a probe build): three consumer warpgroups take the key blocks in turn
-// (512 threads, setmaxnreg 40 / 152), more writes in flight under the MMAs
-#ifndef HYTOPK_ATTWB_DKV_CONSUMERS
-#define HYTOPK_ATTWB_DKV_CONSUMERS 2
-#endif
-constexpr int CONSUMERS = HYTOPK_ATTWB_DKV_CONSUMERS;
-static_assert(CONSUMERS == 2 || CONSUMERS == 3, "attend_wgmma_bwd split_dkv: two or three consumers");
-constexpr int THREADS = 128 * (CONSUMERS + 1), PRODUCER_REGS = 40, CONSUMER_REGS = CONSUMERS == 2 ? 232 : 152;
+constexpr int THREADS = 384, PRODUCER_REGS = 40, CONSUMER_REGS = 232;
 static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= THREADS * (65536 / THREADS / 8 * 8),
               "attend_wgmma_bwd split_dkv: setmaxnreg budgets exceed the block's launch registers");
 }  // namespace dkv
@@ -716,7 +654,6 @@ __device__ __forceinline__ void split_dkv(const bf16_t* __restrict__ q, const bf
     constexpr int KT = dkv::KT, COLS = dkv::COLS, PARTS = dkv::PARTS, RG = dkv::RG, TG = dkv::TG, TILE = dkv::TILE;
     constexpr int NST = dkv::NST, ST_OFF = dkv::ST_OFF, THREADS = dkv::THREADS;
     static_assert(HPAD == 64 || HPAD == 128, "split_dkv: one or two head blocks");
-    constexpr bool V4 = HYTOPK_ATTWB_DKV_V4 != 0;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const int tl = (int)(blockIdx.x / (unsigned)PARTS), part = (int)(blockIdx.x % (unsigned)PARTS);
     const int t = t0 + tl, col0 = COLS * part;
@@ -763,7 +700,7 @@ __device__ __forceinline__ void split_dkv(const bf16_t* __restrict__ q, const bf
     regs_inc<dkv::CONSUMER_REGS>();
     const int c = wg - 1, warp = tid >> 5, lane = tid & 31, g8 = lane >> 2, tig = lane & 3;
     const int* lst = idx + (long long)t * kk;
-    for (int T = c; T < nt; T += dkv::CONSUMERS) {
+    for (int T = c; T < nt; T += 2) {
         const int s = T % NST;
         const u32 sp = base + ST_OFF + (u32)(s * 2 * TILE), sds = sp + TILE;
         mbar_wait_or_trap(full0 + 8 * s, (u32)((T / NST) & 1));
@@ -782,26 +719,6 @@ __device__ __forceinline__ void split_dkv(const bf16_t* __restrict__ q, const bf
         wgmma_wait<0>();
         __syncwarp();
         if (lane == 0) mbar_arrive(empty0 + 8 * s);    // the stage is free; the writes go on from registers
-        if (V4) {
-            // lanes tig, tig ^ 1 swap halves: the even one keeps row r0's four columns 8 nb + 2 tig ..,
-            // the odd one row r1's from 8 nb + 2 (tig - 1): one 16-byte write per lane and nb
-            const int h = tig & 1, slot = T * KT + warp * 16 + g8 + 8 * h;
-            const int key = slot < kk ? __ldg(lst + slot) : -1;
-            const bool ok = key >= 0 && (long long)key < L;          // masked slot: not written
-            float* row = (ATOMIC ? out + (long long)(ok ? key : 0) * DQK : out + ((long long)tl * kk + slot) * DQK)
-                         + col0 + 2 * (tig & 2);
-#pragma unroll
-            for (int nb = 0; nb < COLS / 8; ++nb) {
-                const float x0 = __shfl_xor_sync(0xffffffffu, h ? acc[4 * nb] : acc[4 * nb + 2], 1);
-                const float x1 = __shfl_xor_sync(0xffffffffu, h ? acc[4 * nb + 1] : acc[4 * nb + 3], 1);
-                const float v0 = h ? x0 : acc[4 * nb], v1 = h ? x1 : acc[4 * nb + 1];
-                const float v2 = h ? acc[4 * nb + 2] : x0, v3 = h ? acc[4 * nb + 3] : x1;
-                if (!ok) continue;
-                if (ATOMIC) red_add_v4(row + 8 * nb, v0, v1, v2, v3);
-                else st_global_v4(row + 8 * nb, v0, v1, v2, v3);
-            }
-            continue;
-        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int slot = T * KT + warp * 16 + g8 + 8 * h;
@@ -825,7 +742,7 @@ using namespace hytopk::attwb;
 // grid (queries in the chunk) * nhb; ATOMIC: out = dkv [L, 576] float; else out = part rows; VEC:
 // 16-byte writes, else scalar ones (the faster atomics on the H200: instantiations.attend_wgmma_bwd_name)
 template <bool ATOMIC, bool VEC, bool STAGED>
-__global__ void __launch_bounds__(THREADS, 1)
+__global__ void __launch_bounds__(384, 1)
 hytopk_attend_bwd_wgmma(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv, long long kv_stride,
                         const int* __restrict__ idx, int kk, int n, int t0, long long L, int Hq, int nhb, float scale,
                         float scale_log2, const bf16_t* __restrict__ dout, const float* __restrict__ lse,

@@ -323,26 +323,6 @@ def test_split_atomics_close_to_staged_at_k_2048(CA, split):
     np.testing.assert_allclose(dk, cp.asnumpy(staged[1]), rtol=1e-4, atol=1e-4 * float(abs(dk).max()))
 
 
-@pytest.mark.parametrize("Hq", [16, 128])
-def test_split_overlapped_atomics(CA, split, Hq):
-    """SPLIT_OVERLAP: the second pass of each chunk on a side stream under the next chunk's first
-    pass (two P / dS buffers): the same dq bits, dk close to the serial split's (the same adds in
-    another order), against the reference; 9 queries in chunks of 2 (the buffers reused)."""
-    rng = np.random.default_rng(seed("wgmma-bwd-split-overlap", Hq))
-    n, L, kk = 9, 2048, 512
-    k, v, kh, vh, qd, qh, dod, doh, idx = case(rng, n, Hq, L, kk, "dups")
-    ic = cp.asarray(idx)
-    out, lse = CA.attend_forward(qd, k, v, ic, None, out_dtype="float32")
-    serial = CA.attend_backward(dod, qd, k, v, ic, out, lse, None, deterministic=False, version=4)
-    split.SPLIT_OVERLAP, split.SPLIT_OVERLAP_CHUNKS = True, 5
-    got = CA.attend_backward(dod, qd, k, v, ic, out, lse, None, deterministic=False, version=4)
-    np.testing.assert_array_equal(bits(got[0]), bits(serial[0]))
-    dk = cp.asnumpy(got[1])
-    np.testing.assert_allclose(dk, cp.asnumpy(serial[1]), rtol=1e-4, atol=1e-4 * float(abs(dk).max()))
-    rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)
-    _rel_close(dk[:, 0], RA.mla_dkv(rk, rv))
-
-
 def test_auto_writes_take_split_deterministic_and_staged_atomics(CA, monkeypatch):
     """WRITES = "auto" (the default): the deterministic mode's bits are the split path's, the atomics'
     dq the staged path's (the same dq bits on every path)."""

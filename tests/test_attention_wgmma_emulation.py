@@ -448,33 +448,6 @@ def test_backward_staged_missing_free_arrival_deadlocks(driver, tmp_path):
         E.backward(bad, qd, kv, idx, dod, lse, delta, writes="staged", env={"HYTOPK_EMU_STALL_S": "3"})
 
 
-def test_backward_storer_warpgroup_build(driver, tmp_path):
-    """The probe build HYTOPK_ATTWB_STORER_WG=1 (a fourth warpgroup drains the units, the producer only
-    gathers; its slot keys from a 4-tile ring): the same bits as the shipped staged kernel on the
-    staged cases (atomics where every key is distinct per query, part rows always), the duplicated
-    keys' case and 7 tiles (the key ring wraps) under jitter; its storers' free arrival dropped, the
-    watchdog reports the deadlock (warpgroup 3 is what drains the units)."""
-    src = (E.KERNELS / "attend_wgmma_bwd.cu").read_text()
-    drv = E.build(tmp_path / "storer_wg", sources={"attend_wgmma_bwd.cu": "#define HYTOPK_ATTWB_STORER_WG 1\n" + src})
-    for n, Hq, kk, kind, atomic in STAGED_CASES + [(1, 64, 200, "dups", False)]:
-        rng = np.random.default_rng(seed("wgmma-bwd-storer-wg", n, Hq, kk, kind, atomic))
-        kv, qd, dod, idx, lse, delta, *_ = backward_case(rng, n, Hq, kk, kind)
-        got = E.backward(drv, qd, kv, idx, dod, lse, delta, atomic=atomic, writes="staged",
-                         env={"HYTOPK_EMU_JITTER": "0.02", "HYTOPK_EMU_SEED": "5"} if kind == "dups" else None)
-        ref = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=atomic, writes="staged")
-        np.testing.assert_array_equal(bits(got[0]), bits(ref[0]))
-        if not atomic or kind != "dups":
-            np.testing.assert_array_equal(bits(got[1]), bits(ref[1]))
-    # the storer warpgroup is what runs: its free arrival dropped, the consumers wait forever
-    arrive = "\n                    bar_arrive(BAR_UFREE + sc, UNIT_BAR_THREADS);\n"
-    assert src.count(arrive) == 1
-    bad = E.build(tmp_path / "bad", sources={"attend_wgmma_bwd.cu": "#define HYTOPK_ATTWB_STORER_WG 1\n"
-                                                                     + src.replace(arrive, "\n                    (void)0;\n")})
-    kv, qd, dod, idx, lse, delta, *_ = backward_case(np.random.default_rng(4), 1, 64, 40, "random")
-    with pytest.raises(E.EmulationError, match="deadlock|trap"):
-        E.backward(bad, qd, kv, idx, dod, lse, delta, writes="staged", env={"HYTOPK_EMU_STALL_S": "3"})
-
-
 # the split backward (two passes: P / dS in bf16 through a scratch, then dK/dV of all the heads at
 # once with the keys as M): partial 64-key blocks (an odd 32-key tile count: the first pass zeroes the
 # last block's second half), one and two head blocks (8, 80, 128 heads), masked slots, duplicates
@@ -519,37 +492,6 @@ def test_backward_split_under_jitter_and_chunks(driver):
     np.testing.assert_array_equal(bits(dq[1]), bits(calm[0][1]))
     assert np.isnan(dq[[0, 2]]).all()
     np.testing.assert_array_equal(bits(part[0]), bits(calm[1][1]))
-
-
-def test_backward_split_v4_build(driver, tmp_path):
-    """The probe build HYTOPK_ATTWB_DKV_V4=1 (16-byte writes after a lane exchange) puts the same
-    floats in the same places: the part rows and, blocks run in turn with distinct keys, the atomics
-    bit for bit the default split's."""
-    src = (E.KERNELS / "attend_wgmma_bwd.cu").read_text()
-    drv = E.build(tmp_path / "v4", sources={"attend_wgmma_bwd.cu": "#define HYTOPK_ATTWB_DKV_V4 1\n" + src})
-    rng = np.random.default_rng(seed("wgmma-bwd-split-v4"))
-    kv, qd, dod, idx, lse, delta, *_ = backward_case(rng, 2, 80, 100, "full")
-    for atomic in (False, True):
-        got = E.backward(drv, qd, kv, idx, dod, lse, delta, atomic=atomic, writes="split")
-        ref = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=atomic, writes="split")
-        for a, b in zip(got, ref):
-            np.testing.assert_array_equal(bits(a), bits(b))
-
-
-def test_backward_split_three_consumers_build(driver, tmp_path):
-    """The probe build HYTOPK_ATTWB_DKV_CONSUMERS=3 (the second pass with three consumer warpgroups
-    taking the key blocks in turn, 512 threads, setmaxnreg 40 / 152): the default split's bits, also
-    under jitter (a stage's consumer and its empty barrier now change from use to use)."""
-    src = (E.KERNELS / "attend_wgmma_bwd.cu").read_text()
-    drv = E.build(tmp_path / "c3", sources={"attend_wgmma_bwd.cu": "#define HYTOPK_ATTWB_DKV_CONSUMERS 3\n" + src})
-    rng = np.random.default_rng(seed("wgmma-bwd-split-c3"))
-    kv, qd, dod, idx, lse, delta, *_ = backward_case(rng, 2, 128, 450, "random")
-    for atomic in (False, True):
-        ref = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=atomic, writes="split")
-        for env in (None, {"HYTOPK_EMU_JITTER": "0.02", "HYTOPK_EMU_SEED": "11"}):
-            got = E.backward(drv, qd, kv, idx, dod, lse, delta, atomic=atomic, writes="split", env=env)
-            for a, b in zip(got, ref):
-                np.testing.assert_array_equal(bits(a), bits(b))
 
 
 def test_backward_chunk_writes_only_its_queries(driver):

@@ -140,26 +140,3 @@ def test_geometry_mirror_is_checked_against_the_header(tmp_path):
     wrong = asserts[0].replace("SMEM_BYTES == ", "SMEM_BYTES == 16 + ", 1)
     p = compile_with([wrong])
     assert p.returncode != 0 and "WsGeometry" in p.stdout + p.stderr
-
-
-@needs_nvcc
-def test_storer_warpgroup_build_is_not_serialised(tmp_path, monkeypatch):
-    """attend_wgmma_bwd.cu's probe build HYTOPK_ATTWB_STORER_WG=1 (512 threads: the launch geometry the
-    shipped build's mirrors assert does not hold, so they are left out here;
-    results/h200-2026-12-03-s9/probe_bwd_storer_wg.py times it): its staged kernels, atomic and part
-    rows, compile with no wgmma serialisation (holding the slot keys in registers made ptxas
-    serialise them, C7511: a timing would measure that)."""
-    kdir = tmp_path / "k"
-    shutil.copytree(loader.DEFAULT_KERNEL_DIR, kdir, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
-    f = kdir / "attend_wgmma_bwd.cu"
-    f.write_text("#define HYTOPK_ATTWB_STORER_WG 1\n" + f.read_text())
-    monkeypatch.setattr(INST, "geometry_asserts", lambda name, *a: [])
-    names = [INST.attend_wgmma_bwd_name(True, writes="staged"), INST.attend_wgmma_bwd_name(False, writes="staged")]
-    ok, log = CC.run_nvcc(CC.find_nvcc(), f, names, "90", tmp_path)
-    assert ok, log[-2000:]
-    reports = CC.parse_ptxas(log)
-    serial = {r.mangled[:35]: r.wgmma_serialized for r in reports}
-    assert serial == {"_Z23hytopk_attend_bwd_wgmmaILb1ELb1": "", "_Z23hytopk_attend_bwd_wgmmaILb0ELb1": ""}
-    # the define took: 512 threads' launch bound gives 128 registers (the shipped 384, 168), all the
-    # roles' 40 / 208 / 56 need
-    assert [r.registers for r in reports] == [128, 128]

@@ -16,8 +16,9 @@ the atomics, the faster of each on the H200):
     column) leaves once instead of once per 64-head block. Runs 2-3 of results/h200-2026-12-03-s10
     (H200, 128 heads, n 8192, L 65536, k 2048, alternating rounds): deterministic 57.8 ms against
     the staged 82.2 (the part rows halve); atomics 46.9 against 46.3 (the first pass 22.6 ms, the
-    second's 9.7 G float additions the rest; neither its 16-byte writes nor overlapping it with the
-    next chunk's first pass on a second stream, SPLIT_OVERLAP, were faster). At most 128 heads (two
+    second's 9.7 G float additions the rest; its 16-byte writes, three consumer warpgroups, or the
+    second pass of a chunk on a second stream under the next one's first, were no faster: run 3 and
+    6 there, commit 8604ff8). At most 128 heads (two
     head blocks): above, staged.
   "staged": each consumer hands its dK/dV to the producer warpgroup a 16-slot x
     64-column unit at a time through shared memory, and the producer writes them 16 bytes at a time
@@ -53,8 +54,6 @@ FILE = "attend_wgmma_bwd.cu"
 VEC_WRITES: bool | None = None     # None: instantiations.ATTEND_WGMMA_BWD_VEC; True: 16-byte atomics too
 WRITES = "auto"                    # how dK/dV leave: instantiations.ATTEND_WGMMA_BWD_WRITES, or "auto" (AUTO_WRITES)
 AUTO_WRITES = {True: "split", False: "staged"}   # deterministic -> the faster path on the H200 (results/h200-2026-12-03-s10)
-SPLIT_OVERLAP = False              # split atomics: the second pass of a chunk under the next one's first
-SPLIT_OVERLAP_CHUNKS = 8           # ... the queries in at least this many chunks
 _FITS: dict[int, object] = {}     # id -> function already checked (held, so ids are not reused)
 
 
@@ -121,8 +120,6 @@ def _split(b, nhb, deterministic, scratch_bytes, do, lse, delta, dq, dk):
     W = b.DQK
     per_row = 0 if not deterministic else b.Hkv * b.kk * W * 4       # part rows per query
     chunk = max(1, min(b.n, scratch // (per_query + per_row), (2 ** 31 - 1) // (nhb * 3)))
-    if not deterministic and SPLIT_OVERLAP and b.n > 1:
-        return _split_overlapped(b, nhb, do, chunk, per_query, first, second, head, tail, smem, threads, dk)
     pds = cp.empty(chunk * per_query // 2, cp.uint16)
 
     def launch(t0, c, out):
@@ -135,43 +132,6 @@ def _split(b, nhb, deterministic, scratch_bytes, do, lse, delta, dq, dk):
             launch(t0, min(chunk, b.n - t0), dk)
         return
     A.sum_part_rows(b, chunk, 1, W, True, dk, None, launch)
-
-
-_SIDE: dict[int, object] = {}      # device -> the side stream of the overlapped split
-
-
-def _split_overlapped(b, nhb, do, chunk, per_query, first, second, head, tail, smem, threads, dk):
-    """SPLIT_OVERLAP: the atomics' chunks in two P / dS buffers, the second pass of chunk i on a side
-    stream while the first pass of chunk i + 1 runs on the caller's (the first pass is MMA-bound,
-    the second bound by the L2's float additions). Forked from and joined back to the current
-    stream with events (as CUDA graphs capture a fork / join)."""
-    chunk = max(1, min(chunk // 2, -(-b.n // SPLIT_OVERLAP_CHUNKS)))
-    bufs = [cp.empty(chunk * per_query // 2, cp.uint16) for _ in range(2)]
-    main = cp.cuda.get_current_stream()
-    dev = cp.cuda.Device().id
-    side = _SIDE.get(dev)
-    if side is None:
-        side = _SIDE[dev] = cp.cuda.Stream(non_blocking=True)
-    start = cp.cuda.Event(disable_timing=True)
-    start.record(main)
-    side.wait_event(start)                        # the side stream sees dk zeroed, dq's buffer, ...
-    freed = [None, None]                          # the second pass that last read buffer j
-    for i, t0 in enumerate(range(0, b.n, chunk)):
-        c, j = min(chunk, b.n - t0), i & 1
-        if freed[j] is not None:
-            main.wait_event(freed[j])
-        first((c * nhb,), (threads,), head + (np.int32(t0),) + tail + (bufs[j],), shared_mem=smem)
-        done = cp.cuda.Event(disable_timing=True)
-        done.record(main)
-        side.wait_event(done)
-        with side:                                # (RawKernel launches on the current stream)
-            second((c * 3,), (INST.ATTEND_WGMMA_BWD_DKV_THREADS,), (b.q, do, bufs[j], b.idx, np.int32(b.kk), np.int32(t0), np.int64(b.L),
-                                          np.int32(b.Hq), dk), shared_mem=INST.ATTEND_WGMMA_BWD_DKV_SMEM)
-        freed[j] = cp.cuda.Event(disable_timing=True)
-        freed[j].record(side)
-    end = cp.cuda.Event(disable_timing=True)
-    end.record(side)
-    main.wait_event(end)        # (so the buffers, freed to the pool on this stream, are reused after the side's reads)
 
 
 @register("attend_backward", "cupy.attend_backward.wgmma", gpu_only=True)
