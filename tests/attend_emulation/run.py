@@ -158,6 +158,56 @@ class Fn:
         self.hytopk_attend_bwd(["4", "32", "576", "512", "true", tp[0]], (grid[0] // int(nhb), int(nhb)),
                                (q, kv, ks, kv, ks, idx, kk, n, t0, L, Hq, np.int32(1), np.int32(64), scale, sl2, do,
                                 lse, delta, dq, out, out, out))
+    def hytopk_attend_bwd_pds(self, tp, grid, a):
+        # the split backward's first pass: dq as the one-pass kernel, P and dS (bf16) into the scratch
+        # [tl][64-key block][P | dS][nhb * 64][64] in 8 x 8 core matrices (attend_wgmma_bwd.cu: put_pds)
+        q, kv, ks, idx, kk, n, t0, L, Hq, nhb, scale, sl2, do, lse, delta, dq, pds = a
+        nhb, kk, t0, Hq, L = int(nhb), int(kk), int(t0), int(Hq), int(L)
+        count, hpad, nt = grid[0] // nhb, nhb * 64, -(-kk // 64)
+        assert grid[0] % nhb == 0 and pds.dtype == np.uint16 and pds.size >= count * nt * 2 * hpad * 64
+        self.hytopk_attend_bwd_wgmma(["true"], grid, (q, kv, ks, idx, np.int32(kk), n, np.int32(t0), np.int64(L),
+                                                      np.int32(Hq), np.int32(nhb), scale, sl2, do, lse, delta, dq,
+                                                      np.zeros(max(L, 1) * 576)))
+        Kr = f(rows_of(kv, int(ks), 1, 576, L))[:, 0]
+        qf, dof = f(q), f(do)
+        P, D = np.zeros((count, hpad, nt * 64)), np.zeros((count, hpad, nt * 64))
+        for tl in range(count):
+            t = t0 + tl
+            for j in range(kk):
+                s = idx[t, j]
+                if s < 0 or s >= L: continue
+                for h in range(Hq):
+                    if lse[t, h] == -np.inf: continue
+                    p = np.exp2(Kr[s] @ qf[t, h] * float(sl2) - lse[t, h] * 1.4426950408889634)
+                    P[tl, h, j] = p
+                    D[tl, h, j] = p * (dof[t, h] @ Kr[s, :512] - delta[t * Hq + h]) * float(scale)
+        h_, j_ = np.meshgrid(np.arange(hpad), np.arange(nt * 64), indexing="ij")
+        off = (h_ // 8) * 512 + ((j_ % 64) // 8) * 64 + (h_ % 8) * 8 + j_ % 8 + (j_ // 64) * 2 * hpad * 64
+        for tl in range(count):
+            base = tl * nt * 2 * hpad * 64
+            pds[base + off] = float32_to_bf16_bits(P[tl].astype(np.float32))
+            pds[base + hpad * 64 + off] = float32_to_bf16_bits(D[tl].astype(np.float32))
+    def hytopk_attend_bwd_dkv(self, tp, grid, a):
+        # the split backward's second pass: dKV rows of all the query's heads from the bf16 P / dS
+        AT, hpad = tp[0] == "true", int(tp[1])
+        q, do, pds, idx, kk, t0, L, Hq, out = a
+        kk, t0, Hq, L = int(kk), int(t0), int(Hq), int(L)
+        assert grid[0] % 3 == 0 and hpad == 64 * -(-Hq // 64)
+        count, nt = grid[0] // 3, -(-kk // 64)
+        qf, dof = f(q), f(do)
+        h_, j_ = np.meshgrid(np.arange(hpad), np.arange(nt * 64), indexing="ij")
+        off = (h_ // 8) * 512 + ((j_ % 64) // 8) * 64 + (h_ % 8) * 8 + j_ % 8 + (j_ // 64) * 2 * hpad * 64
+        o = out.reshape(-1, 576)
+        for tl in range(count):
+            t, base = t0 + tl, tl * nt * 2 * hpad * 64
+            P, D = f(pds[base + off])[:Hq], f(pds[base + hpad * 64 + off])[:Hq]
+            for j in range(kk):
+                s = idx[t, j]
+                if s < 0 or s >= L: continue
+                row = D[:, j] @ qf[t]
+                row[:512] += P[:, j] @ dof[t]
+                if AT: o[s] += row
+                else: o[tl * kk + j] = row
     def hytopk_attend_bwd_dq(self, tp, grid, a):
         MT, NK, DQK, DV, QPT = map(int, tp[:5]); SH = tp[5] == "true"
         q, k, ks, v, vs, lst, lens, mult, U, n, L, Hq, Hkv, hb, scale, sl2, do, lse, delta, dq = a
@@ -217,7 +267,7 @@ class Fn:
 
 CA._fn = lambda name: Fn(name)
 from workbench.families.cupy import attend_wgmma_bwd as AWB
-AWB._fn = lambda name, writes="direct": Fn(name)
+AWB._fn = lambda name, writes="direct", **kw: Fn(name)
 AWB.require_sm90 = lambda: None
 from types import SimpleNamespace as _NS
 from workbench.families.cupy import attend_wgmma2 as AW2
@@ -281,14 +331,22 @@ for Hq, kind_ in ((80, "dups"), (8, "empty")):
     dob, doh = bf(rng.standard_normal((n, Hq, 512)))
     rq, rk, rv = RA.attend_backward(doh, qh, kvh[:, None, :], kvh[:, None, :512], idx)
     out, lse = CA.attend_forward(qb, k, v, idx, None, out_dtype="float32")
-    before = Fn.calls.get("hytopk_attend_bwd_wgmma", 0)
-    for det, sb in ((True, None), (True, 1), (False, None)):
-        dq, dk, dv = CA.attend_backward(dob, qb, k, v, idx, out, lse, None, deterministic=det, scratch_bytes=sb,
-                                        version=4)
-        assert dv is None
-        close(dq, rq, 1e-4); close(dk[:, 0], RA.mla_dkv(rk, rv), 1e-4)
-    assert Fn.calls["hytopk_attend_bwd_wgmma"] - before == 1 + n + 1     # one launch, n chunks of 1, one atomic
-    print("ok version 4", Hq, kind_)
+    for writes in ("staged", "split"):
+        AWB.WRITES = writes
+        before = {x: Fn.calls.get(x, 0) for x in ("hytopk_attend_bwd_wgmma", "hytopk_attend_bwd_pds", "hytopk_attend_bwd_dkv")}
+        for det, sb in ((True, None), (True, 1), (False, None)):
+            dq, dk, dv = CA.attend_backward(dob, qb, k, v, idx, out, lse, None, deterministic=det, scratch_bytes=sb,
+                                            version=4)
+            assert dv is None
+            close(dq, rq, 1e-4)
+            # split: P and dS in bf16 (as the one-pass kernel's MMAs take them; the semantics here keep floats)
+            close(dk[:, 0], RA.mla_dkv(rk, rv), 1e-4 if writes == "staged" else 2e-2)
+        launched = {x: Fn.calls.get(x, 0) - c for x, c in before.items()}
+        want = {"hytopk_attend_bwd_wgmma": 1 + n + 1} if writes == "staged" else \
+               {"hytopk_attend_bwd_pds": 1 + n + 1, "hytopk_attend_bwd_dkv": 1 + n + 1}   # one, n chunks of 1, one
+        assert {x: c for x, c in launched.items() if c} == want, (writes, launched)
+        print("ok version 4", writes, Hq, kind_)
+    AWB.WRITES = "auto"
 qb, _ = bf(rng.standard_normal((2, 4, 64))); kvb, _ = bf(rng.standard_normal((10, 64)))
 out, lse = CA.attend_forward(qb, kvb[:, None, :], kvb[:, None, :32], np.zeros((2, 3), np.int32), None, out_dtype="float32")
 try:
