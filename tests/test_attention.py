@@ -367,15 +367,16 @@ def test_cupy_wrappers_against_emulated_kernels():
     """The CuPy wrappers (argument order and types against attend.cu's signatures, the pair union,
     MLA strides, padding, the chunked fixed-order dK/dV reduction) run on the CPU against Python
     emulations of the kernels' semantics, in a subprocess with a NumPy stand-in for CuPy; six layouts,
-    then version 4 (the wgmma MLA backward's wrapper) on two and its refusal, and an empty context
-    refusing idx other than -1."""
+    then version 4 (the wgmma MLA backward's wrapper, its staged and split paths) on two and its
+    refusal, and an empty context refusing idx other than -1."""
     import subprocess
     import sys
     from pathlib import Path
     run = Path(__file__).resolve().parent / "attend_emulation" / "run.py"
     res = subprocess.run([sys.executable, str(run)], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
-    assert res.stdout.count("ok ") == 10 and res.stdout.count("ok version 4") == 3
+    assert res.stdout.count("ok ") == 12 and res.stdout.count("ok version 4") == 5
+    assert res.stdout.count("ok version 4 split") == 2
 
 
 def test_wrapper_and_lse_is_not_differentiable():
