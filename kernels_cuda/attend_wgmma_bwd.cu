@@ -1,7 +1,7 @@
 // Sparse attention backward on wgmma (sm_90a) for MLA's shared kv (docs/CONTRACT.md §8; the same
 // function as hytopk_attend_bwd of attend.cu): d_qk 576, d_v 512 (V = the first 512 columns of the
 // gathered kv row), one query x 64 heads per block (heads past Hq are zero rows, not written).
-// PDS / split_dkv (the wrapper's WRITES = "split", its deterministic default): the same kernel without
+// PDS / split_dkv (the wrapper's WRITES = "split", its default up to 128 heads): the same kernel without
 // its dK/dV MMAs, writing P and dS instead, then a second kernel over all the heads (below the first).
 //
 // 384 threads = 3 warpgroups. WG 2 (producer) gathers key tiles of NK = 32 slots (32 rows x 1152 B,
@@ -621,10 +621,13 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
 // second, split_dkv, computes dKV[keys, d] = dS^T Q + P^T dO with the keys as M and all the query's
 // heads as K (up to 128: both head blocks in one sum), so each (query, slot, column) leaves once, not
 // once per head block: half the one-pass kernel's float additions at 128 heads. A block is one query
-// x a third of the 576 columns; WG 0's first thread copies the key blocks (bulk copies, 4 stages),
-// consumers 1 and 2 take alternate blocks: m64n192k16 x (hpad / 16) x 2, then each thread writes its
-// two key rows' 96 floats 8 bytes at a time (red.global.add.v2.f32 into dkv, or st.global.v2.f32 into
-// the part rows [count][kk][576]) while the other consumer's MMAs run.
+// x a third of the 576 columns; WG 0's first thread copies the key blocks (bulk copies, 4 stages; 2
+// with BULK), consumers 1 and 2 take alternate blocks: m64n192k16 x (hpad / 16) x 2, then the rows
+// leave while the other consumer's MMAs run. BULK (the default): each warp stores 8 of its 16 rows at
+// a time to its staging buffer and lanes 0-7 hand one 768-byte row each to the TMA
+// (cp.reduce.async.bulk .add.f32 into dkv, or cp.async.bulk into the part rows [count][kk][576]);
+// else each thread writes its two key rows' 96 floats 8 bytes at a time (red.global.add.v2.f32 /
+// st.global.v2.f32). The same floats to the same places either way.
 namespace dkv {
 constexpr int KT = 64;                              // keys per block
 constexpr int COLS = 192, PARTS = DQK / COLS;       // columns per CTA (a third)
@@ -633,12 +636,20 @@ constexpr int RG = COLS / 8 * 128;                  // bytes per 8 heads of a [.
 constexpr int TG = KT / 8 * 128;                    // bytes per 8 heads of a [.][64] P / dS block: 1024
 constexpr int Q_OFF = 0, DO_OFF = HMAX / 8 * RG;    // Q and dO columns of this third: [128][192] each
 constexpr int TILE = HMAX / 8 * TG;                 // one P or dS block (16 KiB at 128 heads)
-constexpr int NST = 4;                              // stages of [P | dS]
 constexpr int ST_OFF = 2 * DO_OFF;
-constexpr int BAR_OFF = ST_OFF + NST * 2 * TILE;    // full[NST], empty[NST]
-constexpr int SMEM = BAR_OFF + 2 * NST * 8;
-constexpr int LAUNCH_SMEM = SMEM + 128;
-static_assert(LAUNCH_SMEM <= 227 * 1024, "attend_wgmma_bwd split_dkv: shared memory over 227 KiB");
+// BULK: the rows leave by the TMA's bulk operations from a staging buffer per consumer warp (8 rows
+// of 192 floats, 800-byte pitch: a warp's 8-byte stores of 8 rows hit each bank twice, the minimum),
+// which leaves room for 2 stages of [P | dS] (each consumer always takes the same one)
+constexpr int ROW_PITCH = COLS * 4 + 32, STG_WARP = 8 * ROW_PITCH;
+template <bool BULK>
+struct Layout {
+    static constexpr int NST = BULK ? 2 : 4;                        // stages of [P | dS]
+    static constexpr int STG_OFF = ST_OFF + NST * 2 * TILE;
+    static constexpr int BAR_OFF = STG_OFF + (BULK ? 8 * STG_WARP : 0);   // full[NST], empty[NST]
+    static constexpr int LAUNCH_SMEM = BAR_OFF + 2 * NST * 8 + 128;
+    static_assert(LAUNCH_SMEM <= 227 * 1024, "attend_wgmma_bwd split_dkv: shared memory over 227 KiB");
+};
+constexpr int LAUNCH_SMEM = Layout<false>::LAUNCH_SMEM, LAUNCH_SMEM_BULK = Layout<true>::LAUNCH_SMEM;
 static_assert(PARTS * COLS == DQK && DV % 64 == 0, "attend_wgmma_bwd split_dkv: column thirds");
 constexpr int THREADS = 384, PRODUCER_REGS = 40, CONSUMER_REGS = 232;
 static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= THREADS * (65536 / THREADS / 8 * 8),
@@ -647,18 +658,19 @@ static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= THREADS * (65536 / TH
 
 // q [n, Hq, 576], dout [n, Hq, 512] bf16; pds: the first pass's blocks of queries t0 .. t0 + count - 1;
 // idx [n, kk]; grid count * 3: block b is query t0 + b / 3, columns 192 (b % 3) ... HPAD = nhb * 64.
-template <bool ATOMIC, int HPAD>
+template <bool ATOMIC, int HPAD, bool BULK>
 __device__ __forceinline__ void split_dkv(const bf16_t* __restrict__ q, const bf16_t* __restrict__ dout,
                                           const bf16_t* __restrict__ pds, const int* __restrict__ idx, int kk, int t0,
                                           long long L, int Hq, float* __restrict__ out) {
     constexpr int KT = dkv::KT, COLS = dkv::COLS, PARTS = dkv::PARTS, RG = dkv::RG, TG = dkv::TG, TILE = dkv::TILE;
-    constexpr int NST = dkv::NST, ST_OFF = dkv::ST_OFF, THREADS = dkv::THREADS;
+    using Lay = dkv::Layout<BULK>;
+    constexpr int NST = Lay::NST, ST_OFF = dkv::ST_OFF, THREADS = dkv::THREADS;
     static_assert(HPAD == 64 || HPAD == 128, "split_dkv: one or two head blocks");
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const int tl = (int)(blockIdx.x / (unsigned)PARTS), part = (int)(blockIdx.x % (unsigned)PARTS);
     const int t = t0 + tl, col0 = COLS * part;
     const u32 raw = smem_addr(smem_raw), base = (raw + 127u) & ~127u;
-    const u32 sq = base + dkv::Q_OFF, sdo = base + dkv::DO_OFF, full0 = base + dkv::BAR_OFF, empty0 = full0 + 8 * NST;
+    const u32 sq = base + dkv::Q_OFF, sdo = base + dkv::DO_OFF, full0 = base + (u32)Lay::BAR_OFF, empty0 = full0 + 8 * NST;
     const int nt = (kk + KT - 1) / KT;
     if (threadIdx.x == 0) {
         for (int s = 0; s < NST; ++s) {
@@ -719,19 +731,47 @@ __device__ __forceinline__ void split_dkv(const bf16_t* __restrict__ q, const bf
         wgmma_wait<0>();
         __syncwarp();
         if (lane == 0) mbar_arrive(empty0 + 8 * s);    // the stage is free; the writes go on from registers
+        if constexpr (BULK) {
+            // 8 rows at a time through the warp's buffer: stored, fenced for the async proxy, then lane
+            // r < 8 hands row r's 768 bytes to the TMA (float additions at L2, or a copy to its part row)
+            const u32 stg = base + (u32)(Lay::STG_OFF + (c * 4 + warp) * dkv::STG_WARP);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int slot = T * KT + warp * 16 + g8 + 8 * h;
-            const int key = slot < kk ? __ldg(lst + slot) : -1;
-            if (key < 0 || (long long)key >= L) continue;             // masked slot: not written
-            float* row = (ATOMIC ? out + (long long)key * DQK : out + ((long long)tl * kk + slot) * DQK) + col0 + 2 * tig;
+            for (int h = 0; h < 2; ++h) {
+                if (lane < 8) bulk_wait_read<0>();   // the buffer's previous rows are read
+                __syncwarp();
+                const u32 at = stg + (u32)(g8 * dkv::ROW_PITCH + 8 * tig);
 #pragma unroll
-            for (int nb = 0; nb < COLS / 8; ++nb) {
-                if (ATOMIC) red_add_v2(row + 8 * nb, acc[4 * nb + 2 * h], acc[4 * nb + 2 * h + 1]);
-                else st_global_v2(row + 8 * nb, acc[4 * nb + 2 * h], acc[4 * nb + 2 * h + 1]);
+                for (int nb = 0; nb < COLS / 8; ++nb)
+                    st_shared_f32x2(at + (u32)(32 * nb), acc[4 * nb + 2 * h], acc[4 * nb + 2 * h + 1]);
+                fence_proxy_async();
+                __syncwarp();
+                if (lane < 8) {
+                    const int slot = T * KT + warp * 16 + lane + 8 * h;
+                    const int key = slot < kk ? __ldg(lst + slot) : -1;
+                    if (key >= 0 && (long long)key < L) {                 // masked slot: not written
+                        float* row = (ATOMIC ? out + (long long)key * DQK : out + ((long long)tl * kk + slot) * DQK) + col0;
+                        if (ATOMIC) bulk_s2g_add_f32(row, stg + (u32)(lane * dkv::ROW_PITCH), COLS * 4);
+                        else bulk_s2g(row, stg + (u32)(lane * dkv::ROW_PITCH), COLS * 4);
+                    }
+                    bulk_commit();
+                }
+            }
+        } else {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int slot = T * KT + warp * 16 + g8 + 8 * h;
+                const int key = slot < kk ? __ldg(lst + slot) : -1;
+                if (key < 0 || (long long)key >= L) continue;             // masked slot: not written
+                float* row = (ATOMIC ? out + (long long)key * DQK : out + ((long long)tl * kk + slot) * DQK) + col0 + 2 * tig;
+#pragma unroll
+                for (int nb = 0; nb < COLS / 8; ++nb) {
+                    if (ATOMIC) red_add_v2(row + 8 * nb, acc[4 * nb + 2 * h], acc[4 * nb + 2 * h + 1]);
+                    else st_global_v2(row + 8 * nb, acc[4 * nb + 2 * h], acc[4 * nb + 2 * h + 1]);
+                }
             }
         }
     }
+    if (BULK && lane < 8) bulk_wait<0>();            // the block's shared memory outlives the TMA's reads
 }
 
 }  // namespace attwb
@@ -762,10 +802,11 @@ hytopk_attend_bwd_pds(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k
 }
 
 // SPLIT, second pass: ATOMIC: out = dkv [L, 576] float (+=); else the part rows [count][kk][576]
-template <bool ATOMIC, int HPAD>
+// (BULK: through the TMA's bulk operations, else red / st.global.v2 from the accumulators)
+template <bool ATOMIC, int HPAD, bool BULK>
 __global__ void __launch_bounds__(dkv::THREADS, 1)
 hytopk_attend_bwd_dkv(const bf16_t* __restrict__ q, const bf16_t* __restrict__ dout, const bf16_t* __restrict__ pds,
                       const int* __restrict__ idx, int kk, int t0, long long L, int Hq, float* __restrict__ out) {
-    split_dkv<ATOMIC, HPAD>(q, dout, pds, idx, kk, t0, L, Hq, out);
+    split_dkv<ATOMIC, HPAD, BULK>(q, dout, pds, idx, kk, t0, L, Hq, out);
 }
 

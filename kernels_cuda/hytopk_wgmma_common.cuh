@@ -121,6 +121,23 @@ __device__ __forceinline__ void st_global_u32(void* p, u32 v) {
     asm volatile("st.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
+// Shared -> global bulk operations of the TMA (sm_90; 16-byte aligned, bytes a multiple of 16), done
+// per thread in bulk groups: a plain copy, or float additions at L2. The source must be made visible to
+// the async proxy first (fence_proxy_async by the threads that stored it, then their barrier);
+// bulk_wait_read: the sources may be reused, bulk_wait: the writes are done.
+__device__ __forceinline__ void bulk_s2g(float* dst, u32 src, u32 bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_s2g_add_f32(float* dst, u32 src, u32 bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory"); }
+template <int N>
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory"); }
+
 // ---- 2-CTA clusters
 __device__ __forceinline__ u32 cluster_ctarank() {
     u32 r;

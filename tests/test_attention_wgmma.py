@@ -43,17 +43,22 @@ def test_backward_instantiations_and_launch_figures():
                                                              "hytopk_attend_bwd_wgmma<false, true, true>",
                                                              "hytopk_attend_bwd_wgmma<true, true, true>",
                                                              "hytopk_attend_bwd_pds",
-                                                             "hytopk_attend_bwd_dkv<false, 64>",
-                                                             "hytopk_attend_bwd_dkv<false, 128>",
-                                                             "hytopk_attend_bwd_dkv<true, 64>",
-                                                             "hytopk_attend_bwd_dkv<true, 128>"]
+                                                             *(f"hytopk_attend_bwd_dkv<{a}, {h}, {u}>"
+                                                               for a in ("false", "true") for h in (64, 128)
+                                                               for u in ("false", "true"))]
     # split: the first pass launches as the direct kernel; the second sums one or two head blocks
     assert INST.attend_wgmma_bwd_name(True, writes="split") == "hytopk_attend_bwd_pds"
     assert INST.attend_wgmma_bwd_smem("split") == INST.ATTEND_WGMMA_BWD_SMEM
-    assert INST.attend_wgmma_bwd_dkv_name(True, 128) == "hytopk_attend_bwd_dkv<true, 128>"
+    assert INST.attend_wgmma_bwd_dkv_name(True, 128, False) == "hytopk_attend_bwd_dkv<true, 128, false>"
+    assert INST.attend_wgmma_bwd_dkv_name(False, 64) == \
+        f"hytopk_attend_bwd_dkv<false, 64, {'true' if INST.ATTEND_WGMMA_BWD_DKV_BULK else 'false'}>"
     with pytest.raises(ValueError, match="hpad"):
         INST.attend_wgmma_bwd_dkv_name(True, 192)
     assert INST.ATTEND_WGMMA_BWD_DKV_SMEM <= 227 * 1024
+    # bulk: Q and dO thirds, 2 stages of [P | dS], 8 consumer warps' 8 x 800-byte buffers, 4 mbarriers
+    assert INST.ATTEND_WGMMA_BWD_DKV_SMEM_BULK == 2 * 128 * 192 * 2 + 2 * 32768 + 8 * 6400 + 32 + 128 <= 227 * 1024
+    assert [INST.attend_wgmma_bwd_dkv_smem(u) for u in (False, True)] == [INST.ATTEND_WGMMA_BWD_DKV_SMEM,
+                                                                        INST.ATTEND_WGMMA_BWD_DKV_SMEM_BULK]
     # the direct kernel's picks: part rows 16 bytes at a time, atomics float by float (measured faster);
     # staged: 16 bytes at a time both ways (vec ignored)
     assert INST.attend_wgmma_bwd_name(False) == "hytopk_attend_bwd_wgmma<false, true, false>"
@@ -62,7 +67,7 @@ def test_backward_instantiations_and_launch_figures():
     with pytest.raises(ValueError, match="argument 'writes'"):
         INST.attend_wgmma_bwd_name(True, writes="bulk")
     assert INST.FILE_OPTIONS["attend_wgmma_bwd.cu"] == ("-arch=sm_90a",)
-    assert len(INST.geometry_asserts("attend_wgmma_bwd.cu")) == 6
+    assert len(INST.geometry_asserts("attend_wgmma_bwd.cu")) == 7
     # the setmaxnreg budgets fill the 168 registers x 384 threads of the launch exactly, both splits
     assert sum(t * r for t, r in INST.ATTEND_WGMMA_BWD_ROLES) == 168 * 384
     assert sum(t * r for t, r in INST.ATTEND_WGMMA_BWD_ROLES_STAGED) == 168 * 384

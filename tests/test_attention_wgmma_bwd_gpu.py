@@ -250,12 +250,14 @@ def test_staged_atomics_close_to_direct_at_k_2048(CA, staged):
     np.testing.assert_allclose(dk, cp.asnumpy(direct[1]), rtol=1e-4, atol=1e-4 * float(abs(dk).max()))
 
 
-@pytest.fixture
-def split(monkeypatch):
+@pytest.fixture(params=[False, True], ids=["dkv_direct", "dkv_bulk"])
+def split(monkeypatch, request):
     """WRITES = "split": the first pass writes P / dS (bf16), the second computes dK/dV of all of a
-    query's heads at once (tests/test_attention_wgmma_emulation.py emulates both on the CPU)."""
+    query's heads at once and writes them from its accumulators or through the TMA's bulk operations
+    (DKV_BULK; tests/test_attention_wgmma_emulation.py emulates both on the CPU)."""
     from workbench.families.cupy import attend_wgmma_bwd as AWB
     monkeypatch.setattr(AWB, "WRITES", "split")
+    monkeypatch.setattr(AWB, "DKV_BULK", request.param)
     return AWB
 
 
@@ -323,9 +325,28 @@ def test_split_atomics_close_to_staged_at_k_2048(CA, split):
     np.testing.assert_allclose(dk, cp.asnumpy(staged[1]), rtol=1e-4, atol=1e-4 * float(abs(dk).max()))
 
 
-def test_auto_writes_take_split_deterministic_and_staged_atomics(CA, monkeypatch):
+@pytest.mark.parametrize("Hq", [8, 128])
+def test_split_bulk_rows_equal_direct_ones(CA, monkeypatch, Hq):
+    """The second pass's part rows are the same floats whether its accumulators or the TMA write
+    them: the deterministic dk is the same bits either way (k 2048, masked slots, duplicates)."""
+    from workbench.families.cupy import attend_wgmma_bwd as AWB
+    rng = np.random.default_rng(seed("wgmma-bwd-split-bulk", Hq))
+    n, L, kk = 9, 4096, 2048
+    k, v, kh, vh, qd, qh, dod, doh, idx = case(rng, n, Hq, L, kk, "dups")
+    ic = cp.asarray(idx)
+    out, lse = CA.attend_forward(qd, k, v, ic, None, out_dtype="float32")
+    monkeypatch.setattr(AWB, "WRITES", "split")
+
+    def run(bulk):
+        monkeypatch.setattr(AWB, "DKV_BULK", bulk)
+        return [bits(x) for x in CA.attend_backward(dod, qd, k, v, ic, out, lse, None, deterministic=True, version=4)[:2]]
+    for a, b in zip(run(True), run(False)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_auto_writes_take_split_in_both_modes(CA, monkeypatch):
     """WRITES = "auto" (the default): the deterministic mode's bits are the split path's, the atomics'
-    dq the staged path's (the same dq bits on every path)."""
+    dq too (the same dq bits on every path)."""
     from workbench.families.cupy import attend_wgmma_bwd as AWB
     rng = np.random.default_rng(seed("wgmma-bwd-auto"))
     n, L, kk = 5, 400, 150
@@ -338,5 +359,5 @@ def test_auto_writes_take_split_deterministic_and_staged_atomics(CA, monkeypatch
         return [bits(x) for x in CA.attend_backward(dod, qd, k, v, ic, out, lse, None, deterministic=det, version=4)[:2]]
     for a, b in zip(run("auto", True), run("split", True)):
         np.testing.assert_array_equal(a, b)
-    assert AWB.AUTO_WRITES == {True: "split", False: "staged"}
-    np.testing.assert_array_equal(run("auto", False)[0], run("staged", False)[0])
+    assert AWB.AUTO_WRITES == {True: "split", False: "split"}
+    np.testing.assert_array_equal(run("auto", False)[0], run("split", False)[0])

@@ -456,15 +456,17 @@ SPLIT_CASES = [(3, 64, 45, "random", False), (3, 64, 70, "dups", True), (3, 8, 3
                (2, 128, 100, "full", False), (2, 128, 130, "dups", True)]
 
 
+@pytest.mark.parametrize("bulk", [False, True])
 @pytest.mark.parametrize("n,Hq,kk,kind,atomic", SPLIT_CASES)
-def test_backward_split_matches_reference(driver, n, Hq, kk, kind, atomic):
+def test_backward_split_matches_reference(driver, n, Hq, kk, kind, atomic, bulk):
     """dq bit for bit the one-pass kernel's (the first pass is that kernel without its dK/dV MMAs);
     dK/dV against the float64 reference; one part row per (query, slot), masked slots' rows never
-    written; untouched keys exactly 0."""
+    written; untouched keys exactly 0; the second pass's rows written from the accumulators or by
+    the TMA's bulk operations."""
     rng = np.random.default_rng(seed("wgmma-bwd-split", n, Hq, kk, kind, atomic))
     L = 150
     kv, qd, dod, idx, lse, delta, rq, rkv, valid = backward_case(rng, n, Hq, kk, kind, L)
-    dq, out = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=atomic, writes="split")
+    dq, out = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=atomic, writes="split", bulk=bulk)
     rel_close(dq, rq)
     rel_close(out if atomic else summed_part_rows(out, valid, 0, L), rkv)
     if atomic:
@@ -478,20 +480,46 @@ def test_backward_split_matches_reference(driver, n, Hq, kk, kind, atomic):
     np.testing.assert_array_equal(bits(dq), bits(dq_d))
 
 
-def test_backward_split_under_jitter_and_chunks(driver):
+@pytest.mark.parametrize("bulk", [False, True])
+def test_backward_split_under_jitter_and_chunks(driver, bulk):
     """Other interleavings (random sleeps at every synchronisation) give the same bits, and a chunk
     (queries 1 .. 1) writes its own part rows and dq rows only, with the same bits as the whole run."""
     rng = np.random.default_rng(seed("wgmma-bwd-split-jitter"))
     kv, qd, dod, idx, lse, delta, *_ = backward_case(rng, 3, 128, 300, "random")
-    calm = E.backward(driver, qd, kv, idx, dod, lse, delta, writes="split")
-    shaken = E.backward(driver, qd, kv, idx, dod, lse, delta, writes="split",
+    calm = E.backward(driver, qd, kv, idx, dod, lse, delta, writes="split", bulk=bulk)
+    shaken = E.backward(driver, qd, kv, idx, dod, lse, delta, writes="split", bulk=bulk,
                         env={"HYTOPK_EMU_JITTER": "0.02", "HYTOPK_EMU_SEED": "3"})
     for a, b in zip(calm, shaken):
         np.testing.assert_array_equal(bits(a), bits(b))
-    dq, part = E.backward(driver, qd, kv, idx, dod, lse, delta, writes="split", t0=1, count=1)
+    dq, part = E.backward(driver, qd, kv, idx, dod, lse, delta, writes="split", t0=1, count=1, bulk=bulk)
     np.testing.assert_array_equal(bits(dq[1]), bits(calm[0][1]))
     assert np.isnan(dq[[0, 2]]).all()
     np.testing.assert_array_equal(bits(part[0]), bits(calm[1][1]))
+
+
+def test_backward_split_bulk_rows_and_planted_waits(driver, tmp_path):
+    """The second pass's part rows are the same bits whether the accumulators or the TMA write them.
+    Each of the bulk path's two waits, planted out of a scratch copy, is caught: without the read
+    wait a warp's staging buffer is refilled before the TMA has read it (the emulation reads a bulk
+    operation's source at the latest wait that allows it, here the final one: the last rows land
+    everywhere); without the final wait a thread exits with its bulk groups in flight."""
+    rng = np.random.default_rng(seed("wgmma-bwd-split-bulk"))
+    kv, qd, dod, idx, lse, delta, *_ = backward_case(rng, 2, 128, 200, "random")
+    good = E.backward(driver, qd, kv, idx, dod, lse, delta, writes="split", bulk=True)
+    direct = E.backward(driver, qd, kv, idx, dod, lse, delta, writes="split", bulk=False)
+    for a, b in zip(good, direct):
+        np.testing.assert_array_equal(bits(a), bits(b))
+    src = (E.KERNELS / "attend_wgmma_bwd.cu").read_text()
+    read_wait, final_wait = "if (lane < 8) bulk_wait_read<0>();", "if (BULK && lane < 8) bulk_wait<0>();"
+    assert src.count(read_wait) == 1 and src.count(final_wait) == 1
+    for name, bad in (("read", src.replace(read_wait, "(void)0;")), ("final", src.replace(final_wait, "(void)0;"))):
+        drv = E.build(tmp_path / name, sources={"attend_wgmma_bwd.cu": bad})
+        try:
+            got = E.backward(drv, qd, kv, idx, dod, lse, delta, writes="split", bulk=True)
+        except E.EmulationError as e:
+            assert name == "final" and "bulk groups" in str(e), (name, str(e)[-500:])
+            continue
+        assert name == "read" and not np.array_equal(bits(got[1]), bits(good[1])), name
 
 
 def test_backward_chunk_writes_only_its_queries(driver):

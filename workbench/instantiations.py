@@ -243,6 +243,11 @@ ATTEND_WGMMA_BWD_WRITES = ("direct", "staged", "split")
 # (hytopk_attend_bwd_dkv): Q and dO thirds [128][192] bf16 each, 4 stages of P and dS blocks
 # [128][64] bf16, 8 mbarriers, 128 B to round the base up (attwb::dkv::LAUNCH_SMEM)
 ATTEND_WGMMA_BWD_DKV_SMEM = 2 * 128 * 192 * 2 + 4 * 2 * 128 * 64 * 2 + 8 * 8 + 128
+# bulk: the rows leave by the TMA's bulk operations (cp.reduce.async.bulk .add.f32 / cp.async.bulk)
+# from a staging buffer of 8 rows x 800 bytes per consumer warp; 2 stages (attwb::dkv::LAUNCH_SMEM_BULK)
+ATTEND_WGMMA_BWD_DKV_SMEM_BULK = 2 * 128 * 192 * 2 + 2 * 2 * 128 * 64 * 2 + 8 * 8 * 800 + 4 * 8 + 128
+ATTEND_WGMMA_BWD_DKV_BULK = True        # the second pass's default: atomics 43.3 ms against 47.0, deterministic
+                                        # 57.2 against 59.1 (results/h200-2026-12-04-s11 run 1)
 ATTEND_WGMMA_BWD_DKV_ROLES = ((128, 40), (256, 232))
 ATTEND_WGMMA_BWD_DKV_THREADS = 384
 ATTEND_WGMMA_BWD_SPLIT_HEADS = 128      # the second pass sums at most two head blocks
@@ -284,12 +289,20 @@ def attend_wgmma_bwd_roles(writes="direct") -> tuple:
             "split": ATTEND_WGMMA_BWD_ROLES}[_bwd_writes(writes)]
 
 
-def attend_wgmma_bwd_dkv_name(atomic, hpad) -> str:
+def attend_wgmma_bwd_dkv_name(atomic, hpad, bulk=None) -> str:
     """The split backward's second pass: dK/dV of one or two head blocks (hpad 64 / 128) by float
-    atomics into dkv, else into per-(query, slot) part rows."""
+    atomics into dkv, else into per-(query, slot) part rows; bulk: through the TMA's bulk operations,
+    else 8-byte writes from the accumulators (None: ATTEND_WGMMA_BWD_DKV_BULK)."""
     if hpad not in (64, 128):
         raise ValueError(f"argument 'hpad': {hpad} is not 64 or 128")
-    return f"hytopk_attend_bwd_dkv<{_b(atomic)}, {int(hpad)}>"
+    bulk = ATTEND_WGMMA_BWD_DKV_BULK if bulk is None else bulk
+    return f"hytopk_attend_bwd_dkv<{_b(atomic)}, {int(hpad)}, {_b(bulk)}>"
+
+
+def attend_wgmma_bwd_dkv_smem(bulk=None) -> int:
+    """The second pass's dynamic shared memory for its write path (None: ATTEND_WGMMA_BWD_DKV_BULK)."""
+    bulk = ATTEND_WGMMA_BWD_DKV_BULK if bulk is None else bulk
+    return ATTEND_WGMMA_BWD_DKV_SMEM_BULK if bulk else ATTEND_WGMMA_BWD_DKV_SMEM
 
 
 def attend_names() -> tuple:
@@ -367,7 +380,9 @@ def geometry_asserts(file: str, shapes=SHAPES) -> list[str]:
                 '"instantiations.ATTEND_WGMMA_BWD_ROLES_STAGED drifted");',
                 f'static_assert(hytopk::attwb::dkv::LAUNCH_SMEM == {ATTEND_WGMMA_BWD_DKV_SMEM} && hytopk::attwb::dkv::PRODUCER_REGS == '
                 f'{ATTEND_WGMMA_BWD_DKV_ROLES[0][1]} && hytopk::attwb::dkv::CONSUMER_REGS == {ATTEND_WGMMA_BWD_DKV_ROLES[1][1]} && '
-                f'hytopk::attwb::dkv::THREADS == {ATTEND_WGMMA_BWD_DKV_THREADS}, "instantiations.ATTEND_WGMMA_BWD_DKV_* drifted");']
+                f'hytopk::attwb::dkv::THREADS == {ATTEND_WGMMA_BWD_DKV_THREADS}, "instantiations.ATTEND_WGMMA_BWD_DKV_* drifted");',
+                f'static_assert(hytopk::attwb::dkv::LAUNCH_SMEM_BULK == {ATTEND_WGMMA_BWD_DKV_SMEM_BULK}, '
+                '"instantiations.ATTEND_WGMMA_BWD_DKV_SMEM_BULK drifted");']
     if file == "attend_wgmma3.cu":
         return [f'static_assert(hytopk::attw3::LAUNCH_SMEM == {ATTEND_WGMMA3_SMEM}, "instantiations.ATTEND_WGMMA3_SMEM drifted");',
                 f'static_assert(hytopk::attw3::THREADS == {ATTEND_WGMMA3_THREADS}, "instantiations.ATTEND_WGMMA3_THREADS drifted");',
@@ -409,7 +424,7 @@ def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
         return (attend_wgmma_bwd_name(False, True), attend_wgmma_bwd_name(True, False), attend_wgmma_bwd_name(True, True),
                 attend_wgmma_bwd_name(False, writes="staged"), attend_wgmma_bwd_name(True, writes="staged"),
                 attend_wgmma_bwd_name(False, writes="split"),
-                *(attend_wgmma_bwd_dkv_name(a, h) for a in (False, True) for h in (64, 128)))
+                *(attend_wgmma_bwd_dkv_name(a, h, u) for a in (False, True) for h in (64, 128) for u in (False, True)))
     for kernel, over in KERNELS[file]:
         if over == "plain":
             out.append(name(kernel))

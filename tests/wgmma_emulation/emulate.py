@@ -103,11 +103,16 @@ void emu_attend_wgmma_bwd(int atomic, const bf16_t* q, const bf16_t* kv, long lo
     emu::wg::launch((unsigned)(count * nhb), THREADS, LAUNCH_SMEM, [&] {
         hytopk_attend_bwd_pds(q, kv, ks, idx, kk, n, t0, L, Hq, nhb, scale, sl2, dout, lse, delta, dq, pds);
     });
-    emu::wg::launch((unsigned)(count * dkv::PARTS), dkv::THREADS, dkv::LAUNCH_SMEM, [&] {
-        if (hpad == 64 && (atomic & 1)) hytopk_attend_bwd_dkv<true, 64>(q, dout, pds, idx, kk, t0, L, Hq, out);
-        else if (hpad == 64) hytopk_attend_bwd_dkv<false, 64>(q, dout, pds, idx, kk, t0, L, Hq, out);
-        else if (atomic & 1) hytopk_attend_bwd_dkv<true, 128>(q, dout, pds, idx, kk, t0, L, Hq, out);
-        else hytopk_attend_bwd_dkv<false, 128>(q, dout, pds, idx, kk, t0, L, Hq, out);
+    // bit 4: the second pass through the TMA's bulk operations
+    const bool bulk = atomic & 16;
+    emu::wg::launch((unsigned)(count * dkv::PARTS), dkv::THREADS, bulk ? dkv::LAUNCH_SMEM_BULK : dkv::LAUNCH_SMEM, [&] {
+#define HYTOPK_EMU_DKV(A, H, B) hytopk_attend_bwd_dkv<A, H, B>(q, dout, pds, idx, kk, t0, L, Hq, out)
+        const bool at = atomic & 1;
+        if (hpad == 64 && at) { if (bulk) HYTOPK_EMU_DKV(true, 64, true); else HYTOPK_EMU_DKV(true, 64, false); }
+        else if (hpad == 64) { if (bulk) HYTOPK_EMU_DKV(false, 64, true); else HYTOPK_EMU_DKV(false, 64, false); }
+        else if (at) { if (bulk) HYTOPK_EMU_DKV(true, 128, true); else HYTOPK_EMU_DKV(true, 128, false); }
+        else { if (bulk) HYTOPK_EMU_DKV(false, 128, true); else HYTOPK_EMU_DKV(false, 128, false); }
+#undef HYTOPK_EMU_DKV
     });
 }
 """,
@@ -188,14 +193,15 @@ def forward(driver, q, kv, idx, scale=None, *, version="wgmma2", out_dtype="floa
 
 
 def backward(driver, q, kv, idx, dout, lse, delta, scale=None, *, atomic=False, vec=None, writes="direct", t0=0,
-             count=None, smem_off=0x410, timeout=900, env=None):
+             count=None, smem_off=0x410, timeout=900, env=None, bulk=None):
     """(dq, out) of hytopk_attend_bwd_wgmma (attend_wgmma_bwd.cu) on the CPU for queries t0 .. t0 +
     count - 1: dq float32 [n, Hq, 576] (rows of other queries stay NaN), out = the dkv atomics
     (float32 [L, 576], from zeros) or the part rows (float32 [count, nhb, kk, 576]; rows of masked
     slots stay NaN). dout: bf16 bits [n, Hq, 512]; lse, delta: float32 [n, Hq]. vec: the kernel's
     16-byte writes, else scalar ones (None: as the wrapper picks, instantiations.ATTEND_WGMMA_BWD_VEC);
     writes: "staged", the consumers hand dK/dV to the producer warpgroup, which writes them (vec
-    ignored); "direct", the consumers write them."""
+    ignored); "direct", the consumers write them; "split", two passes (bulk: the second through the
+    TMA's bulk operations; None: instantiations.ATTEND_WGMMA_BWD_DKV_BULK)."""
     q = np.ascontiguousarray(q, np.uint16)
     kv = np.ascontiguousarray(kv, np.uint16)
     idx = np.ascontiguousarray(idx, np.int32)
@@ -210,6 +216,8 @@ def backward(driver, q, kv, idx, dout, lse, delta, scale=None, *, atomic=False, 
     vec = INST.ATTEND_WGMMA_BWD_VEC[bool(atomic)] if vec is None else vec
     assert writes in INST.ATTEND_WGMMA_BWD_WRITES, writes
     mode = int(bool(atomic)) | {"direct": 2 if vec else 0, "staged": 4, "split": 8}[writes]   # emu_attend_wgmma_bwd's codes
+    bulk = INST.ATTEND_WGMMA_BWD_DKV_BULK if bulk is None else bulk
+    mode |= 16 if writes == "split" and bulk else 0
     assert writes != "split" or Hq <= INST.ATTEND_WGMMA_BWD_SPLIT_HEADS, Hq
     head = np.array([4, mode, 0, n, Hq, kk, L, stride, smem_off, 0, 1], np.int32)
     head[9] = scale_log2.view(np.int32)

@@ -233,6 +233,30 @@ inline void land_all() {
     cp_open.clear();
 }
 
+// ---- shared -> global bulk operations (cp.async.bulk / cp.reduce.async.bulk .add.f32) of this thread,
+// in bulk groups, each done at the latest point the PTX allows: its source read at the wait that
+// retires its group's reads (wait_group.read; so a source reused before that gives other values), its
+// writes at the wait that retires the group (wait_group); a thread may not exit with a group not done
+struct BulkOp { float* dst; u32 src, bytes; bool add; std::vector<float> data; };
+struct BulkGroup { std::vector<BulkOp> ops; bool read = false; };
+inline thread_local std::vector<BulkOp> bulk_open;
+inline thread_local std::deque<BulkGroup> bulk_groups;
+inline void bulk_read(BulkGroup& g) {
+    if (g.read) return;
+    for (BulkOp& o : g.ops) {
+        const float* v = reinterpret_cast<const float*>(sh(o.src, o.bytes, "cp.async.bulk (source read)"));
+        o.data.assign(v, v + o.bytes / 4);
+    }
+    g.read = true;
+}
+inline void bulk_write(BulkGroup& g) {
+    bulk_read(g);
+    for (const BulkOp& o : g.ops)
+        for (u32 i = 0; i < o.bytes / 4; ++i)
+            if (o.add) std::atomic_ref<float>(o.dst[i]).fetch_add(o.data[i]);
+            else o.dst[i] = o.data[i];
+}
+
 // ---- wgmma: operand addressing (PTX ISA "matrix descriptor" + "canonical layouts")
 struct Desc { u32 start, lbo, sbo, width; };            // bytes; width: swizzle bytes (0 = none)
 inline Desc decode(u64 d) {
@@ -460,6 +484,9 @@ inline void launch(unsigned grid, unsigned threads, size_t dyn_bytes, K kernel) 
                 block = &blk;
                 kernel();
                 land_all();                             // copies still in flight land before the block ends
+                if (!bulk_open.empty() || !bulk_groups.empty())
+                    EMU_FAIL("thread exits with %zu bulk groups (and %zu uncommitted bulk operations) in flight",
+                             bulk_groups.size(), bulk_open.size());
                 if (!wg_open.empty() || !wg_groups.empty())
                     EMU_FAIL("thread exits with %zu wgmma groups (and %zu uncommitted wgmma) in flight",
                              wg_groups.size(), wg_open.size());
@@ -661,6 +688,37 @@ inline void st_global_v4(float* p, float a, float b, float c, float d) {
     emu::wg::check_global(p, 16, "st.global.v4.f32");
     const float v[4] = {a, b, c, d};
     std::memcpy(p, v, 16);
+}
+
+inline void bulk_s2g_op(float* dst, u32 src, u32 bytes, bool add, const char* what) {
+    if (bytes == 0 || bytes % 16 || reinterpret_cast<uintptr_t>(dst) % 16 || src % 16)
+        EMU_FAIL("%s: %u bytes from shared 0x%x to %p (16-byte multiples and alignment)", what, bytes, src, (void*)dst);
+    emu::wg::check_global(dst, bytes, what);
+    emu::wg::sh(src, bytes, what);
+    emu::wg::jitter();
+    emu::wg::bulk_open.push_back({dst, src, bytes, add, {}});
+}
+inline void bulk_s2g(float* dst, u32 src, u32 bytes) { bulk_s2g_op(dst, src, bytes, false, "cp.async.bulk.global.shared::cta"); }
+inline void bulk_s2g_add_f32(float* dst, u32 src, u32 bytes) {
+    bulk_s2g_op(dst, src, bytes, true, "cp.reduce.async.bulk.global.shared::cta.add.f32");
+}
+inline void bulk_commit() {
+    emu::wg::bulk_groups.push_back({std::move(emu::wg::bulk_open), false});
+    emu::wg::bulk_open.clear();
+}
+template <int N>
+inline void bulk_wait_read() {
+    emu::wg::jitter();
+    auto& gs = emu::wg::bulk_groups;
+    for (size_t i = 0; i + N < gs.size(); ++i) emu::wg::bulk_read(gs[i]);
+}
+template <int N>
+inline void bulk_wait() {
+    emu::wg::jitter();
+    while (emu::wg::bulk_groups.size() > (size_t)N) {
+        emu::wg::bulk_write(emu::wg::bulk_groups.front());
+        emu::wg::bulk_groups.pop_front();
+    }
 }
 
 [[noreturn]] inline u32 cluster_ctarank() { EMU_FAIL("2-CTA clusters are not emulated"); }

@@ -8,17 +8,20 @@ within tolerance, and bitwise reproducible when deterministic.
   cupy.attend_backward.wgmma         per-(query, head block, slot) part rows summed per key in a
                                      fixed order (version 1's reduction): bitwise reproducible
   cupy.attend_backward.wgmma_atomic  dK/dV by float atomics into dkv: not reproducible
-dK/dV leave one of three ways (WRITES; "auto", the default: split when deterministic, staged for
-the atomics, the faster of each on the H200):
+dK/dV leave one of three ways (WRITES; "auto", the default: split in both modes up to 128 heads,
+the faster on the H200, staged above):
   "split": two passes. The first is the one-pass kernel without its dK/dV MMAs: S, dP, dQ, and P / dS
     (bf16, the same operands) into a scratch; the second computes dKV = dS^T Q + P^T dO of all the
     query's heads at once (keys as the MMA's M, up to 128 heads as its K), so each (query, slot,
-    column) leaves once instead of once per 64-head block. Runs 2-3 of results/h200-2026-12-03-s10
-    (H200, 128 heads, n 8192, L 65536, k 2048, alternating rounds): deterministic 57.8 ms against
-    the staged 82.2 (the part rows halve); atomics 46.9 against 46.3 (the first pass 22.6 ms, the
-    second's 9.7 G float additions the rest; its 16-byte writes, three consumer warpgroups, or the
-    second pass of a chunk on a second stream under the next one's first, were no faster: run 3 and
-    6 there, commit 8604ff8). At most 128 heads (two
+    column) leaves once instead of once per 64-head block. The second pass's rows go through the
+    TMA's bulk operations (DKV_BULK: each warp stages 8 rows of 192 floats, lanes 0-7 hand one
+    768-byte row each to cp.reduce.async.bulk .add.f32, or cp.async.bulk into the part rows), or
+    8 bytes at a time from the accumulators. results/h200-2026-12-04-s11 (H200, 128 heads, n 8192,
+    L 65536, k 2048, alternating rounds, run 1): atomics 43.3 ms (bulk) against 47.0 (8-byte) and
+    48.2 staged; deterministic 57.2 against 59.1 (the same bits). The first pass takes 22.4-22.6 ms;
+    neither a second staging buffer (run 2: 43.0 with no read wait at all), a chunk's second pass
+    under the next chunk's first (run 3: 43.2-43.3 against 43.8) nor sorted keys (run 5) pay; with
+    dkv inside the L2 (L 8192) the whole backward takes 36.9 ms (run 2). At most 128 heads (two
     head blocks): above, staged.
   "staged": each consumer hands its dK/dV to the producer warpgroup a 16-slot x
     64-column unit at a time through shared memory, and the producer writes them 16 bytes at a time
@@ -53,7 +56,8 @@ from .wgmma import require_sm90
 FILE = "attend_wgmma_bwd.cu"
 VEC_WRITES: bool | None = None     # None: instantiations.ATTEND_WGMMA_BWD_VEC; True: 16-byte atomics too
 WRITES = "auto"                    # how dK/dV leave: instantiations.ATTEND_WGMMA_BWD_WRITES, or "auto" (AUTO_WRITES)
-AUTO_WRITES = {True: "split", False: "staged"}   # deterministic -> the faster path on the H200 (results/h200-2026-12-03-s10)
+AUTO_WRITES = {True: "split", False: "split"}    # deterministic -> the faster path on the H200 (results/h200-2026-12-04-s11)
+DKV_BULK: bool | None = None       # split's second pass through the TMA's bulk operations (None: instantiations)
 _FITS: dict[int, object] = {}     # id -> function already checked (held, so ids are not reused)
 
 
@@ -111,8 +115,9 @@ def _split(b, nhb, deterministic, scratch_bytes, do, lse, delta, dq, dk):
     per_query = hpad * nt * 64 * 2 * 2
     smem, threads = INST.attend_wgmma_bwd_smem("split"), INST.ATTEND_WGMMA_BWD_THREADS
     first = _fn(INST.attend_wgmma_bwd_name(False, writes="split"), "split")
-    second = _fn(INST.attend_wgmma_bwd_dkv_name(not deterministic, hpad), roles=INST.ATTEND_WGMMA_BWD_DKV_ROLES,
-                 smem=INST.ATTEND_WGMMA_BWD_DKV_SMEM, threads=INST.ATTEND_WGMMA_BWD_DKV_THREADS)
+    dkv_smem = INST.attend_wgmma_bwd_dkv_smem(DKV_BULK)
+    second = _fn(INST.attend_wgmma_bwd_dkv_name(not deterministic, hpad, DKV_BULK), roles=INST.ATTEND_WGMMA_BWD_DKV_ROLES,
+                 smem=dkv_smem, threads=INST.ATTEND_WGMMA_BWD_DKV_THREADS)
     dkv_threads = INST.ATTEND_WGMMA_BWD_DKV_THREADS
     head = (b.q, b.k, np.int64(b.k_stride), b.idx, np.int32(b.kk), np.int32(b.n))
     tail = (np.int64(b.L), np.int32(b.Hq), np.int32(nhb), np.float32(b.scale), b.scale_log2, do, lse, delta, dq)
@@ -125,7 +130,7 @@ def _split(b, nhb, deterministic, scratch_bytes, do, lse, delta, dq, dk):
     def launch(t0, c, out):
         first((c * nhb,), (threads,), head + (np.int32(t0),) + tail + (pds,), shared_mem=smem)
         second((c * 3,), (dkv_threads,), (b.q, do, pds, b.idx, np.int32(b.kk), np.int32(t0), np.int64(b.L),
-                                      np.int32(b.Hq), out), shared_mem=INST.ATTEND_WGMMA_BWD_DKV_SMEM)
+                                      np.int32(b.Hq), out), shared_mem=dkv_smem)
 
     if not deterministic:
         for t0 in range(0, b.n, chunk):
