@@ -593,6 +593,7 @@ inline void wgmma_commit() {
 inline void wgmma_wait_all() { emu::wg::wait_groups(0); }
 template <int N>
 inline void wgmma_wait() { emu::wg::wait_groups((size_t)N); }
+// not modelled: a missing proxy fence (generic stores read by the TMA) shows only on the GPU
 inline void fence_proxy_async() {}
 inline float rcp_approx(float x) { return 1.0f / x; }     // (the GPU's is approximate; the refined quotient is the same)
 inline void bar_sync(int id, int threads) { emu::wg::named_bar(id, threads, true); }
