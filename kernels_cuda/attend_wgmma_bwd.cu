@@ -42,6 +42,14 @@
 // stmatrix, double-buffered (47.1); these units by stmatrix (47.6); whole m-tile units double-buffered
 // in the tile's own K stage once its dQ MMAs have read it (46.1).
 //
+// PDS (the split's first pass) gathers its key tiles into the 128-byte swizzle instead (9 column tiles
+// of [32 keys][128 B], chunk c of key j at slot c ^ (j % 8): each quarter warp copies one row's 128
+// contiguous bytes, and each 32-byte sector lands in 32 contiguous bytes), reads them through swizzled
+// descriptors (S / dP: K-major; dQ: MN-major, consumer c's columns 256 c .. + 255 and 512 + 32 c .. + 31),
+// and publishes a tile by cp.async.mbarrier.arrive as it lands. In the core-matrix layout below every
+// 16 bytes were an L2 request of their own (8x the requests and 2x the sectors of attend_wgmma3's
+// gather, the L2 at 79 % of its throughput): 40.6 ms against 43.5, the same bits (run 7 of
+// results/h200-2026-12-04-s12).
 // Shared memory (no swizzle; element (r, d) of a [rows][D] bf16 tile at (r/8)*(D*16) + (d/8)*128 +
 // (r%8)*16 + (d%8)*2): Q [64][576], dO [64][512], K [2 stages][32][576], P and dS [64][32] each (the
 // same 8 KiB hold dP - delta as float [64][32], key j of row r at r*32 + (j ^ 8(r%4)), before them),
@@ -80,6 +88,11 @@ constexpr int BAR_OFF = KEY_OFF + 2 * NK * 4;      // full[2], empty[2]
 constexpr int ZERO_OFF = (BAR_OFF + 8 * 8 + 127) & ~127;   // a zero [64][16] bf16 tile (2 KiB): dP's 4 padding k-steps
 constexpr int SMEM = ZERO_OFF + ROWS / 8 * 256;
 constexpr int LAUNCH_SMEM = SMEM + 128;            // the base is rounded up to 128 B
+// PDS: the key tiles in the 128-byte swizzle (9 column tiles of [32 rows][128 B], chunk c of row j at
+// slot c ^ (j % 8)), the base rounded up to 1024 B (the swizzle's atom)
+constexpr int CT_BYTES = NK * 128;                 // 4096
+constexpr int LAUNCH_SMEM_PDS = SMEM + 1024;
+static_assert(K_OFF % 1024 == 0 && TILE_BYTES % 1024 == 0 && 9 * CT_BYTES == TILE_BYTES, "attend_wgmma_bwd: swizzled key tiles");
 // STAGED: one dK/dV unit per consumer (16 slots x 64 columns, float [16][64], 4-column pieces of row
 // s at column ^ 8 ((s >> 1) & 3): the consumers' scalar stores and the storers' 16-byte loads both
 // conflict-free)
@@ -115,6 +128,10 @@ __device__ __forceinline__ u32 unit_off(int ls, int col) {
 }
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+// a 128-byte-swizzle operand descriptor (as attend_wgmma3.cu's)
+__device__ __forceinline__ u64 desc_sw128(u32 addr, u32 lead, u32 stride) {
+    return (u64)((addr >> 4) & 0x3fffu) | ((u64)((lead >> 4) & 0x3fffu) << 16) | ((u64)((stride >> 4) & 0x3fffu) << 32) | (1ull << 62);
+}
 
 // Four lanes q = 0..3 (lane bits 2, 3: lanes xor 4 and xor 8) hold x[j] = element q of item j; after,
 // lane q holds element j of item q in x[j] (two exchange stages, 4 shuffles)
@@ -153,7 +170,7 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
     const int tl = (int)(blockIdx.x / (unsigned)nhb), hb = (int)(blockIdx.x % (unsigned)nhb);
     const int t = t0 + tl, h0 = hb * ROWS;
     if (t >= n) return;                               // (the whole block; the launch never has t >= n)
-    const u32 raw = smem_addr(smem_raw), base = (raw + 127u) & ~127u;
+    const u32 raw = smem_addr(smem_raw), base = PDS ? (raw + 1023u) & ~1023u : (raw + 127u) & ~127u;
     unsigned char* smem = smem_raw + (base - raw);
     const u32 sq = base + Q_OFF, sdo = base + DO_OFF, sk0 = base + K_OFF, sp = base + P_OFF, sds = base + DS_OFF;
     int* skey = reinterpret_cast<int*>(smem + KEY_OFF);
@@ -162,8 +179,9 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
     const int* lst = idx + (long long)t * kk;
 
     if (threadIdx.x == 0) {
-        mbar_init(full0, 128);
-        mbar_init(full0 + 8, 128);
+        // PDS: each producer thread arrives twice (its key store, then its copies landing)
+        mbar_init(full0, PDS ? 256 : 128);
+        mbar_init(full0 + 8, PDS ? 256 : 128);
         mbar_init(empty0, 8);                         // one arrival per consumer warp
         mbar_init(empty0 + 8, 8);
         mbar_fence_init();
@@ -181,11 +199,15 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
         const int lane8 = tid & 7, qw = (tid >> 3) & 3;
         const int r8 = (qw & 1) * 4 + (lane8 >> 1), cq = (tid >> 5) * 4 + (qw >> 1) * 2 + (lane8 & 1);
         int nx[NK / 8], nm = -1;                      // the next tile's slots (nm: slot tid's key)
+        // PDS: quarter warp qg (tid >> 3) copies rows qg and qg + 16 whole, its lane l8 chunks 8 i + l8:
+        // a quarter warp's copy is one row's 128 contiguous bytes (nx[0], nx[1]: the two rows' keys)
+        constexpr int GR = PDS ? 2 : NK / 8;
+        const int qg = tid >> 3, l8 = tid & 7;
         auto load_slots = [&](int it) {
             const int j0 = it * NK;
 #pragma unroll
-            for (int g = 0; g < NK / 8; ++g) {
-                const int j = j0 + g * 8 + r8;
+            for (int g = 0; g < GR; ++g) {
+                const int j = j0 + (PDS ? qg + 16 * g : g * 8 + r8);
                 nx[g] = j < kk ? __ldg(lst + j) : -1;
             }
             if (tid < NK) nm = j0 + tid < kk ? __ldg(lst + j0 + tid) : -1;
@@ -227,26 +249,52 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
         if (ntiles > 0) load_slots(0);
         for (int it = 0; it < ntiles; ++it) {
             const int st = it & 1;
-            if (it >= 1 && !STAGED) {                 // tile it-1 landed: publish it
+            if (it >= 1 && !STAGED && !PDS) {         // tile it-1 landed: publish it
                 cp_async_wait<0>();
                 fence_proxy_async();
                 mbar_arrive(full0 + 8 * ((it - 1) & 1));
             }
             if (it >= 2) mbar_wait_or_trap(empty0 + 8 * st, (u32)(((it >> 1) - 1) & 1));
             if (STAGED && it >= 2) bar_sync(BAR_KEYS, 128);   // (the warps drain their consumers' units apart)
-            const u32 dst = sk0 + (u32)(st * TILE_BYTES + r8 * 16);
+            if constexpr (PDS) {
+                // whole 128-byte row pieces per quarter warp into the swizzle: each 32-byte sector lands in
+                // 32 contiguous bytes, so the L2 serves it in one request (the core-matrix layout took one
+                // request per 16 bytes: 8x the requests, 2x the sectors of attend_wgmma3's gather, the L2
+                // at 79 % of its peak, results/h200-2026-12-04-s12 run 6)
 #pragma unroll
-            for (int g = 0; g < NK / 8; ++g) {
-                const long long s = nx[g];
-                const bool ok = s >= 0 && s < L;
-                const bf16_t* src = kv + (ok ? s * kv_stride : 0);
+                for (int g = 0; g < GR; ++g) {
+                    const int j = qg + 16 * g;
+                    const long long s = nx[g];
+                    const bool ok = s >= 0 && s < L;
+                    const bf16_t* src = kv + (ok ? s * kv_stride : 0) + 8 * l8;
+                    const u32 dst = sk0 + (u32)(st * TILE_BYTES + j * 128 + ((l8 ^ (j & 7)) << 4));
 #pragma unroll
-                for (int i = 0; i < (DQK / 8 + 15) / 16; ++i) {
-                    const int c = cq + 16 * i;
-                    if (c < DQK / 8) cp_async16(dst + (u32)(g * QG + c * 128), src + (ok ? c * 8 : 0), ok);
+                    for (int i = 0; i < DQK / 64; ++i) cp_async16_l2pf(dst + (u32)(i * CT_BYTES), src + (ok ? 64 * i : 0), ok);
+                }
+            } else {
+                const u32 dst = sk0 + (u32)(st * TILE_BYTES + r8 * 16);
+#pragma unroll
+                for (int g = 0; g < NK / 8; ++g) {
+                    const long long s = nx[g];
+                    const bool ok = s >= 0 && s < L;
+                    const bf16_t* src = kv + (ok ? s * kv_stride : 0);
+#pragma unroll
+                    for (int i = 0; i < (DQK / 8 + 15) / 16; ++i) {
+                        const int c = cq + 16 * i;
+                        if (c < DQK / 8) cp_async16(dst + (u32)(g * QG + c * 128), src + (ok ? c * 8 : 0), ok);
+                    }
                 }
             }
             if (tid < NK) skey[st * NK + tid] = (nm >= 0 && (long long)nm < L) ? nm : -1;
+            if (PDS) {
+                // published as the copies land (cp.async.mbarrier.arrive), the producer never waits for
+                // them: the next tile is issued as soon as its stage is free. Waiting for each tile to
+                // land before the next left one tile in flight (results/h200-2026-12-04-s12 run 2: the
+                // first pass's gather alone 17.9 ms). (Not in the direct kernels: the consumers' proxy
+                // fence below made ptxas serialise their wgmma.)
+                mbar_arrive(full0 + 8 * st);          // (release: the keys)
+                cp_async_arrive_noinc(full0 + 8 * st);
+            }
             cp_async_commit();
             if (it + 1 < ntiles) load_slots(it + 1);   // in flight under the next waits
             if (STAGED) {
@@ -263,6 +311,8 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
         if (ntiles > 0) {
             if (STAGED) {
                 for (int j = 0; j < UNITS_PER_TILE; ++j) drain(ntiles - 1, j);
+            } else if (PDS) {
+                cp_async_wait_all();                  // no copy outlives the thread
             } else {
                 cp_async_wait<0>();
                 fence_proxy_async();
@@ -355,18 +405,21 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             const u32 sk = sk0 + (u32)(st * TILE_BYTES);
             const int* key = skey + st * NK;
             mbar_wait_or_trap(full0 + 8 * st, (u32)((it >> 1) & 1));
+            if (PDS) fence_proxy_async();             // the tile's cp.async (generic proxy) -> this wgmma
             // consumer 0: S = Q K^T, consumer 1: dP = dO V^T (64 rows x the tile's 32 keys); element
             // 4 nb + e of sd is row (e >> 1 ? r1 : r0), key 8 nb + 2 tig + (e & 1)
             float sd[16];
             {
-                const u64 bk = smem_desc(sk, 128, QG);
+                const u64 bk = smem_desc(sk, 128, QG), swz = desc_sw128(sk, 16, 1024);
                 const u64 a = c ? smem_desc(sdo, 128, OG) : smem_desc(sq, 128, QG);
                 const u64 z = smem_desc(base + ZERO_OFF, 128, 256);   // as A (64 rows) and as B (32 keys)
                 wgmma_fence();
 #pragma unroll
                 for (int ks = 0; ks < DQK / 16; ++ks) {
                     const bool pad = c && ks >= DV / 16;          // dP past d_v: 0 x 0
-                    wgmma_m64n32k16_bf16(sd, pad ? z : a + (u64)(16 * ks), pad ? z : bk + (u64)(16 * ks), ks > 0);
+                    // PDS: the swizzled tile, column tile ks / 4, its 32-byte k-step ks % 4
+                    const u64 b = PDS ? swz + (u64)(256 * (ks >> 2) + 2 * (ks & 3)) : bk + (u64)(16 * ks);
+                    wgmma_m64n32k16_bf16(sd, pad ? z : a + (u64)(16 * ks), pad ? z : b, ks > 0);
                 }
                 wgmma_commit();
                 wgmma_wait_all();
@@ -424,10 +477,19 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
 #pragma unroll
             for (int ks = 0; ks < NK / 16; ++ks) {
                 const u64 a = smem_desc(sds + (u32)(ks * 256), 128, PG);
+                if constexpr (PDS) {
+                    // the swizzled tile, MN-major: consumer c's columns 256 c .. + 255 (column tiles 4c ..)
+                    // and 512 + 32 c .. + 31 (half the rope's tile): dq's 144 accumulators as 128 + 16
+                    float (&d256)[128] = *reinterpret_cast<float (*)[128]>(&dqa[0][0]);
+                    float (&d32)[16] = *reinterpret_cast<float (*)[16]>(&dqa[0][0] + 128);
+                    wgmma_m64n256k16_bf16_tb(d256, a, desc_sw128(sk + (u32)(4 * c * CT_BYTES + ks * 2048), CT_BYTES, 1024), 1);
+                    wgmma_m64n32k16_bf16_tb(d32, a, desc_sw128(sk + (u32)(8 * CT_BYTES + 64 * c + ks * 2048), CT_BYTES, 1024), 1);
+                } else {
 #pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    const u64 b = smem_desc(sk + (u32)(ks * 2 * QG + (QCOLS * c + QN * j) / 8 * 128), QG, 128);
-                    wgmma_m64n144k16_bf16_tb(dqa[j], a, b, 1);
+                    for (int j = 0; j < 2; ++j) {
+                        const u64 b = smem_desc(sk + (u32)(ks * 2 * QG + (QCOLS * c + QN * j) / 8 * 128), QG, 128);
+                        wgmma_m64n144k16_bf16_tb(dqa[j], a, b, 1);
+                    }
                 }
             }
             wgmma_commit();
@@ -602,13 +664,22 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             const int r = warp * 16 + g8 + 8 * h;
             if (he + r >= Hq) continue;
             const long long row = (long long)te * Hq + he + r;
+            if constexpr (PDS) {                      // element 4 nb + 2 h + e of the 128 + 16 (above)
+                const float* d = &dqa[0][0];
 #pragma unroll
-            for (int j = 0; j < 2; ++j)
-#pragma unroll
-                for (int nb = 0; nb < QN / 8; ++nb) {
-                    const long long at = row * DQK + QCOLS * c + QN * j + nb * 8 + tig * 2;
-                    *reinterpret_cast<float2*>(dq + at) = make_float2(dqa[j][4 * nb + 2 * h], dqa[j][4 * nb + 2 * h + 1]);
+                for (int nb = 0; nb < 36; ++nb) {
+                    const int col = nb < 32 ? 256 * c + 8 * nb : 512 + 32 * c + 8 * (nb - 32);
+                    *reinterpret_cast<float2*>(dq + row * DQK + col + tig * 2) = make_float2(d[4 * nb + 2 * h], d[4 * nb + 2 * h + 1]);
                 }
+            } else {
+#pragma unroll
+                for (int j = 0; j < 2; ++j)
+#pragma unroll
+                    for (int nb = 0; nb < QN / 8; ++nb) {
+                        const long long at = row * DQK + QCOLS * c + QN * j + nb * 8 + tig * 2;
+                        *reinterpret_cast<float2*>(dq + at) = make_float2(dqa[j][4 * nb + 2 * h], dqa[j][4 * nb + 2 * h + 1]);
+                    }
+            }
         }
     }
 }
@@ -774,6 +845,347 @@ __device__ __forceinline__ void split_dkv(const bf16_t* __restrict__ q, const bf
     if (BULK && lane < 8) bulk_wait<0>();            // the block's shared memory outlives the TMA's reads
 }
 
+
+// ---------------------------------------------------------------------------------------------------
+// SPLIT with a dq pass (the wrapper's DQ_PASS): three passes. The first pass above spends its time in
+// a serial chain per 32-key tile (S / dP, the exchange, dQ, the release), with Q and dO in shared
+// memory leaving room for two such tiles. Without dQ (moved to a pass of its own) the first pass holds
+// no accumulator across the keys, so Q and dO fit in the consumers' registers as the MMAs' A
+// fragments: split_sp computes S = Q K^T (consumer 0) and dP = dO V^T (consumer 1) over 64-key tiles
+// with m64n64k16 (A from registers, B = the gathered tile), consumer 0 hands P (float) to consumer 1
+// through shared memory (two buffers, [element pair][thread]: each thread reads what its twin wrote), and
+// they store P and dS (bf16, the same values as the first pass above, the same layout) to the scratch.
+// A stage is released as soon as its MMAs retire, before the softmax. split_dkv (above) then makes dK /
+// dV, and split_dq makes dq = dS K per query and column third: [HPAD heads] x [192 columns], the dS
+// blocks and the third of each key row gathered again, the 16-key chunks in the first pass's order
+// (dq the same bits as the first pass above computes, where the wgmma's k16 sums do not depend on N).
+namespace sp {
+constexpr int NK = 64;                              // keys per tile
+constexpr int NST = 2;                              // stages
+constexpr int TILE_BYTES = NK / 8 * QG;             // 73728
+constexpr int X_BYTES = 32 * 128 * 4;               // P (float): 32 elements x 128 threads
+constexpr int K_OFF = 0, X_OFF = NST * TILE_BYTES, KEY_OFF = X_OFF + 2 * X_BYTES;
+constexpr int BAR_OFF = KEY_OFF + NST * NK * 4;     // full[NST], empty[NST]
+constexpr int ZERO_OFF = BAR_OFF + 2 * NST * 8 + 96;  // a zero [64 keys][16] bf16 tile (2 KiB, 128-byte aligned)
+constexpr int LAUNCH_SMEM = ZERO_OFF + NK / 8 * 256 + 128;
+static_assert(LAUNCH_SMEM <= 227 * 1024 && ZERO_OFF % 128 == 0, "attend_wgmma_bwd split_sp: shared memory over 227 KiB");
+constexpr int THREADS = 384, PRODUCER_REGS = 56, CONSUMER_REGS = 224;   // (the producer's 8 slot keys spill at 40)
+static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= THREADS * (65536 / THREADS / 8 * 8),
+              "attend_wgmma_bwd split_sp: setmaxnreg budgets exceed the block's launch registers");
+// named barriers: P of tile parity b in buffer b (consumer 0 arrives, consumer 1 syncs), buffer b read
+// (consumer 1 arrives, consumer 0 syncs before its refill two tiles on)
+constexpr int BAR_XFULL = 1, BAR_XFREE = 3;
+}  // namespace sp
+
+// the 32-bit word at p (two bf16), through the read-only path
+__device__ __forceinline__ u32 ldg_u32(const bf16_t* p) { return (u32)__ldg(reinterpret_cast<const int*>(p)); }
+
+// grid (queries t0 ..) x nhb head blocks, as the first pass above; pds as there (dq not written)
+__device__ __forceinline__ void split_sp(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv, long long kv_stride,
+                                         const int* __restrict__ idx, int kk, int n, int t0, long long L, int Hq,
+                                         int nhb, float scale, float scale_log2, const bf16_t* __restrict__ dout,
+                                         const float* __restrict__ lse, const float* __restrict__ delta,
+                                         bf16_t* __restrict__ pds) {
+    constexpr int NK = sp::NK, NST = sp::NST;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    const int tl = (int)(blockIdx.x / (unsigned)nhb), hb = (int)(blockIdx.x % (unsigned)nhb);
+    const int t = t0 + tl, h0 = hb * ROWS;
+    if (t >= n) return;
+    const u32 raw = smem_addr(smem_raw), base = (raw + 127u) & ~127u;
+    unsigned char* smem = smem_raw + (base - raw);
+    const u32 sk0 = base + sp::K_OFF, sx0 = base + sp::X_OFF;
+    for (int i = (int)threadIdx.x; i < NK / 8 * 256 / 4; i += (int)blockDim.x) st_shared_u32(base + sp::ZERO_OFF + 4 * i, 0u);
+    fence_proxy_async();                              // the zero tile -> the consumers' wgmma (after the sync below)
+    int* skey = reinterpret_cast<int*>(smem + sp::KEY_OFF);
+    const u32 full0 = base + sp::BAR_OFF, empty0 = full0 + 8 * NST;
+    const int ntiles = (kk + NK - 1) / NK;
+    const int* lst = idx + (long long)t * kk;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < NST; ++s) {
+            mbar_init(full0 + 8 * s, 256);            // each producer thread: its key store, its copies landing
+            mbar_init(empty0 + 8 * s, 8);             // one arrival per consumer warp
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();
+    const int wg = (int)(threadIdx.x >> 7), tid = (int)(threadIdx.x & 127);
+
+    if (wg == 2) {
+        // ---------------------------------------------------------------- producer
+        regs_dec<sp::PRODUCER_REGS>();
+        // quarter warp qg (tid >> 3) copies rows qg + 16 g whole, its lane l8 chunks 8 i + l8: a quarter
+        // warp's copy is one row's 128 contiguous bytes (the L2 fetching each row's 256-byte blocks)
+        const int qg = tid >> 3, l8 = tid & 7;
+        int nx[NK / 16], nm = -1;
+        auto load_slots = [&](int it) {
+            const int j0 = it * NK;
+#pragma unroll
+            for (int g = 0; g < NK / 16; ++g) {
+                const int j = j0 + qg + 16 * g;
+                nx[g] = j < kk ? __ldg(lst + j) : -1;
+            }
+            if (tid < NK) nm = j0 + tid < kk ? __ldg(lst + j0 + tid) : -1;
+        };
+        // published as the copies land (cp.async.mbarrier.arrive): the producer never waits for them
+        if (ntiles > 0) load_slots(0);
+        for (int it = 0; it < ntiles; ++it) {
+            const int st = it % NST;
+            if (it >= NST) mbar_wait_or_trap(empty0 + 8 * st, (u32)(((it / NST) - 1) & 1));
+#pragma unroll
+            for (int g = 0; g < NK / 16; ++g) {
+                const int j = qg + 16 * g;
+                const long long s = nx[g];
+                const bool ok = s >= 0 && s < L;
+                const bf16_t* src = kv + (ok ? s * kv_stride : 0) + 8 * l8;
+                const u32 dst = sk0 + (u32)(st * sp::TILE_BYTES + (j >> 3) * QG + (j & 7) * 16 + l8 * 128);
+#pragma unroll
+                for (int i = 0; i < DQK / 64; ++i) cp_async16_l2pf(dst + (u32)(i * 1024), src + (ok ? 64 * i : 0), ok);
+            }
+        if (tid < NK) skey[st * NK + tid] = (nm >= 0 && (long long)nm < L) ? nm : -1;
+            mbar_arrive(full0 + 8 * st);              // (release: the keys)
+            cp_async_arrive_noinc(full0 + 8 * st);
+            if (it + 1 < ntiles) load_slots(it + 1);
+        }
+        cp_async_wait_all();                          // no copy outlives the thread
+        return;
+    }
+    // -------------------------------------------------------------------- consumers
+    regs_inc<sp::CONSUMER_REGS>();
+    const int c = wg;
+    const int warp = tid >> 5, lane = tid & 31, g8 = lane >> 2, tig = lane & 3;
+    const int r0 = warp * 16 + g8, r1 = r0 + 8;       // this thread's two rows (heads h0 + r)
+    // consumer 0: Q [64][576] as 36 k-steps of A fragments; consumer 1: dO [64][512] as 32 (rows past
+    // Hq zero). Fragment ks: (r0, 16 ks + 2 tig ..), (r1, ..), (r0, .. + 8), (r1, .. + 8)
+    constexpr int KQ = DQK / 16, KO = DV / 16;
+    u32 a[KQ][4];
+    {
+        const int D = c ? DV : DQK;
+        const bf16_t* src = c ? dout : q;
+        const bool ok0 = h0 + r0 < Hq, ok1 = h0 + r1 < Hq;
+        const bf16_t* p0 = src + ((long long)t * Hq + (ok0 ? h0 + r0 : 0)) * D + 2 * tig;
+        const bf16_t* p1 = src + ((long long)t * Hq + (ok1 ? h0 + r1 : 0)) * D + 2 * tig;
+        // every load from a valid address, masked after (conditional loads made ptxas spill ~70 registers)
+        const u32 m0 = ok0 ? ~0u : 0u, m1 = ok1 ? ~0u : 0u;
+#pragma unroll
+        for (int ks = 0; ks < KQ; ++ks) {
+            const bool in = !c || ks < KO;
+            const int o = in ? 16 * ks : 0;
+            const u32 mi = in ? ~0u : 0u;
+            a[ks][0] = ldg_u32(p0 + o) & m0 & mi;
+            a[ks][1] = ldg_u32(p1 + o) & m1 & mi;
+            a[ks][2] = ldg_u32(p0 + o + 8) & m0 & mi;
+            a[ks][3] = ldg_u32(p1 + o + 8) & m1 & mi;
+        }
+    }
+    float ls[2], dl[2];                               // lse * log2 e (-inf: P = 0) and delta of the two rows
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = h ? r1 : r0;
+        const bool ok = h0 + r < Hq;
+        const long long row = (long long)t * Hq + h0 + r;
+        ls[h] = ok ? lse[row] * 1.4426950408889634f : neg_inf();
+        dl[h] = ok ? delta[row] : 0.0f;
+    }
+    // P / dS of tile it (element i = 4 nb + 2 h + e: row h ? r1 : r0, key 8 nb + 2 tig + e) into the
+    // query's block it, [P | dS] (c), as the first pass above lays them out: one warp store per core matrix
+    auto put = [&](int it_, const float (&v)[32]) {
+        const u32 bx = opaque_u32(blockIdx.x);
+        const int tq = (int)(bx / (unsigned)nhb), hbq = (int)(bx % (unsigned)nhb);
+        const long long tile = (long long)(nhb * ROWS) * 64;
+        bf16_t* pb = pds + ((long long)tq * ((kk + 63) / 64) + it_) * 2 * tile + (opaque_u32((u32)c) ? tile : 0);
+        const int o0 = (hbq * 8 + 2 * warp) * 512 + g8 * 8 + 2 * tig;
+#pragma unroll
+        for (int nb = 0; nb < NK / 8; ++nb) {
+            st_global_u32(pb + o0 + nb * 64, pack_bf16x2(v[4 * nb], v[4 * nb + 1]));
+            st_global_u32(pb + o0 + nb * 64 + 512, pack_bf16x2(v[4 * nb + 2], v[4 * nb + 3]));
+        }
+    };
+    for (int it = 0; it < ntiles; ++it) {
+        const int st = it % NST, xb = it & 1;
+        const u32 sk = sk0 + (u32)(st * sp::TILE_BYTES), sx = sx0 + (u32)(xb * sp::X_BYTES);
+        mbar_wait_or_trap(full0 + 8 * st, (u32)((it / NST) & 1));
+        fence_proxy_async();                          // the tile's cp.async (generic proxy) -> this wgmma
+        u32 vm = 0;                                   // consumer 0: which of its 16 keys are valid
+        if (!c) {
+            const int* key = skey + st * NK;
+#pragma unroll
+            for (int nb = 0; nb < NK / 8; ++nb)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) vm |= (key[8 * nb + 2 * tig + e] >= 0 ? 1u : 0u) << (2 * nb + e);
+        }
+        float sd[32];
+        {
+            // one instruction stream for both (a branch per consumer made ptxas serialise the wgmma):
+            // dP's last 4 k-steps multiply zero fragments by the zero tile
+            // B's descriptor advanced one k-step at a time through opaque_u32 (its low word: the address):
+            // 36 descriptors made ahead of the MMAs, beside the 144 fragment registers, spilled
+            const u64 bk = smem_desc(sk, 128, QG), z = smem_desc(base + sp::ZERO_OFF, 128, 256);
+            const u64 hi = bk & 0xffffffff00000000ull;
+            u32 lo = (u32)bk;
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < KQ; ++ks) {
+                wgmma_m64n64k16_bf16_rs(sd, a[ks], c && ks >= KO ? z : hi | lo, ks > 0);
+                lo = opaque_u32(lo + 16u);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty0 + 8 * st);  // the tile (and its keys) may be refilled now
+        if (!c) {
+#pragma unroll
+            for (int i = 0; i < 32; ++i) {
+                const int h = (i >> 1) & 1;
+                sd[i] = ((vm >> (2 * (i >> 2) + (i & 1))) & 1u) && ls[h] != neg_inf()
+                            ? exp2f(sd[i] * scale_log2 - ls[h]) : 0.0f;
+            }
+            if (it >= 2) bar_sync(sp::BAR_XFREE + xb, 256);   // consumer 1 has read tile it-2's P
+#pragma unroll
+            for (int i = 0; i < 16; ++i) st_shared_f32x2(sx + (u32)(8 * (i * 128 + tid)), sd[2 * i], sd[2 * i + 1]);
+            bar_arrive(sp::BAR_XFULL + xb, 256);
+        } else {
+            bar_sync(sp::BAR_XFULL + xb, 256);
+#pragma unroll
+            for (int i = 0; i < 16; ++i) {            // elements 2 i, 2 i + 1: one row (h = i & 1)
+                float p0, p1;
+                ld_shared_f32x2(sx + (u32)(8 * (i * 128 + tid)), p0, p1);
+                sd[2 * i] = p0 * (sd[2 * i] - dl[i & 1]) * scale;
+                sd[2 * i + 1] = p1 * (sd[2 * i + 1] - dl[i & 1]) * scale;
+            }
+            if (it + 2 < ntiles) bar_arrive(sp::BAR_XFREE + xb, 256);
+        }
+        put(it, sd);                                  // consumer 0: P, consumer 1: dS
+    }
+}
+
+namespace dqp {
+constexpr int KT = 64, COLS = 192, PARTS = DQK / COLS, HMAX = 128;
+constexpr int RG = COLS / 8 * 128;                  // bytes per 8 keys of a [.][192] tile: 3072
+constexpr int TG = KT / 8 * 128;                    // bytes per 8 heads of a [.][64] dS block: 1024
+constexpr int DS_BYTES = HMAX / 8 * TG;             // 16384
+constexpr int K_BYTES = KT / 8 * RG;                // 24576
+constexpr int STAGE = DS_BYTES + K_BYTES, NST = 4;
+constexpr int BAR_OFF = NST * STAGE;                // full[NST], empty[NST]
+constexpr int LAUNCH_SMEM = BAR_OFF + 2 * NST * 8 + 128;
+static_assert(LAUNCH_SMEM <= 227 * 1024, "attend_wgmma_bwd split_dq: shared memory over 227 KiB");
+constexpr int THREADS = 384, PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= THREADS * (65536 / THREADS / 8 * 8),
+              "attend_wgmma_bwd split_dq: setmaxnreg budgets exceed the block's launch registers");
+}  // namespace dqp
+
+// kv rows at kv + s * kv_stride; pds: the first pass's blocks of queries t0 .. t0 + count - 1; grid
+// count * 3: block b is query t0 + b / 3, columns 192 (b % 3) ..; dq [n, Hq, 576] float (written).
+// WG 0 gathers (cp.async, NST stages of the dS block and the 64 key rows' third, published by
+// cp.async.mbarrier.arrive as they land); consumer c (WGs 1, 2) accumulates dq's columns 96 c .. of the third for all HPAD heads
+// (m64n96k16 per 64 heads: A = dS K-major, B = the rows MN-major).
+template <int HPAD>
+__device__ __forceinline__ void split_dq(const bf16_t* __restrict__ kv, long long kv_stride, const bf16_t* __restrict__ pds,
+                                         const int* __restrict__ idx, int kk, int t0, long long L, int Hq,
+                                         float* __restrict__ dq) {
+    constexpr int KT = dqp::KT, COLS = dqp::COLS, PARTS = dqp::PARTS, RG = dqp::RG, TG = dqp::TG, NST = dqp::NST;
+    static_assert(HPAD == 64 || HPAD == 128, "split_dq: one or two head blocks");
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    const int tl = (int)(blockIdx.x / (unsigned)PARTS), part = (int)(blockIdx.x % (unsigned)PARTS);
+    const int t = t0 + tl, col0 = COLS * part;
+    const u32 raw = smem_addr(smem_raw), base = (raw + 127u) & ~127u;
+    const u32 full0 = base + (u32)dqp::BAR_OFF, empty0 = full0 + 8 * NST;
+    const int nt = (kk + KT - 1) / KT;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < NST; ++s) {
+            mbar_init(full0 + 8 * s, 128);            // every producer thread, once its copies landed
+            mbar_init(empty0 + 8 * s, 8);             // one arrival per consumer warp
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();
+    const int wg = (int)(threadIdx.x >> 7), tid = (int)(threadIdx.x & 127);
+    const int* lst = idx + (long long)t * kk;
+    const int warp = tid >> 5, lane = tid & 31;
+    if (wg == 0) {
+        regs_dec<dqp::PRODUCER_REGS>();
+        // the dS block: HPAD * 64 bf16, contiguous in pds and in the stage (16 bytes a thread at a time);
+        // the key rows: warp w copies rows 16 w + 8 g + (lane >> 2), chunks 4 v + (lane & 3) of the
+        // third (a quarter warp: one row's 64 contiguous bytes; a warp: 4 whole core matrices)
+        const bf16_t* blocks = pds + (long long)tl * nt * 2 * HPAD * KT;
+        const int rr = lane >> 2, cc = lane & 3;
+        int kx[2];
+        auto keys = [&](int T) {
+#pragma unroll
+            for (int g = 0; g < 2; ++g) {
+                const int j = T * KT + 16 * warp + 8 * g + rr;
+                kx[g] = j < kk ? __ldg(lst + j) : -1;
+            }
+        };
+        if (nt > 0) keys(0);
+        for (int T = 0; T < nt; ++T) {
+            const int s = T % NST;
+            if (T >= NST) mbar_wait_or_trap(empty0 + 8 * s, (u32)(((T / NST) - 1) & 1));
+            const u32 sds = base + (u32)(s * dqp::STAGE), sk = sds + dqp::DS_BYTES;
+            const bf16_t* ds = blocks + ((long long)T * 2 + 1) * HPAD * KT;
+#pragma unroll
+            for (int i = 0; i < HPAD * KT / 8 / 128; ++i) cp_async16(sds + (u32)(16 * (tid + 128 * i)), ds + 8 * (tid + 128 * i), true);
+#pragma unroll
+            for (int g = 0; g < 2; ++g) {
+                const long long s_ = kx[g];
+                const bool ok = s_ >= 0 && s_ < L;
+                const bf16_t* src = kv + (ok ? s_ * kv_stride + col0 : 0);
+                const u32 dst = sk + (u32)((2 * warp + g) * RG + rr * 16);
+#pragma unroll
+                for (int v = 0; v < COLS / 8 / 4; ++v) {
+                    const int ch = 4 * v + cc;
+                    cp_async16_l2pf(dst + (u32)(ch * 128), src + (ok ? ch * 8 : 0), ok);
+                }
+            }
+            cp_async_arrive_noinc(full0 + 8 * s);    // published as the copies land
+            if (T + 1 < nt) keys(T + 1);
+        }
+        cp_async_wait_all();                          // no copy outlives the thread
+        return;
+    }
+    regs_inc<dqp::CONSUMER_REGS>();
+    const int c = wg - 1, g8 = lane >> 2, tig = lane & 3;
+    constexpr int MT = HPAD / 64;
+    float acc[MT][48];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int i = 0; i < 48; ++i) acc[m][i] = 0.0f;
+    for (int T = 0; T < nt; ++T) {
+        const int s = T % NST;
+        const u32 sds = base + (u32)(s * dqp::STAGE), sk = sds + dqp::DS_BYTES;
+        mbar_wait_or_trap(full0 + 8 * s, (u32)((T / NST) & 1));
+        fence_proxy_async();                          // the block's cp.async (generic proxy) -> this wgmma
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < KT / 16; ++ks)
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+                wgmma_m64n96k16_bf16_tb(acc[m], smem_desc(sds + (u32)(m * 8 * TG + ks * 256), 128, TG),
+                                        smem_desc(sk + (u32)(c * 12 * 128 + ks * 2 * RG), RG, 128), 1);
+        wgmma_commit();
+        wgmma_wait<1>();                              // block T - 1's MMAs retired: its stage is free
+        if (T >= 1) {
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty0 + 8 * ((T - 1) % NST));
+        }
+    }
+    wgmma_wait<0>();
+    // dq rows (heads past Hq not written): element 4 nb + 2 h + e of acc[m] is head 64 m + 16 warp +
+    // g8 + 8 h, column col0 + 96 c + 8 nb + 2 tig + e
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = 64 * m + 16 * warp + g8 + 8 * h;
+            if (r >= Hq) continue;
+            float* row = dq + ((long long)t * Hq + r) * DQK + col0 + 96 * c + 2 * tig;
+#pragma unroll
+            for (int nb = 0; nb < 12; ++nb)
+                *reinterpret_cast<float2*>(row + 8 * nb) = make_float2(acc[m][4 * nb + 2 * h], acc[m][4 * nb + 2 * h + 1]);
+        }
+}
+
 }  // namespace attwb
 }  // namespace hytopk
 
@@ -810,3 +1222,20 @@ hytopk_attend_bwd_dkv(const bf16_t* __restrict__ q, const bf16_t* __restrict__ d
     split_dkv<ATOMIC, HPAD, BULK>(q, dout, pds, idx, kk, t0, L, Hq, out);
 }
 
+
+// SPLIT with a dq pass, first pass: S, dP, and P / dS (bf16) to pds, Q and dO in registers (no dq)
+__global__ void __launch_bounds__(sp::THREADS, 1)
+hytopk_attend_bwd_sp(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv, long long kv_stride,
+                     const int* __restrict__ idx, int kk, int n, int t0, long long L, int Hq, int nhb, float scale,
+                     float scale_log2, const bf16_t* __restrict__ dout, const float* __restrict__ lse,
+                     const float* __restrict__ delta, bf16_t* __restrict__ pds) {
+    split_sp(q, kv, kv_stride, idx, kk, n, t0, L, Hq, nhb, scale, scale_log2, dout, lse, delta, pds);
+}
+
+// SPLIT with a dq pass, third pass: dq [n, Hq, 576] float (written) = dS K per query and column third
+template <int HPAD>
+__global__ void __launch_bounds__(dqp::THREADS, 1)
+hytopk_attend_bwd_dq(const bf16_t* __restrict__ kv, long long kv_stride, const bf16_t* __restrict__ pds,
+                     const int* __restrict__ idx, int kk, int t0, long long L, int Hq, float* __restrict__ dq) {
+    split_dq<HPAD>(kv, kv_stride, pds, idx, kk, t0, L, Hq, dq);
+}

@@ -45,10 +45,14 @@ def test_backward_instantiations_and_launch_figures():
                                                              "hytopk_attend_bwd_pds",
                                                              *(f"hytopk_attend_bwd_dkv<{a}, {h}, {u}>"
                                                                for a in ("false", "true") for h in (64, 128)
-                                                               for u in ("false", "true"))]
+                                                               for u in ("false", "true")),
+                                                             "hytopk_attend_bwd_sp", "hytopk_attend_bwd_dq<64>",
+                                                             "hytopk_attend_bwd_dq<128>"]
     # split: the first pass launches as the direct kernel; the second sums one or two head blocks
     assert INST.attend_wgmma_bwd_name(True, writes="split") == "hytopk_attend_bwd_pds"
-    assert INST.attend_wgmma_bwd_smem("split") == INST.ATTEND_WGMMA_BWD_SMEM
+    # (its key tiles in the 128-byte swizzle: the base rounded up to 1024 bytes, not 128)
+    assert INST.attend_wgmma_bwd_smem("split") == INST.ATTEND_WGMMA_BWD_SMEM_PDS == \
+        INST.ATTEND_WGMMA_BWD_SMEM + 896 <= 227 * 1024
     assert INST.attend_wgmma_bwd_dkv_name(True, 128, False) == "hytopk_attend_bwd_dkv<true, 128, false>"
     assert INST.attend_wgmma_bwd_dkv_name(False, 64) == \
         f"hytopk_attend_bwd_dkv<false, 64, {'true' if INST.ATTEND_WGMMA_BWD_DKV_BULK else 'false'}>"
@@ -67,7 +71,7 @@ def test_backward_instantiations_and_launch_figures():
     with pytest.raises(ValueError, match="argument 'writes'"):
         INST.attend_wgmma_bwd_name(True, writes="bulk")
     assert INST.FILE_OPTIONS["attend_wgmma_bwd.cu"] == ("-arch=sm_90a",)
-    assert len(INST.geometry_asserts("attend_wgmma_bwd.cu")) == 7
+    assert len(INST.geometry_asserts("attend_wgmma_bwd.cu")) == 9
     # the setmaxnreg budgets fill the 168 registers x 384 threads of the launch exactly, both splits
     assert sum(t * r for t, r in INST.ATTEND_WGMMA_BWD_ROLES) == 168 * 384
     assert sum(t * r for t, r in INST.ATTEND_WGMMA_BWD_ROLES_STAGED) == 168 * 384
@@ -80,7 +84,7 @@ def test_backward_instantiations_and_launch_figures():
                                           + 2 * 32 * 4 + 8 * 8 + 64 + 64 * 16 * 2 + 128) <= INST.ATTEND_SMEM_LIMIT
     assert INST.ATTEND_WGMMA_BWD_SMEM_STAGED == INST.ATTEND_WGMMA_BWD_SMEM + 2 * 16 * 64 * 4 <= INST.ATTEND_SMEM_LIMIT
     assert [INST.attend_wgmma_bwd_smem(w) for w in INST.ATTEND_WGMMA_BWD_WRITES] == [
-        INST.ATTEND_WGMMA_BWD_SMEM, INST.ATTEND_WGMMA_BWD_SMEM_STAGED, INST.ATTEND_WGMMA_BWD_SMEM]
+        INST.ATTEND_WGMMA_BWD_SMEM, INST.ATTEND_WGMMA_BWD_SMEM_STAGED, INST.ATTEND_WGMMA_BWD_SMEM_PDS]
     assert INST.ATTEND_WGMMA_BWD_THREADS == 384
 
 
