@@ -253,15 +253,6 @@ ATTEND_WGMMA_BWD_DKV_BULK = True        # the second pass's default: atomics 43.
 ATTEND_WGMMA_BWD_DKV_ROLES = ((128, 40), (256, 232))
 ATTEND_WGMMA_BWD_DKV_THREADS = 384
 ATTEND_WGMMA_BWD_SPLIT_HEADS = 128      # the second pass sums at most two head blocks
-# split with a dq pass (DQ_PASS): the first pass hytopk_attend_bwd_sp (two 64-key stages, two float P
-# buffers [32][128], the stages' slot keys, 4 mbarriers, 96 B to a 128-byte boundary, a zero [64][16] bf16
-# tile, 128 B to round the base up: attwb::sp::LAUNCH_SMEM),
-# the third hytopk_attend_bwd_dq<HPAD> (4 stages of a dS block [128][64] and a key-row third [64][192]
-# bf16, 8 mbarriers, 128 B: attwb::dqp::LAUNCH_SMEM); both 384 threads (setmaxnreg: SP_ROLES, DKV_ROLES)
-ATTEND_WGMMA_BWD_SP_SMEM = 2 * 64 * 576 * 2 + 2 * 32 * 128 * 4 + 2 * 64 * 4 + 4 * 8 + 96 + 2048 + 128
-ATTEND_WGMMA_BWD_DQ_SMEM = 4 * (128 * 64 * 2 + 64 * 192 * 2) + 8 * 8 + 128
-ATTEND_WGMMA_BWD_SP_ROLES = ((128, 56), (256, 224))   # the dq-pass first pass: its producer holds 8 slot keys
-ATTEND_WGMMA_BWD_DQ_PASS = False        # the split's default first pass: hytopk_attend_bwd_pds (dq in it)
 ATTEND_WGMMA_BWD_THREADS = 384
 ATTEND_WGMMA_BWD_ROLES = ((128, 40), (256, 232))   # (threads, setmaxnreg): the producer, the consumers
 ATTEND_WGMMA_BWD_ROLES_STAGED = ((128, 88), (256, 208))   # staged: the producer also writes dK/dV
@@ -308,13 +299,6 @@ def attend_wgmma_bwd_dkv_name(atomic, hpad, bulk=None) -> str:
         raise ValueError(f"argument 'hpad': {hpad} is not 64 or 128")
     bulk = ATTEND_WGMMA_BWD_DKV_BULK if bulk is None else bulk
     return f"hytopk_attend_bwd_dkv<{_b(atomic)}, {int(hpad)}, {_b(bulk)}>"
-
-
-def attend_wgmma_bwd_dq_name(hpad) -> str:
-    """The dq-pass split's third pass (dq = dS K of one or two head blocks: hpad 64 / 128)."""
-    if hpad not in (64, 128):
-        raise ValueError(f"argument 'hpad': {hpad} is not 64 or 128")
-    return f"hytopk_attend_bwd_dq<{int(hpad)}>"
 
 
 def attend_wgmma_bwd_dkv_smem(bulk=None) -> int:
@@ -401,12 +385,7 @@ def geometry_asserts(file: str, shapes=SHAPES) -> list[str]:
                 f'{ATTEND_WGMMA_BWD_DKV_ROLES[0][1]} && hytopk::attwb::dkv::CONSUMER_REGS == {ATTEND_WGMMA_BWD_DKV_ROLES[1][1]} && '
                 f'hytopk::attwb::dkv::THREADS == {ATTEND_WGMMA_BWD_DKV_THREADS}, "instantiations.ATTEND_WGMMA_BWD_DKV_* drifted");',
                 f'static_assert(hytopk::attwb::dkv::LAUNCH_SMEM_BULK == {ATTEND_WGMMA_BWD_DKV_SMEM_BULK}, '
-                '"instantiations.ATTEND_WGMMA_BWD_DKV_SMEM_BULK drifted");',
-                f'static_assert(hytopk::attwb::sp::LAUNCH_SMEM == {ATTEND_WGMMA_BWD_SP_SMEM} && hytopk::attwb::dqp::LAUNCH_SMEM == '
-                f'{ATTEND_WGMMA_BWD_DQ_SMEM} && hytopk::attwb::sp::PRODUCER_REGS == {ATTEND_WGMMA_BWD_SP_ROLES[0][1]} && '
-                f'hytopk::attwb::sp::CONSUMER_REGS == {ATTEND_WGMMA_BWD_SP_ROLES[1][1]} && hytopk::attwb::dqp::PRODUCER_REGS == '
-                f'{ATTEND_WGMMA_BWD_DKV_ROLES[0][1]} && hytopk::attwb::dqp::CONSUMER_REGS == {ATTEND_WGMMA_BWD_DKV_ROLES[1][1]}, '
-                '"instantiations.ATTEND_WGMMA_BWD_SP_SMEM / DQ_SMEM / SP_ROLES / DKV_ROLES drifted");']
+                '"instantiations.ATTEND_WGMMA_BWD_DKV_SMEM_BULK drifted");']
     if file == "attend_wgmma3.cu":
         return [f'static_assert(hytopk::attw3::LAUNCH_SMEM == {ATTEND_WGMMA3_SMEM}, "instantiations.ATTEND_WGMMA3_SMEM drifted");',
                 f'static_assert(hytopk::attw3::THREADS == {ATTEND_WGMMA3_THREADS}, "instantiations.ATTEND_WGMMA3_THREADS drifted");',
@@ -448,8 +427,7 @@ def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
         return (attend_wgmma_bwd_name(False, True), attend_wgmma_bwd_name(True, False), attend_wgmma_bwd_name(True, True),
                 attend_wgmma_bwd_name(False, writes="staged"), attend_wgmma_bwd_name(True, writes="staged"),
                 attend_wgmma_bwd_name(False, writes="split"),
-                *(attend_wgmma_bwd_dkv_name(a, h, u) for a in (False, True) for h in (64, 128) for u in (False, True)),
-                "hytopk_attend_bwd_sp", *(attend_wgmma_bwd_dq_name(h) for h in (64, 128)))
+                *(attend_wgmma_bwd_dkv_name(a, h, u) for a in (False, True) for h in (64, 128) for u in (False, True)))
     for kernel, over in KERNELS[file]:
         if over == "plain":
             out.append(name(kernel))
