@@ -5,7 +5,7 @@
 // its dK/dV MMAs, writing P and dS instead, then a second kernel over all the heads (below the first).
 //
 // 384 threads = 3 warpgroups. WG 2 (producer) gathers key tiles of NK = 32 slots (32 rows x 1152 B,
-// no-swizzle core-matrix layout) with cp.async into two stages, as attend_wgmma2.cu's producer
+// no-swizzle core-matrix layout; PDS: the 128-byte swizzle, below) with cp.async into two stages, as attend_wgmma2.cu's producer
 // (full / empty mbarriers, the next tile's slots loaded one tile ahead). WG 0 and WG 1 (consumers)
 // per tile:
 //   consumer 0: S = Q K^T, consumer 1: dP = dO V^T, all 32 keys (m64n32k16 x 36 each: dP's last 4
@@ -93,6 +93,7 @@ constexpr int LAUNCH_SMEM = SMEM + 128;            // the base is rounded up to 
 constexpr int CT_BYTES = NK * 128;                 // 4096
 constexpr int LAUNCH_SMEM_PDS = SMEM + 1024;
 static_assert(K_OFF % 1024 == 0 && TILE_BYTES % 1024 == 0 && 9 * CT_BYTES == TILE_BYTES, "attend_wgmma_bwd: swizzled key tiles");
+static_assert(LAUNCH_SMEM_PDS <= 227 * 1024, "attend_wgmma_bwd: the first pass's shared memory over 227 KiB");
 // STAGED: one dK/dV unit per consumer (16 slots x 64 columns, float [16][64], 4-column pieces of row
 // s at column ^ 8 ((s >> 1) & 3): the consumers' scalar stores and the storers' 16-byte loads both
 // conflict-free)
@@ -292,7 +293,8 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
                 // layout, no faster: run 3 of results/h200-2026-12-04-s12; run 7 measured it with the
                 // swizzle). Not in the direct kernels: the consumers' proxy fence below made ptxas
                 // serialise their wgmma.
-                mbar_arrive(full0 + 8 * st);          // (release: the keys)
+                mbar_arrive(full0 + 8 * st);          // (release: the keys; after their store, as the
+                                                      // cp.async arrival below releases no plain stores)
                 cp_async_arrive_noinc(full0 + 8 * st);
             }
             cp_async_commit();
@@ -479,7 +481,9 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
                 const u64 a = smem_desc(sds + (u32)(ks * 256), 128, PG);
                 if constexpr (PDS) {
                     // the swizzled tile, MN-major: consumer c's columns 256 c .. + 255 (column tiles 4c ..)
-                    // and 512 + 32 c .. + 31 (half the rope's tile): dq's 144 accumulators as 128 + 16
+                    // and 512 + 32 c .. + 31 (half the rope's tile, consumer 1's starting 64 bytes into the
+                    // atom: legal by the descriptor rules, not a CUTLASS pattern; its columns matched bit for
+                    // bit on the H200): dq's 144 accumulators as 128 + 16
                     float (&d256)[128] = *reinterpret_cast<float (*)[128]>(&dqa[0][0]);
                     float (&d32)[16] = *reinterpret_cast<float (*)[16]>(&dqa[0][0] + 128);
                     wgmma_m64n256k16_bf16_tb(d256, a, desc_sw128(sk + (u32)(4 * c * CT_BYTES + ks * 2048), CT_BYTES, 1024), 1);
