@@ -849,8 +849,6 @@ __device__ __forceinline__ void split_dkv(const bf16_t* __restrict__ q, const bf
     if (BULK && lane < 8) bulk_wait<0>();            // the block's shared memory outlives the TMA's reads
 }
 
-
-
 }  // namespace attwb
 }  // namespace hytopk
 
