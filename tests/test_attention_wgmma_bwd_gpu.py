@@ -258,6 +258,7 @@ def split(monkeypatch, request):
     from workbench.families.cupy import attend_wgmma_bwd as AWB
     monkeypatch.setattr(AWB, "WRITES", "split")
     monkeypatch.setattr(AWB, "DKV_BULK", request.param)
+    monkeypatch.setattr(AWB, "DKV_PHASES", 1)       # the phased atomics: test_split_phases_* below
     return AWB
 
 
@@ -361,3 +362,76 @@ def test_auto_writes_take_split_in_both_modes(CA, monkeypatch):
         np.testing.assert_array_equal(a, b)
     assert AWB.AUTO_WRITES == {True: "split", False: "split"}
     np.testing.assert_array_equal(run("auto", False)[0], run("split", False)[0])
+
+
+@pytest.mark.parametrize("n,kk", [(3, 1), (5, 45), (4, 150), (2, 2048), (3, 3000), (1, 8192)])
+def test_sort_slots_matches_numpy(CA, n, kk):
+    """hytopk_attend_sort_slots (the phased second pass's slot order): each row as np.sort's, with
+    padding (-1), keys past L, duplicates, and kk not a power of two."""
+    from workbench.families.cupy import attend_wgmma_bwd as AWB
+    rng = np.random.default_rng(seed("sort-slots", n, kk))
+    idx = rng.integers(-1, 5000, (n, kk)).astype(np.int32)
+    idx[:, ::7] = -1
+    idx[0, -1] = 2 ** 31 - 2
+    got = cp.asnumpy(AWB.sorted_slots(cp.asarray(idx), n, kk))
+    np.testing.assert_array_equal(got, np.sort(idx, axis=1))
+
+
+@pytest.mark.parametrize("bulk", [False, True], ids=["dkv_direct", "dkv_bulk"])
+@pytest.mark.parametrize("Hq,phases", [(8, 3), (80, 2), (128, 4), (128, 7)])
+@pytest.mark.parametrize("kind", ["random", "dups", "empty", "pad_only"])
+def test_split_phases_match_reference(CA, monkeypatch, bulk, Hq, phases, kind):
+    """The split atomics' second pass in key-range phases (DKV_PHASES) over each query's slots sorted
+    by key: dk against the reference, keys no query selected exactly 0; dq the same bits as one phase
+    over the selection sorted beforehand (the first pass sums the sorted slots); the deterministic
+    mode keeps one phase and the selection's own order (its dq the direct kernel's)."""
+    from workbench.families.cupy import attend_wgmma_bwd as AWB
+    monkeypatch.setattr(AWB, "WRITES", "split")
+    monkeypatch.setattr(AWB, "DKV_BULK", bulk)
+    rng = np.random.default_rng(seed("wgmma-bwd-split-phases", Hq, phases, kind, bulk))
+    n, L, kk = 7, 400, 150
+    k, v, kh, vh, qd, qh, dod, doh, idx = case(rng, n, Hq, L, kk, kind)
+    ic, sc = cp.asarray(idx), cp.asarray(np.sort(idx, axis=1))
+    out, lse = CA.attend_forward(qd, k, v, ic, None, out_dtype="float32")
+    monkeypatch.setattr(AWB, "DKV_PHASES", phases)
+    dq, dk, _ = CA.attend_backward(dod, qd, k, v, ic, out, lse, None, deterministic=False, version=4)
+    rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)
+    _rel_close(cp.asnumpy(dq), rq)
+    _rel_close(cp.asnumpy(dk)[:, 0], RA.mla_dkv(rk, rv))
+    untouched = np.setdiff1d(np.arange(L), idx[idx >= 0])
+    assert np.all(cp.asnumpy(dk)[untouched] == 0)
+    monkeypatch.setattr(AWB, "DKV_PHASES", 1)
+    one = CA.attend_backward(dod, qd, k, v, sc, out, lse, None, deterministic=False, version=4)
+    np.testing.assert_array_equal(bits(dq), bits(one[0]))
+    monkeypatch.setattr(AWB, "DKV_PHASES", phases)
+    det = CA.attend_backward(dod, qd, k, v, ic, out, lse, None, deterministic=True, version=4)
+    monkeypatch.setattr(AWB, "WRITES", "direct")
+    direct = CA.attend_backward(dod, qd, k, v, ic, out, lse, None, deterministic=True, version=4)
+    np.testing.assert_array_equal(bits(det[0]), bits(direct[0]))
+
+
+@pytest.mark.parametrize("phases", [4, 8])
+def test_split_phases_close_to_one_phase_at_k_2048(CA, monkeypatch, phases):
+    """128 heads, k 2048, L 8192: the phased atomics against the reference and close to one phase's
+    on the same sorted slots (the same rows, other addition orders), in chunks of queries too."""
+    from workbench.families.cupy import attend_wgmma_bwd as AWB
+    monkeypatch.setattr(AWB, "WRITES", "split")
+    rng = np.random.default_rng(seed("wgmma-bwd-split-phases-2048", phases))
+    n, L, kk = 6, 8192, 2048
+    k, v, kh, vh, qd, qh, dod, doh, idx = case(rng, n, 128, L, kk, "shared")
+    ic, sc = cp.asarray(idx), cp.asarray(np.sort(idx, axis=1))
+    out, lse = CA.attend_forward(qd, k, v, ic, None, out_dtype="float32")
+    monkeypatch.setattr(AWB, "DKV_PHASES", phases)
+    got = CA.attend_backward(dod, qd, k, v, ic, out, lse, None, deterministic=False, version=4)
+    chunked = CA.attend_backward(dod, qd, k, v, ic, out, lse, None, deterministic=False, version=4,
+                                 scratch_bytes=2 << 20)
+    monkeypatch.setattr(AWB, "DKV_PHASES", 1)
+    one = CA.attend_backward(dod, qd, k, v, sc, out, lse, None, deterministic=False, version=4)
+    rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)
+    _rel_close(cp.asnumpy(got[0]), rq)
+    _rel_close(cp.asnumpy(got[1])[:, 0], RA.mla_dkv(rk, rv))
+    np.testing.assert_array_equal(bits(got[0]), bits(one[0]))
+    np.testing.assert_array_equal(bits(chunked[0]), bits(one[0]))
+    dk = cp.asnumpy(got[1])
+    for other in (one[1], chunked[1]):
+        np.testing.assert_allclose(dk, cp.asnumpy(other), rtol=1e-4, atol=1e-4 * float(abs(dk).max()))

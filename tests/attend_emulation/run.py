@@ -189,11 +189,16 @@ class Fn:
             pds[base + hpad * 64 + off] = float32_to_bf16_bits(D[tl].astype(np.float32))
     def hytopk_attend_bwd_dkv(self, tp, grid, a):
         # the split backward's second pass: dKV rows of all the query's heads from the bf16 P / dS
+        # (phases > 1: phase ph writes the keys [ph span, (ph + 1) span) of the sorted slots)
         AT, hpad = tp[0] == "true", int(tp[1])
-        q, do, pds, idx, kk, t0, L, Hq, out = a
-        kk, t0, Hq, L = int(kk), int(t0), int(Hq), int(L)
-        assert grid[0] % 3 == 0 and hpad == 64 * -(-Hq // 64)
-        count, nt = grid[0] // 3, -(-kk // 64)
+        q, do, pds, idx, kk, t0, L, Hq, phases, out = a
+        kk, t0, Hq, L, phases = int(kk), int(t0), int(Hq), int(L), int(phases)
+        assert phases >= 1 and grid[0] % (3 * phases) == 0 and hpad == 64 * -(-Hq // 64)
+        count, nt = grid[0] // (3 * phases), -(-kk // 64)
+        span = -(-L // phases)
+        if phases > 1:
+            assert (np.diff(idx[t0:t0 + count], axis=1) >= 0).all(), "phases > 1 takes each query's slots sorted"
+            Fn.phase_launches = getattr(Fn, "phase_launches", 0) + 1
         qf, dof = f(q), f(do)
         h_, j_ = np.meshgrid(np.arange(hpad), np.arange(nt * 64), indexing="ij")
         off = (h_ // 8) * 512 + ((j_ % 64) // 8) * 64 + (h_ % 8) * 8 + j_ % 8 + (j_ // 64) * 2 * hpad * 64
@@ -204,10 +209,16 @@ class Fn:
             for j in range(kk):
                 s = idx[t, j]
                 if s < 0 or s >= L: continue
+                assert min(s // span, phases - 1) < phases      # every valid key in one phase's range
                 row = D[:, j] @ qf[t]
                 row[:512] += P[:, j] @ dof[t]
                 if AT: o[s] += row
                 else: o[tl * kk + j] = row
+    def hytopk_attend_sort_slots(self, tp, grid, a):
+        idx, kk, kp, out = a
+        kk, kp = int(kk), int(kp)
+        assert kp >= max(2, kk) and kp & (kp - 1) == 0 and grid[0] * kk == out.size
+        out.reshape(-1, kk)[:] = np.sort(idx.reshape(-1, kk)[:grid[0]], axis=1)
     def hytopk_attend_bwd_dq(self, tp, grid, a):
         MT, NK, DQK, DV, QPT = map(int, tp[:5]); SH = tp[5] == "true"
         q, k, ks, v, vs, lst, lens, mult, U, n, L, Hq, Hkv, hb, scale, sl2, do, lse, delta, dq = a
@@ -268,6 +279,8 @@ class Fn:
 CA._fn = lambda name: Fn(name)
 from workbench.families.cupy import attend_wgmma_bwd as AWB
 AWB._fn = lambda name, writes="direct", **kw: Fn(name)
+from workbench import instantiations as INST
+AWB._sort_fn = lambda: Fn(INST.ATTEND_SORT_SLOTS)
 AWB.require_sm90 = lambda: None
 from types import SimpleNamespace as _NS
 from workbench.families.cupy import attend_wgmma2 as AW2
@@ -345,6 +358,16 @@ for Hq, kind_ in ((80, "dups"), (8, "empty")):
         want = {"hytopk_attend_bwd_wgmma": 1 + n + 1} if writes == "staged" else \
                {"hytopk_attend_bwd_pds": 1 + n + 1, "hytopk_attend_bwd_dkv": 1 + n + 1}   # one, n chunks of 1, one
         assert {x: c for x, c in launched.items() if c} == want, (writes, launched)
+        if writes == "split":         # the atomics' second pass in key-range phases, the slots sorted first
+            AWB.DKV_PHASES = 3
+            sorts, phased = Fn.calls.get("hytopk_attend_sort_slots", 0), getattr(Fn, "phase_launches", 0)
+            dq, dk, _ = CA.attend_backward(dob, qb, k, v, idx, out, lse, None, deterministic=False, version=4)
+            close(dq, rq, 1e-4)
+            close(dk[:, 0], RA.mla_dkv(rk, rv), 2e-2)
+            assert Fn.calls.get("hytopk_attend_sort_slots", 0) == sorts + 1 and Fn.phase_launches == phased + 1
+            dq, dk, _ = CA.attend_backward(dob, qb, k, v, idx, out, lse, None, deterministic=True, version=4)
+            assert Fn.calls.get("hytopk_attend_sort_slots", 0) == sorts + 1    # the deterministic mode: no phases
+            AWB.DKV_PHASES = None
         print("ok version 4", writes, Hq, kind_)
     AWB.WRITES = "auto"
 qb, _ = bf(rng.standard_normal((2, 4, 64))); kvb, _ = bf(rng.standard_normal((10, 64)))
