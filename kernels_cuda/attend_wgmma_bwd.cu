@@ -91,13 +91,6 @@ constexpr int LAUNCH_SMEM = SMEM + 128;            // the base is rounded up to 
 // PDS: the key tiles in the 128-byte swizzle (9 column tiles of [32 rows][128 B], chunk c of row j at
 // slot c ^ (j % 8)), the base rounded up to 1024 B (the swizzle's atom)
 constexpr int CT_BYTES = NK * 128;                 // 4096
-// PDS_OVERLAP: the first pass issues tile t's S / dP behind tile t-1's dQ MMAs, without waiting for
-// them in between (their stage released once they retire, while S / dP run)
-#ifdef HYTOPK_ATTWB_PDS_SERIAL
-constexpr bool PDS_OVERLAP = false;
-#else
-constexpr bool PDS_OVERLAP = true;
-#endif
 constexpr int LAUNCH_SMEM_PDS = SMEM + 1024;
 static_assert(K_OFF % 1024 == 0 && TILE_BYTES % 1024 == 0 && 9 * CT_BYTES == TILE_BYTES, "attend_wgmma_bwd: swizzled key tiles");
 static_assert(LAUNCH_SMEM_PDS <= 227 * 1024, "attend_wgmma_bwd: the first pass's shared memory over 227 KiB");
@@ -173,7 +166,7 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
                                                  int t0, long long L, int Hq, int nhb, float scale, float scale_log2,
                                                  const bf16_t* __restrict__ dout, const float* __restrict__ lse,
                                                  const float* __restrict__ delta, float* __restrict__ dq,
-                                                 float* __restrict__ out) {
+                                                 float* __restrict__ out, int rotate = 0) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const int tl = (int)(blockIdx.x / (unsigned)nhb), hb = (int)(blockIdx.x % (unsigned)nhb);
     const int t = t0 + tl, h0 = hb * ROWS;
@@ -185,6 +178,14 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
     const u32 full0 = base + BAR_OFF, empty0 = full0 + 16;
     const int ntiles = (kk + NK - 1) / NK;
     const int* lst = idx + (long long)t * kk;
+    // PDS, rotate: the query pair t / 2 visits its tiles from tile_rot(t) on, wrapping (the blocks running
+    // at once then sweep sorted slots from different keys; the pair's two queries, which share most of
+    // their keys, together)
+    auto tile_of = [&](int it_, int t_) {
+        if (!PDS || !rotate || ntiles < 2) return it_;
+        const int x = it_ + (int)(((unsigned)(t_ >> 1) + 1u) * 2654435761u % (unsigned)ntiles);
+        return x < ntiles ? x : x - ntiles;
+    };
 
     if (threadIdx.x == 0) {
         // PDS: each producer thread arrives twice (its key store, then its copies landing)
@@ -212,7 +213,7 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
         constexpr int GR = PDS ? 2 : NK / 8;
         const int qg = tid >> 3, l8 = tid & 7;
         auto load_slots = [&](int it) {
-            const int j0 = it * NK;
+            const int j0 = tile_of(it, t) * NK;
 #pragma unroll
             for (int g = 0; g < GR; ++g) {
                 const int j = j0 + (PDS ? qg + 16 * g : g * 8 + r8);
@@ -394,7 +395,7 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
         // core matrices, element (h, j) at (h / 8) 512 + (j / 8) 64 + (h % 8) 8 + j % 8): a warp's
         // store is one whole 128-byte core matrix. Nothing held across the key loop: the query and
         // head block re-read from blockIdx (opaque).
-        auto put_pds = [&](int it_, const float (&pv)[16], const float (&dv)[16]) {
+        auto put_pds = [&](int it_, const float (&pv)[16], const float (&dv)[16]) {   // it_: the tile's own index
             const u32 bx = opaque_u32(blockIdx.x);
             const int tq = (int)(bx / (unsigned)nhb), hbq = (int)(bx % (unsigned)nhb);
             const long long tile = (long long)(nhb * ROWS) * 64;                  // elements of one P or dS block
@@ -431,12 +432,6 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
                     wgmma_m64n32k16_bf16(sd, pad ? z : a + (u64)(16 * ks), pad ? z : b, ks > 0);
                 }
                 wgmma_commit();
-                if (PDS && PDS_OVERLAP && it > 0) {
-                    // tile it-1's dQ MMAs (the group before) retired: its stage is free while S / dP run
-                    wgmma_wait<1>();
-                    __syncwarp();
-                    if (lane == 0) mbar_arrive(empty0 + 8 * (st ^ 1));
-                }
                 wgmma_wait_all();
             }
             // dP - delta, float [64][32] (swizzled) over the P / dS tiles
@@ -472,7 +467,7 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
                         d[4 * nb + 2 * h + 1] = p[4 * nb + 2 * h + 1] * x1 * scale;
                     }
                 bar_sync(BAR_C0, 128);                // every read of the float tile done: P / dS over it
-                if (PDS) put_pds(it, p, d);
+                if (PDS) put_pds(tile_of(it, t0 + (int)(opaque_u32(blockIdx.x) / (unsigned)nhb)), p, d);
 #pragma unroll
                 for (int nb = 0; nb < NK / 8; ++nb) {
                     const int j = 8 * nb + 2 * tig;
@@ -511,11 +506,9 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             }
             wgmma_commit();
             if (PDS) {                                // the second pass does dK/dV (split_dkv)
-                if (!PDS_OVERLAP) {
-                    wgmma_wait<0>();
-                    __syncwarp();
-                    if (lane == 0) mbar_arrive(empty0 + 8 * st);
-                }                                     // else retired under the next tile's S / dP (above)
+                wgmma_wait<0>();
+                __syncwarp();
+                if (lane == 0) mbar_arrive(empty0 + 8 * st);
                 continue;
             }
             // dKV^T: m-tiles 4c .. 4c+3 (64 columns x the tile's 32 slots: Q^T dS + dO^T P), then
@@ -670,7 +663,6 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
             if (lane == 0) mbar_arrive(empty0 + 8 * st);
         }
 
-        if (PDS && PDS_OVERLAP) wgmma_wait<0>();     // the last tile's dQ MMAs
         if (PDS && c == 0 && (ntiles & 1)) {         // the last 64-key block's unused half: zeros
             const float z[16] = {};
             put_pds(ntiles, z, z);
@@ -748,48 +740,21 @@ static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= THREADS * (65536 / TH
 }  // namespace dkv
 
 // q [n, Hq, 576], dout [n, Hq, 512] bf16; pds: the first pass's blocks of queries t0 .. t0 + count - 1;
-// idx [n, kk]; grid phases * count * 3: block b is query t0 + (b % (3 count)) / 3, columns 192 (b % 3) ...,
-// phase b / (3 count) (below); HPAD = nhb * 64.
+// idx [n, kk]; grid count * 3: block b is query t0 + b / 3, columns 192 (b % 3) ... HPAD = nhb * 64.
 template <bool ATOMIC, int HPAD, bool BULK>
 __device__ __forceinline__ void split_dkv(const bf16_t* __restrict__ q, const bf16_t* __restrict__ dout,
                                           const bf16_t* __restrict__ pds, const int* __restrict__ idx, int kk, int t0,
-                                          long long L, int Hq, int phases, float* __restrict__ out) {
+                                          long long L, int Hq, float* __restrict__ out) {
     constexpr int KT = dkv::KT, COLS = dkv::COLS, PARTS = dkv::PARTS, RG = dkv::RG, TG = dkv::TG, TILE = dkv::TILE;
     using Lay = dkv::Layout<BULK>;
     constexpr int NST = Lay::NST, ST_OFF = dkv::ST_OFF, THREADS = dkv::THREADS;
     static_assert(HPAD == 64 || HPAD == 128, "split_dkv: one or two head blocks");
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    // PHASES (phases > 1): phase ph = blockIdx.x / (count * 3) writes only the keys [klo, khi), the
-    // ph-th of `phases` equal ranges of [0, L); the grid runs phase after phase, so the rows the running
-    // blocks add into span L / phases keys (inside the L2) instead of all of dkv (3x the L2 at L 65536).
-    const unsigned per = gridDim.x / (unsigned)phases, bi = blockIdx.x % per;
-    const int ph = (int)(blockIdx.x / per);
-    const int tl = (int)(bi / (unsigned)PARTS), part = (int)(bi % (unsigned)PARTS);
+    const int tl = (int)(blockIdx.x / (unsigned)PARTS), part = (int)(blockIdx.x % (unsigned)PARTS);
     const int t = t0 + tl, col0 = COLS * part;
-    const long long span = (L + phases - 1) / phases, klo = ph * span, khi = klo + span < L ? klo + span : L;
-    const int* lst = idx + (long long)t * kk;
-    const int nt = (kk + KT - 1) / KT;
-    // its 64-key blocks T0 .. T1 - 1: phases > 1 takes the query's slots sorted by key (the wrapper sorts
-    // them: hytopk_attend_sort_slots), so the range's keys are the slots [s0, s1); a block straddling two
-    // ranges is read by both phases, each writing its own rows
-    int T0 = 0, T1 = nt;
-    if (phases > 1) {
-        auto lower = [&](long long key) {             // the first slot whose key is >= key
-            int lo = 0, hi = kk;
-            while (lo < hi) {
-                const int mid = (lo + hi) >> 1;
-                if ((long long)__ldg(lst + mid) < key) lo = mid + 1;
-                else hi = mid;
-            }
-            return lo;
-        };
-        const int s0 = lower(klo), s1 = klo < khi ? lower(khi) : s0;
-        T0 = s0 / KT;
-        T1 = s0 < s1 ? (s1 + KT - 1) / KT : T0;
-    }
-    if (T0 >= T1) return;                             // (the whole block: no key of the range)
     const u32 raw = smem_addr(smem_raw), base = (raw + 127u) & ~127u;
     const u32 sq = base + dkv::Q_OFF, sdo = base + dkv::DO_OFF, full0 = base + (u32)Lay::BAR_OFF, empty0 = full0 + 8 * NST;
+    const int nt = (kk + KT - 1) / KT;
     if (threadIdx.x == 0) {
         for (int s = 0; s < NST; ++s) {
             mbar_init(full0 + 8 * s, 1);
@@ -817,9 +782,9 @@ __device__ __forceinline__ void split_dkv(const bf16_t* __restrict__ q, const bf
     if (wg == 0) {
         regs_dec<dkv::PRODUCER_REGS>();
         if (tid == 0)
-            for (int T = T0; T < T1; ++T) {
-                const int j = T - T0, s = j % NST;
-                if (j >= NST) mbar_wait_or_trap(empty0 + 8 * s, (u32)(((j / NST) - 1) & 1));
+            for (int T = 0; T < nt; ++T) {
+                const int s = T % NST;
+                if (T >= NST) mbar_wait_or_trap(empty0 + 8 * s, (u32)(((T / NST) - 1) & 1));
                 const u32 sp = base + ST_OFF + (u32)(s * 2 * TILE);
                 mbar_expect_tx(full0 + 8 * s, 2 * BLOCK);
                 bulk_g2s(sp, blocks + (long long)T * 2 * HPAD * KT, BLOCK, full0 + 8 * s);
@@ -829,10 +794,11 @@ __device__ __forceinline__ void split_dkv(const bf16_t* __restrict__ q, const bf
     }
     regs_inc<dkv::CONSUMER_REGS>();
     const int c = wg - 1, warp = tid >> 5, lane = tid & 31, g8 = lane >> 2, tig = lane & 3;
-    for (int T = T0 + c; T < T1; T += 2) {
-        const int j = T - T0, s = j % NST;
+    const int* lst = idx + (long long)t * kk;
+    for (int T = c; T < nt; T += 2) {
+        const int s = T % NST;
         const u32 sp = base + ST_OFF + (u32)(s * 2 * TILE), sds = sp + TILE;
-        mbar_wait_or_trap(full0 + 8 * s, (u32)((j / NST) & 1));
+        mbar_wait_or_trap(full0 + 8 * s, (u32)((T / NST) & 1));
         // element 4 nb + 2 h + e: key row warp * 16 + g8 + 8 h of the block, column col0 + 8 nb + 2 tig + e
         float acc[COLS / 2];
         wgmma_fence();
@@ -865,7 +831,7 @@ __device__ __forceinline__ void split_dkv(const bf16_t* __restrict__ q, const bf
                 if (lane < 8) {
                     const int slot = T * KT + warp * 16 + lane + 8 * h;
                     const int key = slot < kk ? __ldg(lst + slot) : -1;
-                    if ((long long)key >= klo && (long long)key < khi) {   // masked slot, other phase: not written
+                    if (key >= 0 && (long long)key < L) {                 // masked slot: not written
                         float* row = (ATOMIC ? out + (long long)key * DQK : out + ((long long)tl * kk + slot) * DQK) + col0;
                         if (ATOMIC) bulk_s2g_add_f32(row, stg + (u32)(lane * dkv::ROW_PITCH), COLS * 4);
                         else bulk_s2g(row, stg + (u32)(lane * dkv::ROW_PITCH), COLS * 4);
@@ -878,7 +844,7 @@ __device__ __forceinline__ void split_dkv(const bf16_t* __restrict__ q, const bf
             for (int h = 0; h < 2; ++h) {
                 const int slot = T * KT + warp * 16 + g8 + 8 * h;
                 const int key = slot < kk ? __ldg(lst + slot) : -1;
-                if ((long long)key < klo || (long long)key >= khi) continue;   // masked slot, other phase: not written
+                if (key < 0 || (long long)key >= L) continue;             // masked slot: not written
                 float* row = (ATOMIC ? out + (long long)key * DQK : out + ((long long)tl * kk + slot) * DQK) + col0 + 2 * tig;
 #pragma unroll
                 for (int nb = 0; nb < COLS / 8; ++nb) {
@@ -913,9 +879,9 @@ __global__ void __launch_bounds__(THREADS, 1)
 hytopk_attend_bwd_pds(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv, long long kv_stride,
                       const int* __restrict__ idx, int kk, int n, int t0, long long L, int Hq, int nhb, float scale,
                       float scale_log2, const bf16_t* __restrict__ dout, const float* __restrict__ lse,
-                      const float* __restrict__ delta, float* __restrict__ dq, bf16_t* __restrict__ pds) {
+                      const float* __restrict__ delta, float* __restrict__ dq, bf16_t* __restrict__ pds, int rotate) {
     attend_bwd_wgmma<false, false, false, true>(q, kv, kv_stride, idx, kk, n, t0, L, Hq, nhb, scale, scale_log2, dout, lse,
-                                                delta, dq, reinterpret_cast<float*>(pds));
+                                                delta, dq, reinterpret_cast<float*>(pds), rotate);
 }
 
 // SPLIT, second pass: ATOMIC: out = dkv [L, 576] float (+=); else the part rows [count][kk][576]
@@ -923,16 +889,15 @@ hytopk_attend_bwd_pds(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k
 template <bool ATOMIC, int HPAD, bool BULK>
 __global__ void __launch_bounds__(dkv::THREADS, 1)
 hytopk_attend_bwd_dkv(const bf16_t* __restrict__ q, const bf16_t* __restrict__ dout, const bf16_t* __restrict__ pds,
-                      const int* __restrict__ idx, int kk, int t0, long long L, int Hq, int phases,
-                      float* __restrict__ out) {
-    split_dkv<ATOMIC, HPAD, BULK>(q, dout, pds, idx, kk, t0, L, Hq, phases, out);
+                      const int* __restrict__ idx, int kk, int t0, long long L, int Hq, float* __restrict__ out) {
+    split_dkv<ATOMIC, HPAD, BULK>(q, dout, pds, idx, kk, t0, L, Hq, out);
 }
 
-// The split backward's slot order for PHASES: each query's slots sorted by key, ascending (masked -1
+// The split backward's slot order (SORT_SLOTS): each query's slots sorted by key, ascending (masked -1
 // first, keys past L last; equal keys are interchangeable: their P / dS columns are the same), by a
 // bitonic sort of kp (a power of two >= kk, padded with INT_MAX) ints in shared memory, a block per
 // query. grid n, any block size; dynamic shared memory 4 kp bytes.
-__global__ void hytopk_attend_sort_slots(const int* __restrict__ idx, int kk, int kp, int* __restrict__ out) {
+__global__ void __launch_bounds__(1024) hytopk_attend_sort_slots(const int* __restrict__ idx, int kk, int kp, int* __restrict__ out) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     int* v = reinterpret_cast<int*>(smem_raw);
     const long long row = (long long)blockIdx.x * kk;

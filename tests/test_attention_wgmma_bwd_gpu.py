@@ -258,7 +258,7 @@ def split(monkeypatch, request):
     from workbench.families.cupy import attend_wgmma_bwd as AWB
     monkeypatch.setattr(AWB, "WRITES", "split")
     monkeypatch.setattr(AWB, "DKV_BULK", request.param)
-    monkeypatch.setattr(AWB, "DKV_PHASES", 1)       # the phased atomics: test_split_phases_* below
+    monkeypatch.setattr(AWB, "SORT_SLOTS", False)   # the selection's own order (sorted: test_split_sorted_* below)
     return AWB
 
 
@@ -378,60 +378,62 @@ def test_sort_slots_matches_numpy(CA, n, kk):
 
 
 @pytest.mark.parametrize("bulk", [False, True], ids=["dkv_direct", "dkv_bulk"])
-@pytest.mark.parametrize("Hq,phases", [(8, 3), (80, 2), (128, 4), (128, 7)])
+@pytest.mark.parametrize("Hq", [8, 80, 128])
 @pytest.mark.parametrize("kind", ["random", "dups", "empty", "pad_only"])
-def test_split_phases_match_reference(CA, monkeypatch, bulk, Hq, phases, kind):
-    """The split atomics' second pass in key-range phases (DKV_PHASES) over each query's slots sorted
-    by key: dk against the reference, keys no query selected exactly 0; dq the same bits as one phase
-    over the selection sorted beforehand (the first pass sums the sorted slots); the deterministic
-    mode keeps one phase and the selection's own order (its dq the direct kernel's)."""
+def test_split_sorted_slots_match_reference(CA, monkeypatch, bulk, Hq, kind):
+    """SORT_SLOTS: the split path over each query's slots sorted by key (hytopk_attend_sort_slots),
+    its first pass visiting each query pair's tiles from its own on, against the reference in both
+    modes, keys no query selected exactly 0; its dq and deterministic dk the same bits as the unsorted
+    path's on the selection sorted beforehand with the same rotation (ROTATE_TILES)."""
     from workbench.families.cupy import attend_wgmma_bwd as AWB
     monkeypatch.setattr(AWB, "WRITES", "split")
     monkeypatch.setattr(AWB, "DKV_BULK", bulk)
-    rng = np.random.default_rng(seed("wgmma-bwd-split-phases", Hq, phases, kind, bulk))
+    rng = np.random.default_rng(seed("wgmma-bwd-split-sorted", Hq, kind, bulk))
     n, L, kk = 7, 400, 150
     k, v, kh, vh, qd, qh, dod, doh, idx = case(rng, n, Hq, L, kk, kind)
     ic, sc = cp.asarray(idx), cp.asarray(np.sort(idx, axis=1))
     out, lse = CA.attend_forward(qd, k, v, ic, None, out_dtype="float32")
-    monkeypatch.setattr(AWB, "DKV_PHASES", phases)
-    dq, dk, _ = CA.attend_backward(dod, qd, k, v, ic, out, lse, None, deterministic=False, version=4)
     rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)
-    _rel_close(cp.asnumpy(dq), rq)
-    _rel_close(cp.asnumpy(dk)[:, 0], RA.mla_dkv(rk, rv))
     untouched = np.setdiff1d(np.arange(L), idx[idx >= 0])
-    assert np.all(cp.asnumpy(dk)[untouched] == 0)
-    monkeypatch.setattr(AWB, "DKV_PHASES", 1)
-    one = CA.attend_backward(dod, qd, k, v, sc, out, lse, None, deterministic=False, version=4)
-    np.testing.assert_array_equal(bits(dq), bits(one[0]))
-    monkeypatch.setattr(AWB, "DKV_PHASES", phases)
-    det = CA.attend_backward(dod, qd, k, v, ic, out, lse, None, deterministic=True, version=4)
-    monkeypatch.setattr(AWB, "WRITES", "direct")
-    direct = CA.attend_backward(dod, qd, k, v, ic, out, lse, None, deterministic=True, version=4)
-    np.testing.assert_array_equal(bits(det[0]), bits(direct[0]))
+    for det in (True, False):
+        monkeypatch.setattr(AWB, "SORT_SLOTS", True)
+        dq, dk, _ = CA.attend_backward(dod, qd, k, v, ic, out, lse, None, deterministic=det, version=4)
+        _rel_close(cp.asnumpy(dq), rq)
+        _rel_close(cp.asnumpy(dk)[:, 0], RA.mla_dkv(rk, rv))
+        assert np.all(cp.asnumpy(dk)[untouched] == 0)
+        monkeypatch.setattr(AWB, "SORT_SLOTS", False)
+        monkeypatch.setattr(AWB, "ROTATE_TILES", True)     # as the sorted path's first pass
+        before = CA.attend_backward(dod, qd, k, v, sc, out, lse, None, deterministic=det, version=4)
+        monkeypatch.setattr(AWB, "ROTATE_TILES", None)
+        np.testing.assert_array_equal(bits(dq), bits(before[0]))
+        if det:
+            np.testing.assert_array_equal(bits(dk), bits(before[1]))
 
 
-@pytest.mark.parametrize("phases", [4, 8])
-def test_split_phases_close_to_one_phase_at_k_2048(CA, monkeypatch, phases):
-    """128 heads, k 2048, L 8192: the phased atomics against the reference and close to one phase's
-    on the same sorted slots (the same rows, other addition orders), in chunks of queries too."""
+def test_split_sorted_slots_at_k_2048(CA, monkeypatch):
+    """128 heads, k 2048, L 8192: the sorted path against the reference; the deterministic mode the
+    same bits 20 times and under chunks of one query (the part rows' reduction follows the sorted
+    slots); the atomics close to the deterministic dk."""
     from workbench.families.cupy import attend_wgmma_bwd as AWB
     monkeypatch.setattr(AWB, "WRITES", "split")
-    rng = np.random.default_rng(seed("wgmma-bwd-split-phases-2048", phases))
+    monkeypatch.setattr(AWB, "SORT_SLOTS", True)
+    rng = np.random.default_rng(seed("wgmma-bwd-split-sorted-2048"))
     n, L, kk = 6, 8192, 2048
     k, v, kh, vh, qd, qh, dod, doh, idx = case(rng, n, 128, L, kk, "shared")
-    ic, sc = cp.asarray(idx), cp.asarray(np.sort(idx, axis=1))
+    ic = cp.asarray(idx)
     out, lse = CA.attend_forward(qd, k, v, ic, None, out_dtype="float32")
-    monkeypatch.setattr(AWB, "DKV_PHASES", phases)
-    got = CA.attend_backward(dod, qd, k, v, ic, out, lse, None, deterministic=False, version=4)
-    chunked = CA.attend_backward(dod, qd, k, v, ic, out, lse, None, deterministic=False, version=4,
-                                 scratch_bytes=2 << 20)
-    monkeypatch.setattr(AWB, "DKV_PHASES", 1)
-    one = CA.attend_backward(dod, qd, k, v, sc, out, lse, None, deterministic=False, version=4)
+    run = lambda det=True, sb=None: CA.attend_backward(dod, qd, k, v, ic, out, lse, None, deterministic=det, version=4,
+                                                       scratch_bytes=sb)
+    first = [bits(x) for x in run()[:2]]
+    for _ in range(20):
+        for a, b in zip(first, [bits(x) for x in run()[:2]]):
+            np.testing.assert_array_equal(a, b)
+    for a, b in zip(first, [bits(x) for x in run(sb=1)[:2]]):
+        np.testing.assert_array_equal(a, b)
     rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)
-    _rel_close(cp.asnumpy(got[0]), rq)
-    _rel_close(cp.asnumpy(got[1])[:, 0], RA.mla_dkv(rk, rv))
-    np.testing.assert_array_equal(bits(got[0]), bits(one[0]))
-    np.testing.assert_array_equal(bits(chunked[0]), bits(one[0]))
-    dk = cp.asnumpy(got[1])
-    for other in (one[1], chunked[1]):
-        np.testing.assert_allclose(dk, cp.asnumpy(other), rtol=1e-4, atol=1e-4 * float(abs(dk).max()))
+    _rel_close(first[0].view(np.float32), rq)
+    _rel_close(first[1].view(np.float32)[:, 0], RA.mla_dkv(rk, rv))
+    at = run(det=False)
+    np.testing.assert_array_equal(bits(at[0]), first[0])
+    dk = first[1].view(np.float32)
+    np.testing.assert_allclose(cp.asnumpy(at[1]), dk, rtol=1e-4, atol=1e-4 * float(abs(dk).max()))

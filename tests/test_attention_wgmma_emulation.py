@@ -522,49 +522,39 @@ def test_backward_split_bulk_rows_and_planted_waits(driver, tmp_path):
         assert name == "read" and not np.array_equal(bits(got[1]), bits(good[1])), name
 
 
-# (n, Hq, kk, kind, L, phases): ranges of 50, 38, 30 and 1 keys; a query whose 64-key blocks straddle
-# ranges (kk 130, 150); L 4 with 5 phases (the last range empty: its blocks return at once); masked
-# slots (-1, past L: sorted first and last, written by no phase) and duplicates (adjacent once sorted)
-PHASE_CASES = [(3, 64, 150, "dups", 150, 3), (2, 128, 130, "random", 150, 4), (3, 8, 45, "empty", 150, 5),
-               (2, 80, 70, "shared", 150, 2), (2, 64, 9, "dups", 4, 5)]
+# (n, Hq, kk, kind, L): masked slots (-1, past L: sorted first and last), duplicates (adjacent once
+# sorted), kk not a power of two (the sort's INT_MAX padding), one and two head blocks
+SORT_CASES = [(3, 64, 150, "dups", 150), (2, 128, 130, "random", 150), (3, 8, 45, "empty", 150), (2, 64, 9, "dups", 4)]
 
 
-@pytest.mark.parametrize("bulk", [False, True])
-@pytest.mark.parametrize("n,Hq,kk,kind,L,phases", PHASE_CASES)
-def test_backward_split_phases(driver, n, Hq, kk, kind, L, phases, bulk):
-    """The second pass in key-range phases over each query's slots sorted by key (the sort kernel
-    emulated too): every part row the same bits as one phase over the slots numpy sorted (so each
-    row is written by exactly one phase, masked slots' by none), dq the same bits; the atomics
-    against the reference, keys no query selected exactly 0."""
-    rng = np.random.default_rng(seed("wgmma-bwd-split-phases", n, Hq, kk, kind, L, phases))
+@pytest.mark.parametrize("n,Hq,kk,kind,L", SORT_CASES)
+def test_backward_split_sorted_slots(driver, n, Hq, kk, kind, L):
+    """SORT_SLOTS: the split path over each query's slots sorted by key (the sort kernel emulated too),
+    its first pass visiting each query pair's tiles from its own tile on (rotate), gives the same bits
+    as the split path over the slots numpy sorted beforehand with the same rotation, dq and part rows
+    (masked slots' rows unwritten); without the rotation the same part rows (P / dS do not depend on
+    the tiles' order) and dq within rounding; the atomics against the reference, untouched keys 0."""
+    rng = np.random.default_rng(seed("wgmma-bwd-split-sorted", n, Hq, kk, kind, L))
     kv, qd, dod, idx, lse, delta, rq, rkv, valid = backward_case(rng, n, Hq, kk, kind, L)
     srt = np.sort(idx, axis=1)
-    one = E.backward(driver, qd, kv, srt, dod, lse, delta, writes="split", bulk=bulk)
-    got = E.backward(driver, qd, kv, idx, dod, lse, delta, writes="split", bulk=bulk, phases=phases)
-    for a, b in zip(one, got):
+    before = E.backward(driver, qd, kv, srt, dod, lse, delta, writes="split", rotate=True)
+    got = E.backward(driver, qd, kv, idx, dod, lse, delta, writes="split", sort=True, rotate=True)
+    for a, b in zip(before, got):
         np.testing.assert_array_equal(bits(a), bits(b))
-    rows = got[1][:, 0]
+    plain = E.backward(driver, qd, kv, srt, dod, lse, delta, writes="split")
+    np.testing.assert_array_equal(bits(plain[1]), bits(got[1]))
+    rel_close(plain[0], got[0], 1e-5)
+    if kk > 64 and kind != "empty":   # (several tiles: the rotation changes dq's order somewhere)
+        assert not np.array_equal(bits(plain[0]), bits(got[0]))
     sv = np.where((srt >= 0) & (srt < L), srt, -1)
+    rows = got[1][:, 0]
     assert np.isnan(rows[sv < 0]).all() and not np.isnan(rows[sv >= 0]).any()
-    dq, dk = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=True, writes="split", bulk=bulk, phases=phases)
-    np.testing.assert_array_equal(bits(dq), bits(one[0]))
+    rel_close(summed_part_rows(got[1], sv, 0, L), rkv)
+    dq, dk = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=True, writes="split", sort=True, rotate=True)
+    np.testing.assert_array_equal(bits(dq), bits(before[0]))
     rel_close(dq, rq)
     rel_close(dk, rkv)
-    untouched = np.setdiff1d(np.arange(L), valid[valid >= 0])
-    assert np.all(dk[untouched] == 0)
-
-
-def test_backward_split_phases_catch_a_wrong_range(driver, tmp_path):
-    """A planted off-by-one in the phase's slot range (its last 64-key block dropped) loses rows."""
-    src = (E.KERNELS / "attend_wgmma_bwd.cu").read_text()
-    good = "T1 = s0 < s1 ? (s1 + KT - 1) / KT : T0;"
-    assert src.count(good) == 1
-    drv = E.build(tmp_path / "bad", sources={"attend_wgmma_bwd.cu": src.replace(good, "T1 = s0 < s1 ? s1 / KT : T0;")})
-    rng = np.random.default_rng(seed("wgmma-bwd-split-phases-bad"))
-    kv, qd, dod, idx, lse, delta, *_ = backward_case(rng, 2, 64, 150, "random", 150)
-    one = E.backward(driver, qd, kv, np.sort(idx, axis=1), dod, lse, delta, writes="split", bulk=True)
-    bad = E.backward(drv, qd, kv, idx, dod, lse, delta, writes="split", bulk=True, phases=3)
-    assert not np.array_equal(bits(one[1]), bits(bad[1]))
+    assert np.all(dk[np.setdiff1d(np.arange(L), valid[valid >= 0])] == 0)
 
 
 def test_backward_chunk_writes_only_its_queries(driver):

@@ -250,9 +250,8 @@ ATTEND_WGMMA_BWD_DKV_SMEM = 2 * 128 * 192 * 2 + 4 * 2 * 128 * 64 * 2 + 8 * 8 + 1
 ATTEND_WGMMA_BWD_DKV_SMEM_BULK = 2 * 128 * 192 * 2 + 2 * 2 * 128 * 64 * 2 + 8 * 8 * 800 + 4 * 8 + 128
 ATTEND_WGMMA_BWD_DKV_BULK = True        # the second pass's default: atomics 43.3 ms against 47.0, deterministic
                                         # 57.2 against 59.1 (results/h200-2026-12-04-s11 run 1)
-# the split atomics' second pass in key-range phases (dkv rows of L / phases keys at a time, inside
-# the L2), each query's slots sorted by key first (hytopk_attend_sort_slots, at most SORT_MAX slots)
-ATTEND_WGMMA_BWD_DKV_PHASES = 1
+# the split path over each query's slots sorted by key (hytopk_attend_sort_slots, at most SORT_MAX slots)
+ATTEND_WGMMA_BWD_SORT_SLOTS = False
 ATTEND_SORT_SLOTS = "hytopk_attend_sort_slots"
 ATTEND_SORT_SLOTS_MAX = 8192            # slots per query the sort holds in shared memory (32 KiB)
 ATTEND_WGMMA_BWD_DKV_ROLES = ((128, 40), (256, 232))

@@ -161,7 +161,7 @@ class Fn:
     def hytopk_attend_bwd_pds(self, tp, grid, a):
         # the split backward's first pass: dq as the one-pass kernel, P and dS (bf16) into the scratch
         # [tl][64-key block][P | dS][nhb * 64][64] in 8 x 8 core matrices (attend_wgmma_bwd.cu: put_pds)
-        q, kv, ks, idx, kk, n, t0, L, Hq, nhb, scale, sl2, do, lse, delta, dq, pds = a
+        q, kv, ks, idx, kk, n, t0, L, Hq, nhb, scale, sl2, do, lse, delta, dq, pds, rotate = a   # (rotate: dq's order only)
         nhb, kk, t0, Hq, L = int(nhb), int(kk), int(t0), int(Hq), int(L)
         count, hpad, nt = grid[0] // nhb, nhb * 64, -(-kk // 64)
         assert grid[0] % nhb == 0 and pds.dtype == np.uint16 and pds.size >= count * nt * 2 * hpad * 64
@@ -189,16 +189,12 @@ class Fn:
             pds[base + hpad * 64 + off] = float32_to_bf16_bits(D[tl].astype(np.float32))
     def hytopk_attend_bwd_dkv(self, tp, grid, a):
         # the split backward's second pass: dKV rows of all the query's heads from the bf16 P / dS
-        # (phases > 1: phase ph writes the keys [ph span, (ph + 1) span) of the sorted slots)
         AT, hpad = tp[0] == "true", int(tp[1])
-        q, do, pds, idx, kk, t0, L, Hq, phases, out = a
-        kk, t0, Hq, L, phases = int(kk), int(t0), int(Hq), int(L), int(phases)
-        assert phases >= 1 and grid[0] % (3 * phases) == 0 and hpad == 64 * -(-Hq // 64)
-        count, nt = grid[0] // (3 * phases), -(-kk // 64)
-        span = -(-L // phases)
-        if phases > 1:
-            assert (np.diff(idx[t0:t0 + count], axis=1) >= 0).all(), "phases > 1 takes each query's slots sorted"
-            Fn.phase_launches = getattr(Fn, "phase_launches", 0) + 1
+        q, do, pds, idx, kk, t0, L, Hq, out = a
+        kk, t0, Hq, L = int(kk), int(t0), int(Hq), int(L)
+        assert grid[0] % 3 == 0 and hpad == 64 * -(-Hq // 64)
+        count, nt = grid[0] // 3, -(-kk // 64)
+        Fn.sorted_launches = getattr(Fn, "sorted_launches", 0) + bool((np.diff(idx[t0:t0 + count], axis=1) >= 0).all())
         qf, dof = f(q), f(do)
         h_, j_ = np.meshgrid(np.arange(hpad), np.arange(nt * 64), indexing="ij")
         off = (h_ // 8) * 512 + ((j_ % 64) // 8) * 64 + (h_ % 8) * 8 + j_ % 8 + (j_ // 64) * 2 * hpad * 64
@@ -209,7 +205,6 @@ class Fn:
             for j in range(kk):
                 s = idx[t, j]
                 if s < 0 or s >= L: continue
-                assert min(s // span, phases - 1) < phases      # every valid key in one phase's range
                 row = D[:, j] @ qf[t]
                 row[:512] += P[:, j] @ dof[t]
                 if AT: o[s] += row
@@ -358,16 +353,17 @@ for Hq, kind_ in ((80, "dups"), (8, "empty")):
         want = {"hytopk_attend_bwd_wgmma": 1 + n + 1} if writes == "staged" else \
                {"hytopk_attend_bwd_pds": 1 + n + 1, "hytopk_attend_bwd_dkv": 1 + n + 1}   # one, n chunks of 1, one
         assert {x: c for x, c in launched.items() if c} == want, (writes, launched)
-        if writes == "split":         # the atomics' second pass in key-range phases, the slots sorted first
-            AWB.DKV_PHASES = 3
-            sorts, phased = Fn.calls.get("hytopk_attend_sort_slots", 0), getattr(Fn, "phase_launches", 0)
-            dq, dk, _ = CA.attend_backward(dob, qb, k, v, idx, out, lse, None, deterministic=False, version=4)
-            close(dq, rq, 1e-4)
-            close(dk[:, 0], RA.mla_dkv(rk, rv), 2e-2)
-            assert Fn.calls.get("hytopk_attend_sort_slots", 0) == sorts + 1 and Fn.phase_launches == phased + 1
-            dq, dk, _ = CA.attend_backward(dob, qb, k, v, idx, out, lse, None, deterministic=True, version=4)
-            assert Fn.calls.get("hytopk_attend_sort_slots", 0) == sorts + 1    # the deterministic mode: no phases
-            AWB.DKV_PHASES = None
+        if writes == "split":         # SORT_SLOTS: both passes over each query's slots sorted by key
+            AWB.SORT_SLOTS = True
+            for det, sb in ((True, None), (True, 1), (False, None)):
+                sorts, srt = Fn.calls.get("hytopk_attend_sort_slots", 0), Fn.sorted_launches
+                dq, dk, _ = CA.attend_backward(dob, qb, k, v, idx, out, lse, None, deterministic=det, scratch_bytes=sb,
+                                               version=4)
+                close(dq, rq, 1e-4)
+                close(dk[:, 0], RA.mla_dkv(rk, rv), 2e-2)
+                assert Fn.calls.get("hytopk_attend_sort_slots", 0) == sorts + 1
+                assert Fn.sorted_launches - srt == (n if sb else 1), "the second pass got the sorted slots"
+            AWB.SORT_SLOTS = None
         print("ok version 4", writes, Hq, kind_)
     AWB.WRITES = "auto"
 qb, _ = bf(rng.standard_normal((2, 4, 64))); kvb, _ = bf(rng.standard_normal((10, 64)))

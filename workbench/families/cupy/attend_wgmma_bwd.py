@@ -44,6 +44,8 @@ equally reproducible; dq is the same bits on all three.
 """
 from __future__ import annotations
 
+import copy
+
 import cupy as cp
 import numpy as np
 
@@ -61,7 +63,9 @@ VEC_WRITES: bool | None = None     # None: instantiations.ATTEND_WGMMA_BWD_VEC; 
 WRITES = "auto"                    # how dK/dV leave: instantiations.ATTEND_WGMMA_BWD_WRITES, or "auto" (AUTO_WRITES)
 AUTO_WRITES = {True: "split", False: "split"}    # deterministic -> the faster path on the H200 (results/h200-2026-12-04-s11)
 DKV_BULK: bool | None = None       # split's second pass through the TMA's bulk operations (None: instantiations)
-DKV_PHASES: int | None = None      # the split atomics' second pass in this many key ranges (None: instantiations)
+SORT_SLOTS: bool | None = None     # split: each query's slots sorted by key first (None: instantiations)
+ROTATE_TILES: bool | None = None   # split's first pass: each query pair from its own tile on (None: when sorted)
+SORT_THREADS = 256                 # hytopk_attend_sort_slots' block
 _FITS: dict[int, object] = {}     # id -> function already checked (held, so ids are not reused)
 
 
@@ -128,17 +132,19 @@ def _split(b, nhb, deterministic, scratch_bytes, do, lse, delta, dq, dk):
     scratch = scratch_bytes or A._scratch_v2()
     W = b.DQK
     per_row = 0 if not deterministic else b.Hkv * b.kk * W * 4       # part rows per query
-    phases = 1 if deterministic else dkv_phases(b.kk)
-    idx = b.idx if phases == 1 else sorted_slots(b.idx, b.n, b.kk)
-    if phases > 1:                    # the same backward on each query's slots in key order
-        head = head[:3] + (idx,) + head[4:]
-    chunk = max(1, min(b.n, scratch // (per_query + per_row), (2 ** 31 - 1) // (nhb * 3 * phases)))
+    srt = sort_slots(b.kk)
+    if srt:                           # the same backward over each query's slots in key order
+        b = copy.copy(b)
+        b.idx = sorted_slots(b.idx, b.n, b.kk)
+        head = head[:3] + (b.idx,) + head[4:]
+    rotate = np.int32(srt if ROTATE_TILES is None else bool(ROTATE_TILES))
+    chunk = max(1, min(b.n, scratch // (per_query + per_row), (2 ** 31 - 1) // (nhb * 3)))
     pds = cp.empty(chunk * per_query // 2, cp.uint16)
 
     def launch(t0, c, out):
-        first((c * nhb,), (threads,), head + (np.int32(t0),) + tail + (pds,), shared_mem=smem)
-        second((phases * c * 3,), (dkv_threads,), (b.q, do, pds, idx, np.int32(b.kk), np.int32(t0), np.int64(b.L),
-                                                np.int32(b.Hq), np.int32(phases), out), shared_mem=dkv_smem)
+        first((c * nhb,), (threads,), head + (np.int32(t0),) + tail + (pds, rotate), shared_mem=smem)
+        second((c * 3,), (dkv_threads,), (b.q, do, pds, b.idx, np.int32(b.kk), np.int32(t0), np.int64(b.L),
+                                      np.int32(b.Hq), out), shared_mem=dkv_smem)
 
     if not deterministic:
         for t0 in range(0, b.n, chunk):
@@ -147,13 +153,11 @@ def _split(b, nhb, deterministic, scratch_bytes, do, lse, delta, dq, dk):
     A.sum_part_rows(b, chunk, 1, W, True, dk, None, launch)
 
 
-def dkv_phases(kk: int) -> int:
-    """The split atomics' key-range phases (DKV_PHASES, else instantiations): 1 where the slots are
-    more than the sort holds."""
-    p = INST.ATTEND_WGMMA_BWD_DKV_PHASES if DKV_PHASES is None else int(DKV_PHASES)
-    if p < 1:
-        raise ValueError(f"DKV_PHASES: {p} is not a positive number of key ranges")
-    return p if kk <= INST.ATTEND_SORT_SLOTS_MAX else 1
+def sort_slots(kk: int) -> bool:
+    """Whether the split path sorts each query's slots by key first (SORT_SLOTS, else instantiations);
+    not past the slots the sort holds in shared memory."""
+    on = INST.ATTEND_WGMMA_BWD_SORT_SLOTS if SORT_SLOTS is None else bool(SORT_SLOTS)
+    return on and kk <= INST.ATTEND_SORT_SLOTS_MAX
 
 
 def _sort_fn():
@@ -165,7 +169,7 @@ def sorted_slots(idx, n: int, kk: int):
     out = cp.empty((n, kk), cp.int32)
     if n and kk:
         kp = 1 << max(1, (kk - 1).bit_length())
-        _sort_fn()((n,), (min(1024, kp // 2),), (idx, np.int32(kk), np.int32(kp), out), shared_mem=4 * kp)
+        _sort_fn()((n,), (min(SORT_THREADS, kp // 2),), (idx, np.int32(kk), np.int32(kp), out), shared_mem=4 * kp)
     return out
 
 
