@@ -166,7 +166,7 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
                                                  int t0, long long L, int Hq, int nhb, float scale, float scale_log2,
                                                  const bf16_t* __restrict__ dout, const float* __restrict__ lse,
                                                  const float* __restrict__ delta, float* __restrict__ dq,
-                                                 float* __restrict__ out, int rotate = 0) {
+                                                 float* __restrict__ out) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const int tl = (int)(blockIdx.x / (unsigned)nhb), hb = (int)(blockIdx.x % (unsigned)nhb);
     const int t = t0 + tl, h0 = hb * ROWS;
@@ -178,14 +178,6 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
     const u32 full0 = base + BAR_OFF, empty0 = full0 + 16;
     const int ntiles = (kk + NK - 1) / NK;
     const int* lst = idx + (long long)t * kk;
-    // PDS, rotate: the query pair t / 2 visits its tiles from tile_rot(t) on, wrapping (the blocks running
-    // at once then sweep sorted slots from different keys; the pair's two queries, which share most of
-    // their keys, together)
-    auto tile_of = [&](int it_, int t_) {
-        if (!PDS || !rotate || ntiles < 2) return it_;
-        const int x = it_ + (int)(((unsigned)(t_ >> 1) + 1u) * 2654435761u % (unsigned)ntiles);
-        return x < ntiles ? x : x - ntiles;
-    };
 
     if (threadIdx.x == 0) {
         // PDS: each producer thread arrives twice (its key store, then its copies landing)
@@ -213,7 +205,7 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
         constexpr int GR = PDS ? 2 : NK / 8;
         const int qg = tid >> 3, l8 = tid & 7;
         auto load_slots = [&](int it) {
-            const int j0 = tile_of(it, t) * NK;
+            const int j0 = it * NK;
 #pragma unroll
             for (int g = 0; g < GR; ++g) {
                 const int j = j0 + (PDS ? qg + 16 * g : g * 8 + r8);
@@ -395,7 +387,7 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
         // core matrices, element (h, j) at (h / 8) 512 + (j / 8) 64 + (h % 8) 8 + j % 8): a warp's
         // store is one whole 128-byte core matrix. Nothing held across the key loop: the query and
         // head block re-read from blockIdx (opaque).
-        auto put_pds = [&](int it_, const float (&pv)[16], const float (&dv)[16]) {   // it_: the tile's own index
+        auto put_pds = [&](int it_, const float (&pv)[16], const float (&dv)[16]) {
             const u32 bx = opaque_u32(blockIdx.x);
             const int tq = (int)(bx / (unsigned)nhb), hbq = (int)(bx % (unsigned)nhb);
             const long long tile = (long long)(nhb * ROWS) * 64;                  // elements of one P or dS block
@@ -467,7 +459,7 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
                         d[4 * nb + 2 * h + 1] = p[4 * nb + 2 * h + 1] * x1 * scale;
                     }
                 bar_sync(BAR_C0, 128);                // every read of the float tile done: P / dS over it
-                if (PDS) put_pds(tile_of(it, t0 + (int)(opaque_u32(blockIdx.x) / (unsigned)nhb)), p, d);
+                if (PDS) put_pds(it, p, d);
 #pragma unroll
                 for (int nb = 0; nb < NK / 8; ++nb) {
                     const int j = 8 * nb + 2 * tig;
@@ -879,9 +871,9 @@ __global__ void __launch_bounds__(THREADS, 1)
 hytopk_attend_bwd_pds(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv, long long kv_stride,
                       const int* __restrict__ idx, int kk, int n, int t0, long long L, int Hq, int nhb, float scale,
                       float scale_log2, const bf16_t* __restrict__ dout, const float* __restrict__ lse,
-                      const float* __restrict__ delta, float* __restrict__ dq, bf16_t* __restrict__ pds, int rotate) {
+                      const float* __restrict__ delta, float* __restrict__ dq, bf16_t* __restrict__ pds) {
     attend_bwd_wgmma<false, false, false, true>(q, kv, kv_stride, idx, kk, n, t0, L, Hq, nhb, scale, scale_log2, dout, lse,
-                                                delta, dq, reinterpret_cast<float*>(pds), rotate);
+                                                delta, dq, reinterpret_cast<float*>(pds));
 }
 
 // SPLIT, second pass: ATOMIC: out = dkv [L, 576] float (+=); else the part rows [count][kk][576]
@@ -891,29 +883,4 @@ __global__ void __launch_bounds__(dkv::THREADS, 1)
 hytopk_attend_bwd_dkv(const bf16_t* __restrict__ q, const bf16_t* __restrict__ dout, const bf16_t* __restrict__ pds,
                       const int* __restrict__ idx, int kk, int t0, long long L, int Hq, float* __restrict__ out) {
     split_dkv<ATOMIC, HPAD, BULK>(q, dout, pds, idx, kk, t0, L, Hq, out);
-}
-
-// The split backward's slot order (SORT_SLOTS): each query's slots sorted by key, ascending (masked -1
-// first, keys past L last; equal keys are interchangeable: their P / dS columns are the same), by a
-// bitonic sort of kp (a power of two >= kk, padded with INT_MAX) ints in shared memory, a block per
-// query. grid n, any block size; dynamic shared memory 4 kp bytes.
-__global__ void __launch_bounds__(1024) hytopk_attend_sort_slots(const int* __restrict__ idx, int kk, int kp, int* __restrict__ out) {
-    extern __shared__ __align__(128) unsigned char smem_raw[];
-    int* v = reinterpret_cast<int*>(smem_raw);
-    const long long row = (long long)blockIdx.x * kk;
-    for (int i = (int)threadIdx.x; i < kp; i += (int)blockDim.x) v[i] = i < kk ? idx[row + i] : 0x7fffffff;
-    __syncthreads();
-    for (int size = 2; size <= kp; size <<= 1)
-        for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            for (int i = (int)threadIdx.x; i < kp / 2; i += (int)blockDim.x) {
-                const int a = 2 * i - (i & (stride - 1)), b = a + stride;   // a's bit `stride` clear
-                const int x = v[a], y = v[b];
-                if ((x > y) == ((a & size) == 0)) {   // ascending where bit `size` of a is clear
-                    v[a] = y;
-                    v[b] = x;
-                }
-            }
-            __syncthreads();
-        }
-    for (int i = (int)threadIdx.x; i < kk; i += (int)blockDim.x) out[row + i] = v[i];
 }

@@ -266,21 +266,17 @@ def backward_rows(n, H, L, k, fwd_rate, op_rate=None):
                      ("wgmma_staged", dict(deterministic=True, version=4)),
                      ("wgmma_atomic_staged", dict(deterministic=False, version=4)),
                      ("wgmma_split", dict(deterministic=True, version=4)),
-                     ("wgmma_atomic_split", dict(deterministic=False, version=4)),
-                     ("wgmma_split_sorted", dict(deterministic=True, version=4)),
-                     ("wgmma_atomic_split_sorted", dict(deterministic=False, version=4))]
+                     ("wgmma_atomic_split", dict(deterministic=False, version=4))]
     writes_default = AWB.WRITES
     for name, kw in variants:
         AWB.VEC_WRITES = True if name == "wgmma_atomic_vec" else None
         # wgmma*: dK/dV written by the consumers (direct); *_staged: by the producer warpgroup; *_split: a
-        # second pass over all the heads (AWB.WRITES; the op's default, "auto": split in both modes);
-        # *_split_sorted: each query's slots sorted by key first (AWB.SORT_SLOTS), *_split: not
-        AWB.WRITES = "staged" if name.endswith("_staged") else "split" if "_split" in name else "direct"
-        AWB.SORT_SLOTS = name.endswith("_sorted") if "_split" in name else None
+        # second pass over all the heads (AWB.WRITES; the op's default, "auto": split deterministic, staged atomics)
+        AWB.WRITES = "staged" if name.endswith("_staged") else "split" if name.endswith("_split") else "direct"
         try:
             t = timed(lambda: CA.attend_backward(dout, q, kk, vv, idx, out, lse, None, **kw), reps=3)
         finally:
-            AWB.VEC_WRITES, AWB.WRITES, AWB.SORT_SLOTS = None, writes_default, None
+            AWB.VEC_WRITES, AWB.WRITES = None, writes_default
         r = rate(bwd_flops(n, H, k), t)
         rows[name] = dict(t, tflops=r, vs_forward=r / fwd_rate if fwd_rate else None,
                           vs_op_forward=r / op_rate if op_rate else None)

@@ -258,7 +258,6 @@ def split(monkeypatch, request):
     from workbench.families.cupy import attend_wgmma_bwd as AWB
     monkeypatch.setattr(AWB, "WRITES", "split")
     monkeypatch.setattr(AWB, "DKV_BULK", request.param)
-    monkeypatch.setattr(AWB, "SORT_SLOTS", False)   # the selection's own order (sorted: test_split_sorted_* below)
     return AWB
 
 
@@ -362,78 +361,3 @@ def test_auto_writes_take_split_in_both_modes(CA, monkeypatch):
         np.testing.assert_array_equal(a, b)
     assert AWB.AUTO_WRITES == {True: "split", False: "split"}
     np.testing.assert_array_equal(run("auto", False)[0], run("split", False)[0])
-
-
-@pytest.mark.parametrize("n,kk", [(3, 1), (5, 45), (4, 150), (2, 2048), (3, 3000), (1, 8192)])
-def test_sort_slots_matches_numpy(CA, n, kk):
-    """hytopk_attend_sort_slots (the phased second pass's slot order): each row as np.sort's, with
-    padding (-1), keys past L, duplicates, and kk not a power of two."""
-    from workbench.families.cupy import attend_wgmma_bwd as AWB
-    rng = np.random.default_rng(seed("sort-slots", n, kk))
-    idx = rng.integers(-1, 5000, (n, kk)).astype(np.int32)
-    idx[:, ::7] = -1
-    idx[0, -1] = 2 ** 31 - 2
-    got = cp.asnumpy(AWB.sorted_slots(cp.asarray(idx), n, kk))
-    np.testing.assert_array_equal(got, np.sort(idx, axis=1))
-
-
-@pytest.mark.parametrize("bulk", [False, True], ids=["dkv_direct", "dkv_bulk"])
-@pytest.mark.parametrize("Hq", [8, 80, 128])
-@pytest.mark.parametrize("kind", ["random", "dups", "empty", "pad_only"])
-def test_split_sorted_slots_match_reference(CA, monkeypatch, bulk, Hq, kind):
-    """SORT_SLOTS: the split path over each query's slots sorted by key (hytopk_attend_sort_slots),
-    its first pass visiting each query pair's tiles from its own on, against the reference in both
-    modes, keys no query selected exactly 0; its dq and deterministic dk the same bits as the unsorted
-    path's on the selection sorted beforehand with the same rotation (ROTATE_TILES)."""
-    from workbench.families.cupy import attend_wgmma_bwd as AWB
-    monkeypatch.setattr(AWB, "WRITES", "split")
-    monkeypatch.setattr(AWB, "DKV_BULK", bulk)
-    rng = np.random.default_rng(seed("wgmma-bwd-split-sorted", Hq, kind, bulk))
-    n, L, kk = 7, 400, 150
-    k, v, kh, vh, qd, qh, dod, doh, idx = case(rng, n, Hq, L, kk, kind)
-    ic, sc = cp.asarray(idx), cp.asarray(np.sort(idx, axis=1))
-    out, lse = CA.attend_forward(qd, k, v, ic, None, out_dtype="float32")
-    rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)
-    untouched = np.setdiff1d(np.arange(L), idx[idx >= 0])
-    for det in (True, False):
-        monkeypatch.setattr(AWB, "SORT_SLOTS", True)
-        dq, dk, _ = CA.attend_backward(dod, qd, k, v, ic, out, lse, None, deterministic=det, version=4)
-        _rel_close(cp.asnumpy(dq), rq)
-        _rel_close(cp.asnumpy(dk)[:, 0], RA.mla_dkv(rk, rv))
-        assert np.all(cp.asnumpy(dk)[untouched] == 0)
-        monkeypatch.setattr(AWB, "SORT_SLOTS", False)
-        monkeypatch.setattr(AWB, "ROTATE_TILES", True)     # as the sorted path's first pass
-        before = CA.attend_backward(dod, qd, k, v, sc, out, lse, None, deterministic=det, version=4)
-        monkeypatch.setattr(AWB, "ROTATE_TILES", None)
-        np.testing.assert_array_equal(bits(dq), bits(before[0]))
-        if det:
-            np.testing.assert_array_equal(bits(dk), bits(before[1]))
-
-
-def test_split_sorted_slots_at_k_2048(CA, monkeypatch):
-    """128 heads, k 2048, L 8192: the sorted path against the reference; the deterministic mode the
-    same bits 20 times and under chunks of one query (the part rows' reduction follows the sorted
-    slots); the atomics close to the deterministic dk."""
-    from workbench.families.cupy import attend_wgmma_bwd as AWB
-    monkeypatch.setattr(AWB, "WRITES", "split")
-    monkeypatch.setattr(AWB, "SORT_SLOTS", True)
-    rng = np.random.default_rng(seed("wgmma-bwd-split-sorted-2048"))
-    n, L, kk = 6, 8192, 2048
-    k, v, kh, vh, qd, qh, dod, doh, idx = case(rng, n, 128, L, kk, "shared")
-    ic = cp.asarray(idx)
-    out, lse = CA.attend_forward(qd, k, v, ic, None, out_dtype="float32")
-    run = lambda det=True, sb=None: CA.attend_backward(dod, qd, k, v, ic, out, lse, None, deterministic=det, version=4,
-                                                       scratch_bytes=sb)
-    first = [bits(x) for x in run()[:2]]
-    for _ in range(20):
-        for a, b in zip(first, [bits(x) for x in run()[:2]]):
-            np.testing.assert_array_equal(a, b)
-    for a, b in zip(first, [bits(x) for x in run(sb=1)[:2]]):
-        np.testing.assert_array_equal(a, b)
-    rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)
-    _rel_close(first[0].view(np.float32), rq)
-    _rel_close(first[1].view(np.float32)[:, 0], RA.mla_dkv(rk, rv))
-    at = run(det=False)
-    np.testing.assert_array_equal(bits(at[0]), first[0])
-    dk = first[1].view(np.float32)
-    np.testing.assert_allclose(cp.asnumpy(at[1]), dk, rtol=1e-4, atol=1e-4 * float(abs(dk).max()))

@@ -522,41 +522,6 @@ def test_backward_split_bulk_rows_and_planted_waits(driver, tmp_path):
         assert name == "read" and not np.array_equal(bits(got[1]), bits(good[1])), name
 
 
-# (n, Hq, kk, kind, L): masked slots (-1, past L: sorted first and last), duplicates (adjacent once
-# sorted), kk not a power of two (the sort's INT_MAX padding), one and two head blocks
-SORT_CASES = [(3, 64, 150, "dups", 150), (2, 128, 130, "random", 150), (3, 8, 45, "empty", 150), (2, 64, 9, "dups", 4)]
-
-
-@pytest.mark.parametrize("n,Hq,kk,kind,L", SORT_CASES)
-def test_backward_split_sorted_slots(driver, n, Hq, kk, kind, L):
-    """SORT_SLOTS: the split path over each query's slots sorted by key (the sort kernel emulated too),
-    its first pass visiting each query pair's tiles from its own tile on (rotate), gives the same bits
-    as the split path over the slots numpy sorted beforehand with the same rotation, dq and part rows
-    (masked slots' rows unwritten); without the rotation the same part rows (P / dS do not depend on
-    the tiles' order) and dq within rounding; the atomics against the reference, untouched keys 0."""
-    rng = np.random.default_rng(seed("wgmma-bwd-split-sorted", n, Hq, kk, kind, L))
-    kv, qd, dod, idx, lse, delta, rq, rkv, valid = backward_case(rng, n, Hq, kk, kind, L)
-    srt = np.sort(idx, axis=1)
-    before = E.backward(driver, qd, kv, srt, dod, lse, delta, writes="split", rotate=True)
-    got = E.backward(driver, qd, kv, idx, dod, lse, delta, writes="split", sort=True, rotate=True)
-    for a, b in zip(before, got):
-        np.testing.assert_array_equal(bits(a), bits(b))
-    plain = E.backward(driver, qd, kv, srt, dod, lse, delta, writes="split")
-    np.testing.assert_array_equal(bits(plain[1]), bits(got[1]))
-    rel_close(plain[0], got[0], 1e-5)
-    if kk > 64 and kind != "empty":   # (several tiles: the rotation changes dq's order somewhere)
-        assert not np.array_equal(bits(plain[0]), bits(got[0]))
-    sv = np.where((srt >= 0) & (srt < L), srt, -1)
-    rows = got[1][:, 0]
-    assert np.isnan(rows[sv < 0]).all() and not np.isnan(rows[sv >= 0]).any()
-    rel_close(summed_part_rows(got[1], sv, 0, L), rkv)
-    dq, dk = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=True, writes="split", sort=True, rotate=True)
-    np.testing.assert_array_equal(bits(dq), bits(before[0]))
-    rel_close(dq, rq)
-    rel_close(dk, rkv)
-    assert np.all(dk[np.setdiff1d(np.arange(L), valid[valid >= 0])] == 0)
-
-
 def test_backward_chunk_writes_only_its_queries(driver):
     """t0 / count (attend_backward's query chunks): dq rows of other queries stay unwritten (NaN), the
     part rows are the chunk's, indexed from 0, and equal the whole launch's."""

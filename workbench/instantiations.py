@@ -250,10 +250,6 @@ ATTEND_WGMMA_BWD_DKV_SMEM = 2 * 128 * 192 * 2 + 4 * 2 * 128 * 64 * 2 + 8 * 8 + 1
 ATTEND_WGMMA_BWD_DKV_SMEM_BULK = 2 * 128 * 192 * 2 + 2 * 2 * 128 * 64 * 2 + 8 * 8 * 800 + 4 * 8 + 128
 ATTEND_WGMMA_BWD_DKV_BULK = True        # the second pass's default: atomics 43.3 ms against 47.0, deterministic
                                         # 57.2 against 59.1 (results/h200-2026-12-04-s11 run 1)
-# the split path over each query's slots sorted by key (hytopk_attend_sort_slots, at most SORT_MAX slots)
-ATTEND_WGMMA_BWD_SORT_SLOTS = False
-ATTEND_SORT_SLOTS = "hytopk_attend_sort_slots"
-ATTEND_SORT_SLOTS_MAX = 8192            # slots per query the sort holds in shared memory (32 KiB)
 ATTEND_WGMMA_BWD_DKV_ROLES = ((128, 40), (256, 232))
 ATTEND_WGMMA_BWD_DKV_THREADS = 384
 ATTEND_WGMMA_BWD_SPLIT_HEADS = 128      # the second pass sums at most two head blocks
@@ -430,7 +426,7 @@ def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
         # part rows 16 bytes at a time; atomics both ways (the bench compares them); both staged
         return (attend_wgmma_bwd_name(False, True), attend_wgmma_bwd_name(True, False), attend_wgmma_bwd_name(True, True),
                 attend_wgmma_bwd_name(False, writes="staged"), attend_wgmma_bwd_name(True, writes="staged"),
-                attend_wgmma_bwd_name(False, writes="split"), ATTEND_SORT_SLOTS,
+                attend_wgmma_bwd_name(False, writes="split"),
                 *(attend_wgmma_bwd_dkv_name(a, h, u) for a in (False, True) for h in (64, 128) for u in (False, True)))
     for kernel, over in KERNELS[file]:
         if over == "plain":

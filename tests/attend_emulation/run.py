@@ -161,7 +161,7 @@ class Fn:
     def hytopk_attend_bwd_pds(self, tp, grid, a):
         # the split backward's first pass: dq as the one-pass kernel, P and dS (bf16) into the scratch
         # [tl][64-key block][P | dS][nhb * 64][64] in 8 x 8 core matrices (attend_wgmma_bwd.cu: put_pds)
-        q, kv, ks, idx, kk, n, t0, L, Hq, nhb, scale, sl2, do, lse, delta, dq, pds, rotate = a   # (rotate: dq's order only)
+        q, kv, ks, idx, kk, n, t0, L, Hq, nhb, scale, sl2, do, lse, delta, dq, pds = a
         nhb, kk, t0, Hq, L = int(nhb), int(kk), int(t0), int(Hq), int(L)
         count, hpad, nt = grid[0] // nhb, nhb * 64, -(-kk // 64)
         assert grid[0] % nhb == 0 and pds.dtype == np.uint16 and pds.size >= count * nt * 2 * hpad * 64
@@ -194,7 +194,6 @@ class Fn:
         kk, t0, Hq, L = int(kk), int(t0), int(Hq), int(L)
         assert grid[0] % 3 == 0 and hpad == 64 * -(-Hq // 64)
         count, nt = grid[0] // 3, -(-kk // 64)
-        Fn.sorted_launches = getattr(Fn, "sorted_launches", 0) + bool((np.diff(idx[t0:t0 + count], axis=1) >= 0).all())
         qf, dof = f(q), f(do)
         h_, j_ = np.meshgrid(np.arange(hpad), np.arange(nt * 64), indexing="ij")
         off = (h_ // 8) * 512 + ((j_ % 64) // 8) * 64 + (h_ % 8) * 8 + j_ % 8 + (j_ // 64) * 2 * hpad * 64
@@ -209,11 +208,6 @@ class Fn:
                 row[:512] += P[:, j] @ dof[t]
                 if AT: o[s] += row
                 else: o[tl * kk + j] = row
-    def hytopk_attend_sort_slots(self, tp, grid, a):
-        idx, kk, kp, out = a
-        kk, kp = int(kk), int(kp)
-        assert kp >= max(2, kk) and kp & (kp - 1) == 0 and grid[0] * kk == out.size
-        out.reshape(-1, kk)[:] = np.sort(idx.reshape(-1, kk)[:grid[0]], axis=1)
     def hytopk_attend_bwd_dq(self, tp, grid, a):
         MT, NK, DQK, DV, QPT = map(int, tp[:5]); SH = tp[5] == "true"
         q, k, ks, v, vs, lst, lens, mult, U, n, L, Hq, Hkv, hb, scale, sl2, do, lse, delta, dq = a
@@ -274,8 +268,6 @@ class Fn:
 CA._fn = lambda name: Fn(name)
 from workbench.families.cupy import attend_wgmma_bwd as AWB
 AWB._fn = lambda name, writes="direct", **kw: Fn(name)
-from workbench import instantiations as INST
-AWB._sort_fn = lambda: Fn(INST.ATTEND_SORT_SLOTS)
 AWB.require_sm90 = lambda: None
 from types import SimpleNamespace as _NS
 from workbench.families.cupy import attend_wgmma2 as AW2
@@ -353,17 +345,6 @@ for Hq, kind_ in ((80, "dups"), (8, "empty")):
         want = {"hytopk_attend_bwd_wgmma": 1 + n + 1} if writes == "staged" else \
                {"hytopk_attend_bwd_pds": 1 + n + 1, "hytopk_attend_bwd_dkv": 1 + n + 1}   # one, n chunks of 1, one
         assert {x: c for x, c in launched.items() if c} == want, (writes, launched)
-        if writes == "split":         # SORT_SLOTS: both passes over each query's slots sorted by key
-            AWB.SORT_SLOTS = True
-            for det, sb in ((True, None), (True, 1), (False, None)):
-                sorts, srt = Fn.calls.get("hytopk_attend_sort_slots", 0), Fn.sorted_launches
-                dq, dk, _ = CA.attend_backward(dob, qb, k, v, idx, out, lse, None, deterministic=det, scratch_bytes=sb,
-                                               version=4)
-                close(dq, rq, 1e-4)
-                close(dk[:, 0], RA.mla_dkv(rk, rv), 2e-2)
-                assert Fn.calls.get("hytopk_attend_sort_slots", 0) == sorts + 1
-                assert Fn.sorted_launches - srt == (n if sb else 1), "the second pass got the sorted slots"
-            AWB.SORT_SLOTS = None
         print("ok version 4", writes, Hq, kind_)
     AWB.WRITES = "auto"
 qb, _ = bf(rng.standard_normal((2, 4, 64))); kvb, _ = bf(rng.standard_normal((10, 64)))

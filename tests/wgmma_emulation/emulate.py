@@ -95,25 +95,13 @@ void emu_attend_wgmma_bwd(int atomic, const bf16_t* q, const bf16_t* kv, long lo
 #undef HYTOPK_EMU_BWD
     });
     if (!(atomic & 8)) return;
-    // split (bit 3): the first pass's P / dS blocks into a scratch (0xCD bytes before), then the second;
-    // bit 5: each query's slots sorted by key first (hytopk_attend_sort_slots); bit 6: the first pass's
-    // tiles rotated per query pair
+    // split (bit 3): the first pass's P / dS blocks into a scratch (0xCD bytes before), then the second
     const int nt = (kk + 63) / 64, hpad = nhb * 64;
-    std::vector<unsigned char> sorted_store;
-    if (atomic & 32) {
-        int kp = 2;
-        while (kp < kk) kp *= 2;
-        sorted_store.assign((size_t)n * kk * 4 + 256, 0xCD);
-        int* sorted = reinterpret_cast<int*>(sorted_store.data() + (256 - reinterpret_cast<uintptr_t>(sorted_store.data()) % 256) % 256);
-        emu::wg::global_buffer(sorted, (size_t)n * kk * 4, "sorted idx");
-        emu::wg::launch((unsigned)n, 32, (size_t)kp * 4, [&] { hytopk_attend_sort_slots(idx, kk, kp, sorted); });
-        idx = sorted;
-    }
     std::vector<unsigned char> store((size_t)count * nt * 2 * hpad * 64 * 2 + 256, 0xCD);
     bf16_t* pds = reinterpret_cast<bf16_t*>(store.data() + (256 - reinterpret_cast<uintptr_t>(store.data()) % 256) % 256);
     emu::wg::global_buffer(pds, (size_t)count * nt * 2 * hpad * 64 * 2, "pds");
     emu::wg::launch((unsigned)(count * nhb), THREADS, LAUNCH_SMEM_PDS, [&] {
-        hytopk_attend_bwd_pds(q, kv, ks, idx, kk, n, t0, L, Hq, nhb, scale, sl2, dout, lse, delta, dq, pds, (atomic >> 6) & 1);
+        hytopk_attend_bwd_pds(q, kv, ks, idx, kk, n, t0, L, Hq, nhb, scale, sl2, dout, lse, delta, dq, pds);
     });
     // bit 4: the second pass through the TMA's bulk operations
     const bool bulk = atomic & 16;
@@ -205,7 +193,7 @@ def forward(driver, q, kv, idx, scale=None, *, version="wgmma2", out_dtype="floa
 
 
 def backward(driver, q, kv, idx, dout, lse, delta, scale=None, *, atomic=False, vec=None, writes="direct", t0=0,
-             count=None, smem_off=0x410, timeout=900, env=None, bulk=None, sort=False, rotate=False):
+             count=None, smem_off=0x410, timeout=900, env=None, bulk=None):
     """(dq, out) of hytopk_attend_bwd_wgmma (attend_wgmma_bwd.cu) on the CPU for queries t0 .. t0 +
     count - 1: dq float32 [n, Hq, 576] (rows of other queries stay NaN), out = the dkv atomics
     (float32 [L, 576], from zeros) or the part rows (float32 [count, nhb, kk, 576]; rows of masked
@@ -213,10 +201,7 @@ def backward(driver, q, kv, idx, dout, lse, delta, scale=None, *, atomic=False, 
     16-byte writes, else scalar ones (None: as the wrapper picks, instantiations.ATTEND_WGMMA_BWD_VEC);
     writes: "staged", the consumers hand dK/dV to the producer warpgroup, which writes them (vec
     ignored); "direct", the consumers write them; "split", two passes (bulk: the second through the
-    TMA's bulk operations; None: instantiations.ATTEND_WGMMA_BWD_DKV_BULK; sort: over each query's
-    slots sorted by key by hytopk_attend_sort_slots, as the wrapper's SORT_SLOTS: the part rows are
-    then those of the sorted slots; rotate: the first pass visits each query pair's tiles from its own
-    tile on, as the wrapper does with sorted slots)."""
+    TMA's bulk operations; None: instantiations.ATTEND_WGMMA_BWD_DKV_BULK)."""
     q = np.ascontiguousarray(q, np.uint16)
     kv = np.ascontiguousarray(kv, np.uint16)
     idx = np.ascontiguousarray(idx, np.int32)
@@ -233,8 +218,6 @@ def backward(driver, q, kv, idx, dout, lse, delta, scale=None, *, atomic=False, 
     mode = int(bool(atomic)) | {"direct": 2 if vec else 0, "staged": 4, "split": 8}[writes]   # emu_attend_wgmma_bwd's codes
     bulk = INST.ATTEND_WGMMA_BWD_DKV_BULK if bulk is None else bulk
     mode |= 16 if writes == "split" and bulk else 0
-    assert not (sort or rotate) or writes == "split", (sort, rotate)
-    mode |= (32 if sort else 0) | (64 if rotate else 0)
     assert writes != "split" or Hq <= INST.ATTEND_WGMMA_BWD_SPLIT_HEADS, Hq
     head = np.array([4, mode, 0, n, Hq, kk, L, stride, smem_off, 0, 1], np.int32)
     head[9] = scale_log2.view(np.int32)

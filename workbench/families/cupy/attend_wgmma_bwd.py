@@ -24,8 +24,10 @@ the faster on the H200, staged above):
     dkv inside the L2 (L 8192) the whole backward takes 36.9 ms (run 2). The first pass gathers
     its key tiles into the 128-byte swizzle, one L2 request per 32-byte sector (the core-matrix
     layout took one per 16 bytes): atomics 40.6 ms against 43.5, deterministic 51.2 against 54.2,
-    the same bits (results/h200-2026-12-04-s12 run 7). At most 128 heads (two head blocks): above,
-    staged.
+    the same bits (results/h200-2026-12-04-s12 run 7). Neither the second pass in key-range phases
+    (dkv L / P keys at a time) nor each query's slots sorted by key paid enough to keep
+    (results/h200-2026-12-04-s13; commits 002326d, acb032a). At most 128 heads (two head blocks):
+    above, staged.
   "staged": each consumer hands its dK/dV to the producer warpgroup a 16-slot x
     64-column unit at a time through shared memory, and the producer writes them 16 bytes at a time
     (red.global.add.v4.f32 / st.global.v4.f32), so the consumers go on to their next MMAs instead of
@@ -44,8 +46,6 @@ equally reproducible; dq is the same bits on all three.
 """
 from __future__ import annotations
 
-import copy
-
 import cupy as cp
 import numpy as np
 
@@ -63,9 +63,6 @@ VEC_WRITES: bool | None = None     # None: instantiations.ATTEND_WGMMA_BWD_VEC; 
 WRITES = "auto"                    # how dK/dV leave: instantiations.ATTEND_WGMMA_BWD_WRITES, or "auto" (AUTO_WRITES)
 AUTO_WRITES = {True: "split", False: "split"}    # deterministic -> the faster path on the H200 (results/h200-2026-12-04-s11)
 DKV_BULK: bool | None = None       # split's second pass through the TMA's bulk operations (None: instantiations)
-SORT_SLOTS: bool | None = None     # split: each query's slots sorted by key first (None: instantiations)
-ROTATE_TILES: bool | None = None   # split's first pass: each query pair from its own tile on (None: when sorted)
-SORT_THREADS = 256                 # hytopk_attend_sort_slots' block
 _FITS: dict[int, object] = {}     # id -> function already checked (held, so ids are not reused)
 
 
@@ -132,17 +129,11 @@ def _split(b, nhb, deterministic, scratch_bytes, do, lse, delta, dq, dk):
     scratch = scratch_bytes or A._scratch_v2()
     W = b.DQK
     per_row = 0 if not deterministic else b.Hkv * b.kk * W * 4       # part rows per query
-    srt = sort_slots(b.kk)
-    if srt:                           # the same backward over each query's slots in key order
-        b = copy.copy(b)
-        b.idx = sorted_slots(b.idx, b.n, b.kk)
-        head = head[:3] + (b.idx,) + head[4:]
-    rotate = np.int32(srt if ROTATE_TILES is None else bool(ROTATE_TILES))
     chunk = max(1, min(b.n, scratch // (per_query + per_row), (2 ** 31 - 1) // (nhb * 3)))
     pds = cp.empty(chunk * per_query // 2, cp.uint16)
 
     def launch(t0, c, out):
-        first((c * nhb,), (threads,), head + (np.int32(t0),) + tail + (pds, rotate), shared_mem=smem)
+        first((c * nhb,), (threads,), head + (np.int32(t0),) + tail + (pds,), shared_mem=smem)
         second((c * 3,), (dkv_threads,), (b.q, do, pds, b.idx, np.int32(b.kk), np.int32(t0), np.int64(b.L),
                                       np.int32(b.Hq), out), shared_mem=dkv_smem)
 
@@ -151,26 +142,6 @@ def _split(b, nhb, deterministic, scratch_bytes, do, lse, delta, dq, dk):
             launch(t0, min(chunk, b.n - t0), dk)
         return
     A.sum_part_rows(b, chunk, 1, W, True, dk, None, launch)
-
-
-def sort_slots(kk: int) -> bool:
-    """Whether the split path sorts each query's slots by key first (SORT_SLOTS, else instantiations);
-    not past the slots the sort holds in shared memory."""
-    on = INST.ATTEND_WGMMA_BWD_SORT_SLOTS if SORT_SLOTS is None else bool(SORT_SLOTS)
-    return on and kk <= INST.ATTEND_SORT_SLOTS_MAX
-
-
-def _sort_fn():
-    return loader.module(FILE, (INST.ATTEND_SORT_SLOTS,), options=INST.FILE_OPTIONS[FILE]).function(INST.ATTEND_SORT_SLOTS)
-
-
-def sorted_slots(idx, n: int, kk: int):
-    """Each query's slots sorted by key, ascending (hytopk_attend_sort_slots): [n, kk] int32."""
-    out = cp.empty((n, kk), cp.int32)
-    if n and kk:
-        kp = 1 << max(1, (kk - 1).bit_length())
-        _sort_fn()((n,), (min(SORT_THREADS, kp // 2),), (idx, np.int32(kk), np.int32(kp), out), shared_mem=4 * kp)
-    return out
 
 
 @register("attend_backward", "cupy.attend_backward.wgmma", gpu_only=True)
