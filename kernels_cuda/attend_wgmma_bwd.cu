@@ -849,6 +849,350 @@ __device__ __forceinline__ void split_dkv(const bf16_t* __restrict__ q, const bf
     if (BULK && lane < 8) bulk_wait<0>();            // the block's shared memory outlives the TMA's reads
 }
 
+
+// ---------------------------------------------------------------------------------------------------
+// SPLIT with a dq pass (the wrapper's DQ_PASS, its default at two head blocks): three passes. The first
+// pass above spends its time in a serial chain per 32-key tile (S / dP, the exchange, dQ, the release),
+// with Q and dO in shared memory leaving room for two such tiles. Without dQ (moved to a pass of its
+// own) the first pass holds no accumulator across the keys, so Q and dO fit in the consumers' registers
+// as the MMAs' A fragments: split_sp computes S = Q K^T (consumer 0) and dP = dO V^T (consumer 1) over
+// 64-key tiles with m64n64k16 (A from registers, B = the gathered tile, K-major in the 128-byte
+// swizzle), consumer 0 hands P (float) to consumer 1 through shared memory (two buffers, [element
+// pair][thread]: each thread reads what its twin wrote), and they store P and dS (bf16, the same values
+// as the first pass above, the same layout) to the scratch. A stage is released as soon as its MMAs
+// retire, before the softmax. split_dkv (above) then makes dK / dV, and split_dq makes dq = dS K per
+// query and column third, a head block per consumer ([64 heads] x [192 columns]): the dS blocks and
+// the third of each key row gathered again (swizzled, read MN-major), the 16-key chunks in the first
+// pass's order (dq the same bits as the first pass above computes, where the wgmma's k16 sums do not
+// depend on N). Both gathers land in the 128-byte swizzle (one L2 request per 32-byte sector): 13.2 and
+// 8.3 ms against 18.9-21.5 and 11.7-12.3 in the core-matrix layout; atomics 40.4 ms against the
+// two-pass split's 41.9, deterministic 57.2 against 58.7 (results/h200-2026-12-04-s13 run 6).
+namespace sp {
+constexpr int NK = 64;                              // keys per tile
+constexpr int NST = 2;                              // stages
+constexpr int TILE_BYTES = NK / 8 * QG;             // 73728
+constexpr int X_BYTES = 32 * 128 * 4;               // P (float): 32 elements x 128 threads
+constexpr int K_OFF = 0, X_OFF = NST * TILE_BYTES, KEY_OFF = X_OFF + 2 * X_BYTES;
+constexpr int BAR_OFF = KEY_OFF + NST * NK * 4;     // full[NST], empty[NST]
+constexpr int ZERO_OFF = BAR_OFF + 2 * NST * 8 + 96;  // a zero [64 keys][16] bf16 tile (2 KiB, 128-byte aligned)
+// the key tiles in the 128-byte swizzle: 9 column tiles of [64 keys][128 B], chunk c of key j at c ^ (j % 8)
+// (each quarter warp's row piece lands in 128 contiguous bytes: one L2 request per 32-byte sector), the
+// base rounded up to 1024 B (the swizzle's atom)
+constexpr int CT_BYTES = NK * 128;                  // 8192
+constexpr int LAUNCH_SMEM = ZERO_OFF + NK / 8 * 256 + 1024;
+static_assert(LAUNCH_SMEM <= 227 * 1024 && ZERO_OFF % 128 == 0, "attend_wgmma_bwd split_sp: shared memory over 227 KiB");
+static_assert(K_OFF % 1024 == 0 && TILE_BYTES == 9 * CT_BYTES && TILE_BYTES % 1024 == 0, "attend_wgmma_bwd split_sp: swizzled key tiles");
+constexpr int THREADS = 384, PRODUCER_REGS = 56, CONSUMER_REGS = 224;   // (the producer's 8 slot keys spill at 40)
+static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= THREADS * (65536 / THREADS / 8 * 8),
+              "attend_wgmma_bwd split_sp: setmaxnreg budgets exceed the block's launch registers");
+// named barriers: P of tile parity b in buffer b (consumer 0 arrives, consumer 1 syncs), buffer b read
+// (consumer 1 arrives, consumer 0 syncs before its refill two tiles on)
+constexpr int BAR_XFULL = 1, BAR_XFREE = 3;
+}  // namespace sp
+
+// the 32-bit word at p (two bf16), through the read-only path
+__device__ __forceinline__ u32 ldg_u32(const bf16_t* p) { return (u32)__ldg(reinterpret_cast<const int*>(p)); }
+
+// grid (queries t0 ..) x nhb head blocks, as the first pass above; pds as there (dq not written)
+__device__ __forceinline__ void split_sp(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv, long long kv_stride,
+                                         const int* __restrict__ idx, int kk, int n, int t0, long long L, int Hq,
+                                         int nhb, float scale, float scale_log2, const bf16_t* __restrict__ dout,
+                                         const float* __restrict__ lse, const float* __restrict__ delta,
+                                         bf16_t* __restrict__ pds) {
+    constexpr int NK = sp::NK, NST = sp::NST;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    const int tl = (int)(blockIdx.x / (unsigned)nhb), hb = (int)(blockIdx.x % (unsigned)nhb);
+    const int t = t0 + tl, h0 = hb * ROWS;
+    if (t >= n) return;
+    const u32 raw = smem_addr(smem_raw), base = (raw + 1023u) & ~1023u;
+    unsigned char* smem = smem_raw + (base - raw);
+    const u32 sk0 = base + sp::K_OFF, sx0 = base + sp::X_OFF;
+    for (int i = (int)threadIdx.x; i < NK / 8 * 256 / 4; i += (int)blockDim.x) st_shared_u32(base + sp::ZERO_OFF + 4 * i, 0u);
+    fence_proxy_async();                              // the zero tile -> the consumers' wgmma (after the sync below)
+    int* skey = reinterpret_cast<int*>(smem + sp::KEY_OFF);
+    const u32 full0 = base + sp::BAR_OFF, empty0 = full0 + 8 * NST;
+    const int ntiles = (kk + NK - 1) / NK;
+    const int* lst = idx + (long long)t * kk;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < NST; ++s) {
+            mbar_init(full0 + 8 * s, 256);            // each producer thread: its key store, its copies landing
+            mbar_init(empty0 + 8 * s, 8);             // one arrival per consumer warp
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();
+    const int wg = (int)(threadIdx.x >> 7), tid = (int)(threadIdx.x & 127);
+
+    if (wg == 2) {
+        // ---------------------------------------------------------------- producer
+        regs_dec<sp::PRODUCER_REGS>();
+        // quarter warp qg (tid >> 3) copies rows qg + 16 g whole, its lane l8 chunks 8 i + l8: a quarter
+        // warp's copy is one row's 128 contiguous bytes (the L2 fetching each row's 256-byte blocks)
+        const int qg = tid >> 3, l8 = tid & 7;
+        int nx[NK / 16], nm = -1;
+        auto load_slots = [&](int it) {
+            const int j0 = it * NK;
+#pragma unroll
+            for (int g = 0; g < NK / 16; ++g) {
+                const int j = j0 + qg + 16 * g;
+                nx[g] = j < kk ? __ldg(lst + j) : -1;
+            }
+            if (tid < NK) nm = j0 + tid < kk ? __ldg(lst + j0 + tid) : -1;
+        };
+        // published as the copies land (cp.async.mbarrier.arrive): the producer never waits for them
+        if (ntiles > 0) load_slots(0);
+        for (int it = 0; it < ntiles; ++it) {
+            const int st = it % NST;
+            if (it >= NST) mbar_wait_or_trap(empty0 + 8 * st, (u32)(((it / NST) - 1) & 1));
+#pragma unroll
+            for (int g = 0; g < NK / 16; ++g) {
+                const int j = qg + 16 * g;
+                const long long s = nx[g];
+                const bool ok = s >= 0 && s < L;
+                const bf16_t* src = kv + (ok ? s * kv_stride : 0) + 8 * l8;
+                const u32 dst = sk0 + (u32)(st * sp::TILE_BYTES + j * 128 + ((l8 ^ (j & 7)) << 4));
+#pragma unroll
+                for (int i = 0; i < DQK / 64; ++i) cp_async16_l2pf(dst + (u32)(i * sp::CT_BYTES), src + (ok ? 64 * i : 0), ok);
+            }
+        if (tid < NK) skey[st * NK + tid] = (nm >= 0 && (long long)nm < L) ? nm : -1;
+            mbar_arrive(full0 + 8 * st);              // (release: the keys)
+            cp_async_arrive_noinc(full0 + 8 * st);
+            if (it + 1 < ntiles) load_slots(it + 1);
+        }
+        cp_async_wait_all();                          // no copy outlives the thread
+        return;
+    }
+    // -------------------------------------------------------------------- consumers
+    regs_inc<sp::CONSUMER_REGS>();
+    const int c = wg;
+    const int warp = tid >> 5, lane = tid & 31, g8 = lane >> 2, tig = lane & 3;
+    const int r0 = warp * 16 + g8, r1 = r0 + 8;       // this thread's two rows (heads h0 + r)
+    // consumer 0: Q [64][576] as 36 k-steps of A fragments; consumer 1: dO [64][512] as 32 (rows past
+    // Hq zero). Fragment ks: (r0, 16 ks + 2 tig ..), (r1, ..), (r0, .. + 8), (r1, .. + 8)
+    constexpr int KQ = DQK / 16, KO = DV / 16;
+    u32 a[KQ][4];
+    {
+        const int D = c ? DV : DQK;
+        const bf16_t* src = c ? dout : q;
+        const bool ok0 = h0 + r0 < Hq, ok1 = h0 + r1 < Hq;
+        const bf16_t* p0 = src + ((long long)t * Hq + (ok0 ? h0 + r0 : 0)) * D + 2 * tig;
+        const bf16_t* p1 = src + ((long long)t * Hq + (ok1 ? h0 + r1 : 0)) * D + 2 * tig;
+        // every load from a valid address, masked after (conditional loads made ptxas spill ~70 registers)
+        const u32 m0 = ok0 ? ~0u : 0u, m1 = ok1 ? ~0u : 0u;
+#pragma unroll
+        for (int ks = 0; ks < KQ; ++ks) {
+            const bool in = !c || ks < KO;
+            const int o = in ? 16 * ks : 0;
+            const u32 mi = in ? ~0u : 0u;
+            a[ks][0] = ldg_u32(p0 + o) & m0 & mi;
+            a[ks][1] = ldg_u32(p1 + o) & m1 & mi;
+            a[ks][2] = ldg_u32(p0 + o + 8) & m0 & mi;
+            a[ks][3] = ldg_u32(p1 + o + 8) & m1 & mi;
+        }
+    }
+    float ls[2], dl[2];                               // lse * log2 e (-inf: P = 0) and delta of the two rows
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = h ? r1 : r0;
+        const bool ok = h0 + r < Hq;
+        const long long row = (long long)t * Hq + h0 + r;
+        ls[h] = ok ? lse[row] * 1.4426950408889634f : neg_inf();
+        dl[h] = ok ? delta[row] : 0.0f;
+    }
+    // P / dS of tile it (element i = 4 nb + 2 h + e: row h ? r1 : r0, key 8 nb + 2 tig + e) into the
+    // query's block it, [P | dS] (c), as the first pass above lays them out: one warp store per core matrix
+    auto put = [&](int it_, const float (&v)[32]) {
+        const u32 bx = opaque_u32(blockIdx.x);
+        const int tq = (int)(bx / (unsigned)nhb), hbq = (int)(bx % (unsigned)nhb);
+        const long long tile = (long long)(nhb * ROWS) * 64;
+        bf16_t* pb = pds + ((long long)tq * ((kk + 63) / 64) + it_) * 2 * tile + (opaque_u32((u32)c) ? tile : 0);
+        const int o0 = (hbq * 8 + 2 * warp) * 512 + g8 * 8 + 2 * tig;
+#pragma unroll
+        for (int nb = 0; nb < NK / 8; ++nb) {
+            st_global_u32(pb + o0 + nb * 64, pack_bf16x2(v[4 * nb], v[4 * nb + 1]));
+            st_global_u32(pb + o0 + nb * 64 + 512, pack_bf16x2(v[4 * nb + 2], v[4 * nb + 3]));
+        }
+    };
+    for (int it = 0; it < ntiles; ++it) {
+        const int st = it % NST, xb = it & 1;
+        const u32 sk = sk0 + (u32)(st * sp::TILE_BYTES), sx = sx0 + (u32)(xb * sp::X_BYTES);
+        mbar_wait_or_trap(full0 + 8 * st, (u32)((it / NST) & 1));
+        fence_proxy_async();                          // the tile's cp.async (generic proxy) -> this wgmma
+        u32 vm = 0;                                   // consumer 0: which of its 16 keys are valid
+        if (!c) {
+            const int* key = skey + st * NK;
+#pragma unroll
+            for (int nb = 0; nb < NK / 8; ++nb)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) vm |= (key[8 * nb + 2 * tig + e] >= 0 ? 1u : 0u) << (2 * nb + e);
+        }
+        float sd[32];
+        {
+            // one instruction stream for both (a branch per consumer made ptxas serialise the wgmma):
+            // dP's last 4 k-steps multiply zero fragments by the zero tile
+            // B's descriptor (the swizzled tile, K-major: column tile ks / 4, its 32-byte k-step ks % 4)
+            // made one k-step at a time through opaque_u32 (its low word: the address): 36 descriptors
+            // made ahead of the MMAs, beside the 144 fragment registers, spilled
+            const u64 bk = desc_sw128(sk, 16, 1024), z = smem_desc(base + sp::ZERO_OFF, 128, 256);
+            const u64 hi = bk & 0xffffffff00000000ull;
+            const u32 lo0 = (u32)bk;
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < KQ; ++ks) {
+                const u32 lo = opaque_u32(lo0 + (u32)((sp::CT_BYTES >> 4) * (ks >> 2) + 2 * (ks & 3)));
+                wgmma_m64n64k16_bf16_rs(sd, a[ks], c && ks >= KO ? z : hi | lo, ks > 0);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty0 + 8 * st);  // the tile (and its keys) may be refilled now
+        if (!c) {
+#pragma unroll
+            for (int i = 0; i < 32; ++i) {
+                const int h = (i >> 1) & 1;
+                sd[i] = ((vm >> (2 * (i >> 2) + (i & 1))) & 1u) && ls[h] != neg_inf()
+                            ? exp2f(sd[i] * scale_log2 - ls[h]) : 0.0f;
+            }
+            if (it >= 2) bar_sync(sp::BAR_XFREE + xb, 256);   // consumer 1 has read tile it-2's P
+#pragma unroll
+            for (int i = 0; i < 16; ++i) st_shared_f32x2(sx + (u32)(8 * (i * 128 + tid)), sd[2 * i], sd[2 * i + 1]);
+            bar_arrive(sp::BAR_XFULL + xb, 256);
+        } else {
+            bar_sync(sp::BAR_XFULL + xb, 256);
+#pragma unroll
+            for (int i = 0; i < 16; ++i) {            // elements 2 i, 2 i + 1: one row (h = i & 1)
+                float p0, p1;
+                ld_shared_f32x2(sx + (u32)(8 * (i * 128 + tid)), p0, p1);
+                sd[2 * i] = p0 * (sd[2 * i] - dl[i & 1]) * scale;
+                sd[2 * i + 1] = p1 * (sd[2 * i + 1] - dl[i & 1]) * scale;
+            }
+            if (it + 2 < ntiles) bar_arrive(sp::BAR_XFREE + xb, 256);
+        }
+        put(it, sd);                                  // consumer 0: P, consumer 1: dS
+    }
+}
+
+namespace dqp {
+constexpr int KT = 64, COLS = 192, PARTS = DQK / COLS, HMAX = 128;
+constexpr int TG = KT / 8 * 128;                    // bytes per 8 heads of a [.][64] dS block: 1024
+constexpr int DS_BYTES = HMAX / 8 * TG;             // 16384
+// the key rows' third in the 128-byte swizzle: 3 column tiles of [64 keys][128 B], chunk c of key j at
+// c ^ (j % 8) (a quarter warp's row piece lands in 128 contiguous bytes: one L2 request per 32-byte
+// sector), read MN-major (N = the 192 columns, three whole atoms)
+constexpr int CT_BYTES = KT * 128;                  // 8192
+constexpr int K_BYTES = COLS / 64 * CT_BYTES;       // 24576
+constexpr int STAGE = DS_BYTES + K_BYTES, NST = 4;
+constexpr int BAR_OFF = NST * STAGE;                // full[NST], empty[NST]
+constexpr int LAUNCH_SMEM = BAR_OFF + 2 * NST * 8 + 1024;   // the base rounded up to 1024 B
+static_assert(LAUNCH_SMEM <= 227 * 1024 && DS_BYTES % 1024 == 0 && STAGE % 1024 == 0, "attend_wgmma_bwd split_dq: shared memory");
+constexpr int THREADS = 384, PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= THREADS * (65536 / THREADS / 8 * 8),
+              "attend_wgmma_bwd split_dq: setmaxnreg budgets exceed the block's launch registers");
+}  // namespace dqp
+
+// kv rows at kv + s * kv_stride; pds: the first pass's blocks of queries t0 .. t0 + count - 1 (two head
+// blocks: 128 heads padded); grid count * 3: block b is query t0 + b / 3, columns 192 (b % 3) ..; dq
+// [n, Hq, 576] float (written). WG 0 gathers (cp.async, NST stages of the dS block and the 64 key rows'
+// third, published by cp.async.mbarrier.arrive as they land); consumer c (WGs 1, 2) accumulates the
+// third's dq of head block c (m64n192k16: A = dS K-major, B = the rows MN-major), its 16-key chunks in
+// the first pass's order (the same bits as hytopk_attend_bwd_pds's dq).
+__device__ __forceinline__ void split_dq(const bf16_t* __restrict__ kv, long long kv_stride, const bf16_t* __restrict__ pds,
+                                         const int* __restrict__ idx, int kk, int t0, long long L, int Hq,
+                                         float* __restrict__ dq) {
+    constexpr int KT = dqp::KT, COLS = dqp::COLS, PARTS = dqp::PARTS, TG = dqp::TG, NST = dqp::NST, HPAD = dqp::HMAX;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    const int tl = (int)(blockIdx.x / (unsigned)PARTS), part = (int)(blockIdx.x % (unsigned)PARTS);
+    const int t = t0 + tl, col0 = COLS * part;
+    const u32 raw = smem_addr(smem_raw), base = (raw + 1023u) & ~1023u;
+    const u32 full0 = base + (u32)dqp::BAR_OFF, empty0 = full0 + 8 * NST;
+    const int nt = (kk + KT - 1) / KT;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < NST; ++s) {
+            mbar_init(full0 + 8 * s, 128);            // every producer thread, once its copies landed
+            mbar_init(empty0 + 8 * s, 8);             // one arrival per consumer warp
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();
+    const int wg = (int)(threadIdx.x >> 7), tid = (int)(threadIdx.x & 127);
+    const int* lst = idx + (long long)t * kk;
+    const int warp = tid >> 5, lane = tid & 31;
+    if (wg == 0) {
+        regs_dec<dqp::PRODUCER_REGS>();
+        // the dS block: HPAD * 64 bf16, contiguous in pds and in the stage (16 bytes a thread at a time);
+        // the key rows: quarter warp qg (tid >> 3) copies rows qg + 16 g, its lane l8 chunk l8 of each
+        // column tile (one row's 128 contiguous bytes per quarter warp and column tile)
+        const bf16_t* blocks = pds + (long long)tl * nt * 2 * HPAD * KT;
+        const int qg = tid >> 3, l8 = tid & 7;
+        int kx[KT / 16];
+        auto keys = [&](int T) {
+#pragma unroll
+            for (int g = 0; g < KT / 16; ++g) {
+                const int j = T * KT + qg + 16 * g;
+                kx[g] = j < kk ? __ldg(lst + j) : -1;
+            }
+        };
+        if (nt > 0) keys(0);
+        for (int T = 0; T < nt; ++T) {
+            const int s = T % NST;
+            if (T >= NST) mbar_wait_or_trap(empty0 + 8 * s, (u32)(((T / NST) - 1) & 1));
+            const u32 sds = base + (u32)(s * dqp::STAGE), sk = sds + dqp::DS_BYTES;
+            const bf16_t* ds = blocks + ((long long)T * 2 + 1) * HPAD * KT;
+#pragma unroll
+            for (int i = 0; i < HPAD * KT / 8 / 128; ++i) cp_async16(sds + (u32)(16 * (tid + 128 * i)), ds + 8 * (tid + 128 * i), true);
+#pragma unroll
+            for (int g = 0; g < KT / 16; ++g) {
+                const int j = qg + 16 * g;
+                const long long s_ = kx[g];
+                const bool ok = s_ >= 0 && s_ < L;
+                const bf16_t* src = kv + (ok ? s_ * kv_stride + col0 : 0) + 8 * l8;
+                const u32 dst = sk + (u32)(j * 128 + ((l8 ^ (j & 7)) << 4));
+#pragma unroll
+                for (int i = 0; i < COLS / 64; ++i) cp_async16_l2pf(dst + (u32)(i * dqp::CT_BYTES), src + (ok ? 64 * i : 0), ok);
+            }
+            cp_async_arrive_noinc(full0 + 8 * s);    // published as the copies land
+            if (T + 1 < nt) keys(T + 1);
+        }
+        cp_async_wait_all();                          // no copy outlives the thread
+        return;
+    }
+    regs_inc<dqp::CONSUMER_REGS>();
+    const int c = wg - 1, g8 = lane >> 2, tig = lane & 3;
+    float acc[COLS / 2];
+#pragma unroll
+    for (int i = 0; i < COLS / 2; ++i) acc[i] = 0.0f;
+    for (int T = 0; T < nt; ++T) {
+        const int s = T % NST;
+        const u32 sds = base + (u32)(s * dqp::STAGE), sk = sds + dqp::DS_BYTES;
+        mbar_wait_or_trap(full0 + 8 * s, (u32)((T / NST) & 1));
+        fence_proxy_async();                          // the block's cp.async (generic proxy) -> this wgmma
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < KT / 16; ++ks)
+            wgmma_m64n192k16_bf16_tb(acc, smem_desc(sds + (u32)(c * 8 * TG + ks * 256), 128, TG),
+                                     desc_sw128(sk + (u32)(ks * 2048), dqp::CT_BYTES, 1024), 1);
+        wgmma_commit();
+        wgmma_wait<1>();                              // block T - 1's MMAs retired: its stage is free
+        if (T >= 1) {
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty0 + 8 * ((T - 1) % NST));
+        }
+    }
+    wgmma_wait<0>();
+    // dq rows (heads past Hq not written): element 4 nb + 2 h + e is head 64 c + 16 warp + g8 + 8 h,
+    // column col0 + 8 nb + 2 tig + e
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = 64 * c + 16 * warp + g8 + 8 * h;
+        if (r >= Hq) continue;
+        float* row = dq + ((long long)t * Hq + r) * DQK + col0 + 2 * tig;
+#pragma unroll
+        for (int nb = 0; nb < COLS / 8; ++nb)
+            *reinterpret_cast<float2*>(row + 8 * nb) = make_float2(acc[4 * nb + 2 * h], acc[4 * nb + 2 * h + 1]);
+    }
+}
+
 }  // namespace attwb
 }  // namespace hytopk
 
@@ -883,4 +1227,22 @@ __global__ void __launch_bounds__(dkv::THREADS, 1)
 hytopk_attend_bwd_dkv(const bf16_t* __restrict__ q, const bf16_t* __restrict__ dout, const bf16_t* __restrict__ pds,
                       const int* __restrict__ idx, int kk, int t0, long long L, int Hq, float* __restrict__ out) {
     split_dkv<ATOMIC, HPAD, BULK>(q, dout, pds, idx, kk, t0, L, Hq, out);
+}
+
+
+// SPLIT with a dq pass, first pass: S, dP, and P / dS (bf16) to pds, Q and dO in registers (no dq)
+__global__ void __launch_bounds__(sp::THREADS, 1)
+hytopk_attend_bwd_sp(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv, long long kv_stride,
+                     const int* __restrict__ idx, int kk, int n, int t0, long long L, int Hq, int nhb, float scale,
+                     float scale_log2, const bf16_t* __restrict__ dout, const float* __restrict__ lse,
+                     const float* __restrict__ delta, bf16_t* __restrict__ pds) {
+    split_sp(q, kv, kv_stride, idx, kk, n, t0, L, Hq, nhb, scale, scale_log2, dout, lse, delta, pds);
+}
+
+// SPLIT with a dq pass, third pass: dq [n, Hq, 576] float (written) = dS K per query and column third
+// (two head blocks: 65 .. 128 heads)
+__global__ void __launch_bounds__(dqp::THREADS, 1)
+hytopk_attend_bwd_dqp(const bf16_t* __restrict__ kv, long long kv_stride, const bf16_t* __restrict__ pds,
+                     const int* __restrict__ idx, int kk, int t0, long long L, int Hq, float* __restrict__ dq) {
+    split_dq(kv, kv_stride, pds, idx, kk, t0, L, Hq, dq);
 }

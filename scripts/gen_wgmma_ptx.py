@@ -32,10 +32,11 @@ def wrapper(n: int, kind: str, k: str, types: str, transposable: bool) -> str:
         f"}}\n")
 
 
-def wrapper_vt(n: int, rs: bool, ta: bool = False) -> str:
+def wrapper_vt(n: int, rs: bool, ta: bool = False, tb: bool = True) -> str:
     """bf16 m64n{n}k16 with B transposed (MN-major: the attention's V = [keys][d] rows) and A
     either from shared memory (descriptor; ta: MN-major too, the backward's Q^T / dO^T) or from
-    registers (4 x bf16x2: P as the MMA's A fragment)."""
+    registers (4 x bf16x2: P as the MMA's A fragment; tb False: B K-major, the backward's K for
+    S = Q K^T with Q held in registers)."""
     acc = n // 2
     regs = ", ".join(f"%{i}" for i in range(acc))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(acc))
@@ -43,8 +44,8 @@ def wrapper_vt(n: int, rs: bool, ta: bool = False) -> str:
         a_ops, a_args, a_sig, nb = "{%%%d, %%%d, %%%d, %%%d}" % (acc, acc + 1, acc + 2, acc + 3), \
             '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), ', "const u32 (&a)[4]", acc + 4
         imms = ", %{}, %{}, %{}".format(nb + 2, nb + 3, nb + 4)
-        imm_args = '"n"(1), "n"(1), "n"(1)'
-        name = f"wgmma_m64n{n}k16_bf16_rs_tb"
+        imm_args = '"n"(1), "n"(1), "n"({})'.format(int(tb))
+        name = f"wgmma_m64n{n}k16_bf16_rs{'_tb' if tb else ''}"
     else:
         a_ops, a_args, a_sig, nb = f"%{acc}", '"l"(da), ', "u64 da", acc + 1
         imms = ", %{}, %{}, %{}, %{}".format(nb + 2, nb + 3, nb + 4, nb + 5)
@@ -78,6 +79,8 @@ def render() -> str:
     parts.append(wrapper_vt(32, False, ta=True))     # ... and its dKV^T = Q^T dS + dO^T P
     parts.append(wrapper_vt(16, False, ta=True))
     parts.append(wrapper_vt(192, False, ta=True))    # the split backward's dKV = dS^T Q + P^T dO (keys as M)
+    parts.append(wrapper_vt(64, True, tb=False))     # the dq-pass split's S = Q K^T, dP = dO V^T (Q, dO in registers)
+    parts.append(wrapper_vt(192, False))             # ... and its dq = dS K (a column third per head block)
     parts.append(wrapper_vt(32, False))              # the first pass's dq = dS K on swizzled key tiles (the rope's halves)
     parts.append("#endif  // HYTOPK_EMU_PTX\n}  // namespace wgp\n}  // namespace hytopk\n")
     return "\n".join(parts)

@@ -2,7 +2,7 @@
 reasons). Cases: table (issue 21: the v2 threshold, streaming filter, shared-memory select and
 fused kernel at 4096 x 131072 float32, k = 2048; table_runs: the same with the samples in runs), attend_wgmma2 / 2c / 2s / 2sc (the sm_90a forward, 128 heads: c the 2-CTA
 cluster, s the swizzled key tile), attend_wgmma3 (version 3: producer warpgroup, per-warpgroup tiles),
-attend_flashmla (FlashMLA's sm90 sparse prefill on attend_wgmma3's inputs, where built), attend_wgmma3_pair16 (wgmma3 and wgmma3p at 16 heads), attend_wgmma_bwd (the wgmma MLA backward, attend_backward version 4, atomics then part rows),
+attend_flashmla (FlashMLA's sm90 sparse prefill on attend_wgmma3's inputs, where built), attend_wgmma3_pair16 (wgmma3 and wgmma3p at 16 heads), attend_wgmma_bwd (the wgmma MLA backward, attend_backward version 4, atomics then part rows), attend_wgmma_bwd_dq_pass (the same with a dq pass),
 table_cluster (issue 21: hytopk_table_cluster, table_v2.FUSED_CLUSTER = 1, same table), pipeline (issue 14: the threshold and select of
 the dsv32-128k preset), attend (issue 18: the forward at 128 heads MLA, one and pair at 8 heads).
 
@@ -164,6 +164,16 @@ def attend_wgmma_bwd():
     for det in (False, True):
         CA.attend_backward(dout, q, kk, vv, idx, out, lse, None, deterministic=det, version=4)
     torch.cuda.synchronize()
+
+
+def attend_wgmma_bwd_dq_pass():
+    """The split backward with a dq pass (first pass without dq, Q / dO in registers; a third for dq)."""
+    from workbench.families.cupy import attend_wgmma_bwd as AWB
+    AWB.DQ_PASS = True
+    try:
+        attend_wgmma_bwd()
+    finally:
+        AWB.DQ_PASS = None
 
 
 def attend_wgmma2c():

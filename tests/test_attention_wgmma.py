@@ -45,7 +45,8 @@ def test_backward_instantiations_and_launch_figures():
                                                              "hytopk_attend_bwd_pds",
                                                              *(f"hytopk_attend_bwd_dkv<{a}, {h}, {u}>"
                                                                for a in ("false", "true") for h in (64, 128)
-                                                               for u in ("false", "true"))]
+                                                               for u in ("false", "true")),
+                                                             "hytopk_attend_bwd_sp", "hytopk_attend_bwd_dqp"]
     # split: the first pass launches as the direct kernel; the second sums one or two head blocks
     assert INST.attend_wgmma_bwd_name(True, writes="split") == "hytopk_attend_bwd_pds"
     # (its key tiles in the 128-byte swizzle: the base rounded up to 1024 bytes, not 128)
@@ -69,7 +70,7 @@ def test_backward_instantiations_and_launch_figures():
     with pytest.raises(ValueError, match="argument 'writes'"):
         INST.attend_wgmma_bwd_name(True, writes="bulk")
     assert INST.FILE_OPTIONS["attend_wgmma_bwd.cu"] == ("-arch=sm_90a",)
-    assert len(INST.geometry_asserts("attend_wgmma_bwd.cu")) == 8
+    assert len(INST.geometry_asserts("attend_wgmma_bwd.cu")) == 9
     # the setmaxnreg budgets fill the 168 registers x 384 threads of the launch exactly, both splits
     assert sum(t * r for t, r in INST.ATTEND_WGMMA_BWD_ROLES) == 168 * 384
     assert sum(t * r for t, r in INST.ATTEND_WGMMA_BWD_ROLES_STAGED) == 168 * 384

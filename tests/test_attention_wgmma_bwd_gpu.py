@@ -361,3 +361,63 @@ def test_auto_writes_take_split_in_both_modes(CA, monkeypatch):
         np.testing.assert_array_equal(a, b)
     assert AWB.AUTO_WRITES == {True: "split", False: "split"}
     np.testing.assert_array_equal(run("auto", False)[0], run("split", False)[0])
+
+
+@pytest.mark.parametrize("Hq", [80, 128])
+@pytest.mark.parametrize("atomic", [False, True], ids=["det", "atomic"])
+@pytest.mark.parametrize("kind", ["random", "shared", "dups", "empty", "disjoint", "pad_only"])
+def test_split_dq_pass_matches_reference(CA, monkeypatch, Hq, atomic, kind):
+    """DQ_PASS (two head blocks): the first pass without dq (Q / dO in registers, 64-key tiles) and dq
+    = dS K in a third pass, both gathering into the 128-byte swizzle. Against the reference, untouched
+    keys exactly 0; dq the same bits as the two-pass split's (the same 16-key chunks in the same order),
+    the deterministic dk too (the same P / dS)."""
+    from workbench.families.cupy import attend_wgmma_bwd as AWB
+    monkeypatch.setattr(AWB, "WRITES", "split")
+    rng = np.random.default_rng(seed("wgmma-bwd-split-dq-pass", Hq, atomic, kind))
+    n, L, kk = 7, 400, 150
+    k, v, kh, vh, qd, qh, dod, doh, idx = case(rng, n, Hq, L, kk, kind)
+    ic = cp.asarray(idx)
+    out, lse = CA.attend_forward(qd, k, v, ic, None, out_dtype="float32")
+    monkeypatch.setattr(AWB, "DQ_PASS", True)
+    dq, dk, _ = CA.attend_backward(dod, qd, k, v, ic, out, lse, None, deterministic=not atomic, version=4)
+    rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)
+    _rel_close(cp.asnumpy(dq), rq)
+    _rel_close(cp.asnumpy(dk)[:, 0], RA.mla_dkv(rk, rv))
+    untouched = np.setdiff1d(np.arange(L), idx[idx >= 0])
+    assert np.all(cp.asnumpy(dk)[untouched] == 0)
+    monkeypatch.setattr(AWB, "DQ_PASS", False)
+    two = CA.attend_backward(dod, qd, k, v, ic, out, lse, None, deterministic=not atomic, version=4)
+    np.testing.assert_array_equal(bits(dq), bits(two[0]))
+    if not atomic:
+        np.testing.assert_array_equal(bits(dk), bits(two[1]))
+
+
+def test_split_dq_pass_at_k_2048(CA, monkeypatch):
+    """128 heads, k 2048, L 8192, DQ_PASS: the deterministic mode 20 / 20 identical and the same bits
+    under chunks of one query and as the two-pass split's; the atomics' dq the same bits, dk close."""
+    from workbench.families.cupy import attend_wgmma_bwd as AWB
+    monkeypatch.setattr(AWB, "WRITES", "split")
+    rng = np.random.default_rng(seed("wgmma-bwd-split-dq-pass-2048"))
+    n, L, kk = 6, 8192, 2048
+    k, v, kh, vh, qd, qh, dod, doh, idx = case(rng, n, 128, L, kk, "shared")
+    ic = cp.asarray(idx)
+    out, lse = CA.attend_forward(qd, k, v, ic, None, out_dtype="float32")
+
+    def run(det=True, sb=None, dq_pass=True):
+        monkeypatch.setattr(AWB, "DQ_PASS", dq_pass)
+        return [cp.asnumpy(x) for x in CA.attend_backward(dod, qd, k, v, ic, out, lse, None, deterministic=det,
+                                                          version=4, scratch_bytes=sb)[:2]]
+    first = [bits(x) for x in run()]
+    for _ in range(20):
+        for a, b in zip(first, [bits(x) for x in run()]):
+            np.testing.assert_array_equal(a, b)
+    for other in (run(sb=1), run(dq_pass=False)):
+        for a, b in zip(first, [bits(x) for x in other]):
+            np.testing.assert_array_equal(a, b)
+    rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)
+    _rel_close(first[0].view(np.float32), rq)
+    _rel_close(first[1].view(np.float32)[:, 0], RA.mla_dkv(rk, rv))
+    at = run(det=False)
+    np.testing.assert_array_equal(bits(at[0]), first[0])
+    dk = first[1].view(np.float32)
+    np.testing.assert_allclose(at[1], dk, rtol=1e-4, atol=1e-4 * float(abs(dk).max()))

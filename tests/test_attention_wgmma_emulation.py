@@ -522,6 +522,60 @@ def test_backward_split_bulk_rows_and_planted_waits(driver, tmp_path):
         assert name == "read" and not np.array_equal(bits(got[1]), bits(good[1])), name
 
 
+# the dq pass takes two head blocks (65 .. 128 heads; fewer: the two-pass split's first pass)
+DQ_PASS_CASES = [(2, 128, 100, "full", False), (2, 128, 130, "dups", True), (2, 80, 45, "random", True),
+                 (3, 128, 70, "empty", False), (2, 100, 1, "shared", True), (2, 128, 200, "disjoint", False)]
+
+
+@pytest.mark.parametrize("n,Hq,kk,kind,atomic", DQ_PASS_CASES)
+def test_backward_split_dq_pass_same_bits(driver, n, Hq, kk, kind, atomic):
+    """The split with a dq pass (the first pass without dq, Q / dO as register fragments over 64-key
+    tiles; dq = dS K from a third pass) makes the same P / dS as the two-pass split, so the same bits:
+    dq (its 16-key chunks summed in the same order) and the deterministic part rows; the atomics'
+    dkv within the float atomics' order; both against the float64 reference."""
+    rng = np.random.default_rng(seed("wgmma-bwd-split-dq", n, Hq, kk, kind, atomic))
+    L = 150
+    kv, qd, dod, idx, lse, delta, rq, rkv, valid = backward_case(rng, n, Hq, kk, kind, L)
+    dq, out = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=atomic, writes="split", dq_pass=True)
+    dq_s, out_s = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=atomic, writes="split", dq_pass=False)
+    np.testing.assert_array_equal(bits(dq), bits(dq_s))
+    rel_close(dq, rq)
+    rel_close(out if atomic else summed_part_rows(out, valid, 0, L), rkv)
+    if atomic:
+        np.testing.assert_allclose(out, out_s, rtol=1e-5, atol=1e-6)
+    else:
+        np.testing.assert_array_equal(bits(out), bits(out_s))
+
+
+def test_backward_split_dq_pass_under_jitter_and_chunks(driver):
+    """The dq pass under other interleavings (the P hand-over's two buffers, the third pass's four
+    stages published as their copies land): the same bits; a chunk writes its own dq rows only."""
+    rng = np.random.default_rng(seed("wgmma-bwd-split-dq-jitter"))
+    kv, qd, dod, idx, lse, delta, *_ = backward_case(rng, 3, 128, 400, "random")
+    calm = E.backward(driver, qd, kv, idx, dod, lse, delta, writes="split", dq_pass=True)
+    shaken = E.backward(driver, qd, kv, idx, dod, lse, delta, writes="split", dq_pass=True,
+                        env={"HYTOPK_EMU_JITTER": "0.02", "HYTOPK_EMU_SEED": "5"})
+    for a, b in zip(calm, shaken):
+        np.testing.assert_array_equal(bits(a), bits(b))
+    dq, part = E.backward(driver, qd, kv, idx, dod, lse, delta, writes="split", dq_pass=True, t0=1, count=1)
+    np.testing.assert_array_equal(bits(dq[1]), bits(calm[0][1]))
+    assert np.isnan(dq[[0, 2]]).all()
+    np.testing.assert_array_equal(bits(part[0]), bits(calm[1][1]))
+
+
+def test_backward_split_dq_pass_missing_release_deadlocks(driver, tmp_path):
+    """A planted bug in the third pass is caught: its consumers never freeing a stage leaves the
+    producer waiting for one; the watchdog reports the deadlock (on the GPU: the kernel's trap)."""
+    rng = np.random.default_rng(seed("wgmma-bwd-split-dq-planted"))
+    kv, qd, dod, idx, lse, delta, *_ = backward_case(rng, 1, 128, 600, "random")
+    src = (E.KERNELS / "attend_wgmma_bwd.cu").read_text()
+    release = "if (lane == 0) mbar_arrive(empty0 + 8 * ((T - 1) % NST));"
+    assert src.count(release) == 1
+    drv = E.build(tmp_path / "norelease", sources={"attend_wgmma_bwd.cu": src.replace(release, "(void)0;")})
+    with pytest.raises(E.EmulationError, match="deadlock|trap"):
+        E.backward(drv, qd, kv, idx, dod, lse, delta, writes="split", dq_pass=True, env={"HYTOPK_EMU_STALL_S": "3"})
+
+
 def test_backward_chunk_writes_only_its_queries(driver):
     """t0 / count (attend_backward's query chunks): dq rows of other queries stay unwritten (NaN), the
     part rows are the chunk's, indexed from 0, and equal the whole launch's."""

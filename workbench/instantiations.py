@@ -253,6 +253,16 @@ ATTEND_WGMMA_BWD_DKV_BULK = True        # the second pass's default: atomics 43.
 ATTEND_WGMMA_BWD_DKV_ROLES = ((128, 40), (256, 232))
 ATTEND_WGMMA_BWD_DKV_THREADS = 384
 ATTEND_WGMMA_BWD_SPLIT_HEADS = 128      # the second pass sums at most two head blocks
+# split with a dq pass (DQ_PASS, two head blocks): the first pass hytopk_attend_bwd_sp (two 64-key
+# stages, two float P buffers [32][128], the stages' slot keys, 4 mbarriers, 96 B to a 128-byte boundary,
+# a zero [64][16] bf16 tile, 1024 B to round the base up to the swizzle's atom: attwb::sp::LAUNCH_SMEM),
+# the third hytopk_attend_bwd_dqp (4 stages of a dS block [128][64] and a key-row third [64][192] bf16,
+# 8 mbarriers, 1024 B: attwb::dqp::LAUNCH_SMEM); both 384 threads (setmaxnreg: SP_ROLES, DKV_ROLES)
+ATTEND_WGMMA_BWD_SP_SMEM = 2 * 64 * 576 * 2 + 2 * 32 * 128 * 4 + 2 * 64 * 4 + 4 * 8 + 96 + 2048 + 1024
+ATTEND_WGMMA_BWD_DQ_SMEM = 4 * (128 * 64 * 2 + 64 * 192 * 2) + 8 * 8 + 1024
+ATTEND_WGMMA_BWD_SP_ROLES = ((128, 56), (256, 224))   # the dq-pass first pass: its producer holds 8 slot keys
+ATTEND_WGMMA_BWD_DQ_PASS = True         # two head blocks: the dq pass (atomics 40.43 ms against 41.87, deterministic
+                                        # 57.19 against 58.72, the same bits: results/h200-2026-12-04-s13 run 6)
 ATTEND_WGMMA_BWD_THREADS = 384
 ATTEND_WGMMA_BWD_ROLES = ((128, 40), (256, 232))   # (threads, setmaxnreg): the producer, the consumers
 ATTEND_WGMMA_BWD_ROLES_STAGED = ((128, 88), (256, 208))   # staged: the producer also writes dK/dV
@@ -385,7 +395,12 @@ def geometry_asserts(file: str, shapes=SHAPES) -> list[str]:
                 f'{ATTEND_WGMMA_BWD_DKV_ROLES[0][1]} && hytopk::attwb::dkv::CONSUMER_REGS == {ATTEND_WGMMA_BWD_DKV_ROLES[1][1]} && '
                 f'hytopk::attwb::dkv::THREADS == {ATTEND_WGMMA_BWD_DKV_THREADS}, "instantiations.ATTEND_WGMMA_BWD_DKV_* drifted");',
                 f'static_assert(hytopk::attwb::dkv::LAUNCH_SMEM_BULK == {ATTEND_WGMMA_BWD_DKV_SMEM_BULK}, '
-                '"instantiations.ATTEND_WGMMA_BWD_DKV_SMEM_BULK drifted");']
+                '"instantiations.ATTEND_WGMMA_BWD_DKV_SMEM_BULK drifted");',
+                f'static_assert(hytopk::attwb::sp::LAUNCH_SMEM == {ATTEND_WGMMA_BWD_SP_SMEM} && hytopk::attwb::dqp::LAUNCH_SMEM == '
+                f'{ATTEND_WGMMA_BWD_DQ_SMEM} && hytopk::attwb::sp::PRODUCER_REGS == {ATTEND_WGMMA_BWD_SP_ROLES[0][1]} && '
+                f'hytopk::attwb::sp::CONSUMER_REGS == {ATTEND_WGMMA_BWD_SP_ROLES[1][1]} && hytopk::attwb::dqp::PRODUCER_REGS == '
+                f'{ATTEND_WGMMA_BWD_DKV_ROLES[0][1]} && hytopk::attwb::dqp::CONSUMER_REGS == {ATTEND_WGMMA_BWD_DKV_ROLES[1][1]}, '
+                '"instantiations.ATTEND_WGMMA_BWD_SP_SMEM / DQ_SMEM / SP_ROLES / DKV_ROLES drifted");']
     if file == "attend_wgmma3.cu":
         return [f'static_assert(hytopk::attw3::LAUNCH_SMEM == {ATTEND_WGMMA3_SMEM}, "instantiations.ATTEND_WGMMA3_SMEM drifted");',
                 f'static_assert(hytopk::attw3::THREADS == {ATTEND_WGMMA3_THREADS}, "instantiations.ATTEND_WGMMA3_THREADS drifted");',
@@ -427,7 +442,8 @@ def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
         return (attend_wgmma_bwd_name(False, True), attend_wgmma_bwd_name(True, False), attend_wgmma_bwd_name(True, True),
                 attend_wgmma_bwd_name(False, writes="staged"), attend_wgmma_bwd_name(True, writes="staged"),
                 attend_wgmma_bwd_name(False, writes="split"),
-                *(attend_wgmma_bwd_dkv_name(a, h, u) for a in (False, True) for h in (64, 128) for u in (False, True)))
+                *(attend_wgmma_bwd_dkv_name(a, h, u) for a in (False, True) for h in (64, 128) for u in (False, True)),
+                "hytopk_attend_bwd_sp", "hytopk_attend_bwd_dqp")
     for kernel, over in KERNELS[file]:
         if over == "plain":
             out.append(name(kernel))

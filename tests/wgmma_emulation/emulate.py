@@ -100,7 +100,12 @@ void emu_attend_wgmma_bwd(int atomic, const bf16_t* q, const bf16_t* kv, long lo
     std::vector<unsigned char> store((size_t)count * nt * 2 * hpad * 64 * 2 + 256, 0xCD);
     bf16_t* pds = reinterpret_cast<bf16_t*>(store.data() + (256 - reinterpret_cast<uintptr_t>(store.data()) % 256) % 256);
     emu::wg::global_buffer(pds, (size_t)count * nt * 2 * hpad * 64 * 2, "pds");
-    emu::wg::launch((unsigned)(count * nhb), THREADS, LAUNCH_SMEM_PDS, [&] {
+    // bit 5: with a dq pass (the first pass without dq, Q / dO in registers; dq from a third)
+    const bool dqpass = (atomic & 32) && hpad == 128;   // (two head blocks only; else the first pass above)
+    if (dqpass) emu::wg::launch((unsigned)(count * nhb), sp::THREADS, sp::LAUNCH_SMEM, [&] {
+        hytopk_attend_bwd_sp(q, kv, ks, idx, kk, n, t0, L, Hq, nhb, scale, sl2, dout, lse, delta, pds);
+    });
+    else emu::wg::launch((unsigned)(count * nhb), THREADS, LAUNCH_SMEM_PDS, [&] {
         hytopk_attend_bwd_pds(q, kv, ks, idx, kk, n, t0, L, Hq, nhb, scale, sl2, dout, lse, delta, dq, pds);
     });
     // bit 4: the second pass through the TMA's bulk operations
@@ -113,6 +118,9 @@ void emu_attend_wgmma_bwd(int atomic, const bf16_t* q, const bf16_t* kv, long lo
         else if (at) { if (bulk) HYTOPK_EMU_DKV(true, 128, true); else HYTOPK_EMU_DKV(true, 128, false); }
         else { if (bulk) HYTOPK_EMU_DKV(false, 128, true); else HYTOPK_EMU_DKV(false, 128, false); }
 #undef HYTOPK_EMU_DKV
+    });
+    if (dqpass) emu::wg::launch((unsigned)(count * dqp::PARTS), dqp::THREADS, dqp::LAUNCH_SMEM, [&] {
+        hytopk_attend_bwd_dqp(kv, ks, pds, idx, kk, t0, L, Hq, dq);
     });
 }
 """,
@@ -193,7 +201,7 @@ def forward(driver, q, kv, idx, scale=None, *, version="wgmma2", out_dtype="floa
 
 
 def backward(driver, q, kv, idx, dout, lse, delta, scale=None, *, atomic=False, vec=None, writes="direct", t0=0,
-             count=None, smem_off=0x410, timeout=900, env=None, bulk=None):
+             count=None, smem_off=0x410, timeout=900, env=None, bulk=None, dq_pass=None):
     """(dq, out) of hytopk_attend_bwd_wgmma (attend_wgmma_bwd.cu) on the CPU for queries t0 .. t0 +
     count - 1: dq float32 [n, Hq, 576] (rows of other queries stay NaN), out = the dkv atomics
     (float32 [L, 576], from zeros) or the part rows (float32 [count, nhb, kk, 576]; rows of masked
@@ -201,7 +209,8 @@ def backward(driver, q, kv, idx, dout, lse, delta, scale=None, *, atomic=False, 
     16-byte writes, else scalar ones (None: as the wrapper picks, instantiations.ATTEND_WGMMA_BWD_VEC);
     writes: "staged", the consumers hand dK/dV to the producer warpgroup, which writes them (vec
     ignored); "direct", the consumers write them; "split", two passes (bulk: the second through the
-    TMA's bulk operations; None: instantiations.ATTEND_WGMMA_BWD_DKV_BULK)."""
+    TMA's bulk operations; None: instantiations.ATTEND_WGMMA_BWD_DKV_BULK; dq_pass: the first pass without
+    dq, then dq from a third; None: instantiations.ATTEND_WGMMA_BWD_DQ_PASS)."""
     q = np.ascontiguousarray(q, np.uint16)
     kv = np.ascontiguousarray(kv, np.uint16)
     idx = np.ascontiguousarray(idx, np.int32)
@@ -218,6 +227,8 @@ def backward(driver, q, kv, idx, dout, lse, delta, scale=None, *, atomic=False, 
     mode = int(bool(atomic)) | {"direct": 2 if vec else 0, "staged": 4, "split": 8}[writes]   # emu_attend_wgmma_bwd's codes
     bulk = INST.ATTEND_WGMMA_BWD_DKV_BULK if bulk is None else bulk
     mode |= 16 if writes == "split" and bulk else 0
+    dq_pass = INST.ATTEND_WGMMA_BWD_DQ_PASS if dq_pass is None else dq_pass
+    mode |= 32 if writes == "split" and dq_pass else 0
     assert writes != "split" or Hq <= INST.ATTEND_WGMMA_BWD_SPLIT_HEADS, Hq
     head = np.array([4, mode, 0, n, Hq, kk, L, stride, smem_off, 0, 1], np.int32)
     head[9] = scale_log2.view(np.int32)

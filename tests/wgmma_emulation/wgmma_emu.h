@@ -729,7 +729,8 @@ inline void bulk_wait() {
 [[noreturn]] inline void bulk_s2peer(u32, u32, u32, u32) { EMU_FAIL("2-CTA clusters are not emulated"); }
 
 // wgmma.mma_async m64nNk16 bf16 -> f32 (hytopk_wgmma_ptx.cuh's names): both operands K-major from
-// shared memory; _tb: B MN-major (transposed); _rs_tb: A from registers, B MN-major; _ta_tb: both MN-major
+// shared memory; _tb: B MN-major (transposed); _rs_tb: A from registers, B MN-major; _rs: A from
+// registers, B K-major; _ta_tb: both MN-major
 #define HYTOPK_EMU_WGMMA(N)                                                                           \
     inline void wgmma_m64n##N##k16_bf16(float (&d)[N / 2], u64 da, u64 db, int scale_d) {              \
         emu::wg::mma(d, da, nullptr, db, scale_d, false);                                              \
@@ -749,8 +750,15 @@ inline void wgmma_m64n256k16_bf16_rs_tb(float (&d)[128], const u32 (&a)[4], u64 
 inline void wgmma_m64n144k16_bf16_tb(float (&d)[72], u64 da, u64 db, int scale_d) {
     emu::wg::mma(d, da, nullptr, db, scale_d, true);
 }
+inline void wgmma_m64n192k16_bf16_tb(float (&d)[96], u64 da, u64 db, int scale_d) {
+    emu::wg::mma(d, da, nullptr, db, scale_d, true);
+}
 inline void wgmma_m64n32k16_bf16_tb(float (&d)[16], u64 da, u64 db, int scale_d) {
     emu::wg::mma(d, da, nullptr, db, scale_d, true);
+}
+// _rs: A from registers, B K-major (the dq-pass split's S = Q K^T and dP = dO V^T)
+inline void wgmma_m64n64k16_bf16_rs(float (&d)[32], const u32 (&a)[4], u64 db, int scale_d) {
+    emu::wg::mma(d, 0, a, db, scale_d, false);
 }
 // _ta_tb: A MN-major too (the MLA backward's Q^T / dO^T read from the row-major tiles)
 inline void wgmma_m64n32k16_bf16_ta_tb(float (&d)[16], u64 da, u64 db, int scale_d) {

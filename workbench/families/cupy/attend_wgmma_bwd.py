@@ -26,8 +26,11 @@ the faster on the H200, staged above):
     layout took one per 16 bytes): atomics 40.6 ms against 43.5, deterministic 51.2 against 54.2,
     the same bits (results/h200-2026-12-04-s12 run 7). Neither the second pass in key-range phases
     (dkv L / P keys at a time) nor each query's slots sorted by key paid enough to keep
-    (results/h200-2026-12-04-s13; commits 002326d, acb032a). At most 128 heads (two head blocks):
-    above, staged.
+    (results/h200-2026-12-04-s13; commits 002326d, acb032a). At two head blocks (65 .. 128 heads)
+    the split takes a dq pass (DQ_PASS): its first pass computes S / dP only, Q and dO held in
+    registers, and a third pass makes dq = dS K. Both gather into the 128-byte swizzle. Atomics take
+    40.4 ms against 41.9, deterministic 57.2 against 58.7; dq and the deterministic dk are the same
+    bits (results/h200-2026-12-04-s13 run 6). At most 128 heads (two head blocks): above, staged.
   "staged": each consumer hands its dK/dV to the producer warpgroup a 16-slot x
     64-column unit at a time through shared memory, and the producer writes them 16 bytes at a time
     (red.global.add.v4.f32 / st.global.v4.f32), so the consumers go on to their next MMAs instead of
@@ -63,6 +66,7 @@ VEC_WRITES: bool | None = None     # None: instantiations.ATTEND_WGMMA_BWD_VEC; 
 WRITES = "auto"                    # how dK/dV leave: instantiations.ATTEND_WGMMA_BWD_WRITES, or "auto" (AUTO_WRITES)
 AUTO_WRITES = {True: "split", False: "split"}    # deterministic -> the faster path on the H200 (results/h200-2026-12-04-s11)
 DKV_BULK: bool | None = None       # split's second pass through the TMA's bulk operations (None: instantiations)
+DQ_PASS: bool | None = None        # split with dq in a third pass, Q / dO in the first's registers (None: instantiations)
 _FITS: dict[int, object] = {}     # id -> function already checked (held, so ids are not reused)
 
 
@@ -119,7 +123,14 @@ def _split(b, nhb, deterministic, scratch_bytes, do, lse, delta, dq, dk):
     hpad, nt = nhb * INST.ATTEND_WGMMA_HEADS, -(-b.kk // 64)
     per_query = hpad * nt * 64 * 2 * 2
     smem, threads = INST.attend_wgmma_bwd_smem("split"), INST.ATTEND_WGMMA_BWD_THREADS
-    first = _fn(INST.attend_wgmma_bwd_name(False, writes="split"), "split")
+    dq_pass = (INST.ATTEND_WGMMA_BWD_DQ_PASS if DQ_PASS is None else DQ_PASS) and hpad == 128   # two head blocks
+    if dq_pass:
+        smem = INST.ATTEND_WGMMA_BWD_SP_SMEM
+        first = _fn("hytopk_attend_bwd_sp", roles=INST.ATTEND_WGMMA_BWD_SP_ROLES, smem=smem, threads=threads)
+        third = _fn("hytopk_attend_bwd_dqp", roles=INST.ATTEND_WGMMA_BWD_DKV_ROLES,
+                    smem=INST.ATTEND_WGMMA_BWD_DQ_SMEM, threads=INST.ATTEND_WGMMA_BWD_DKV_THREADS)
+    else:
+        first = _fn(INST.attend_wgmma_bwd_name(False, writes="split"), "split")
     dkv_smem = INST.attend_wgmma_bwd_dkv_smem(DKV_BULK)
     second = _fn(INST.attend_wgmma_bwd_dkv_name(not deterministic, hpad, DKV_BULK), roles=INST.ATTEND_WGMMA_BWD_DKV_ROLES,
                  smem=dkv_smem, threads=INST.ATTEND_WGMMA_BWD_DKV_THREADS)
@@ -133,9 +144,15 @@ def _split(b, nhb, deterministic, scratch_bytes, do, lse, delta, dq, dk):
     pds = cp.empty(chunk * per_query // 2, cp.uint16)
 
     def launch(t0, c, out):
-        first((c * nhb,), (threads,), head + (np.int32(t0),) + tail + (pds,), shared_mem=smem)
+        if dq_pass:               # the first pass's arguments less dq; dq from the third
+            first((c * nhb,), (threads,), head + (np.int32(t0),) + tail[:-1] + (pds,), shared_mem=smem)
+        else:
+            first((c * nhb,), (threads,), head + (np.int32(t0),) + tail + (pds,), shared_mem=smem)
         second((c * 3,), (dkv_threads,), (b.q, do, pds, b.idx, np.int32(b.kk), np.int32(t0), np.int64(b.L),
                                       np.int32(b.Hq), out), shared_mem=dkv_smem)
+        if dq_pass:
+            third((c * 3,), (dkv_threads,), (b.k, np.int64(b.k_stride), pds, b.idx, np.int32(b.kk), np.int32(t0),
+                                             np.int64(b.L), np.int32(b.Hq), dq), shared_mem=INST.ATTEND_WGMMA_BWD_DQ_SMEM)
 
     if not deterministic:
         for t0 in range(0, b.n, chunk):
