@@ -134,6 +134,33 @@ __device__ __forceinline__ u64 desc_sw128(u32 addr, u32 lead, u32 stride) {
     return (u64)((addr >> 4) & 0x3fffu) | ((u64)((lead >> 4) & 0x3fffu) << 16) | ((u64)((stride >> 4) & 0x3fffu) << 32) | (1ull << 62);
 }
 
+// lse * log2 e (-inf: P = 0) and delta of this thread's two rows h0 + r0, h0 + r1 of query t (rows
+// from Hq on: padding heads); the first passes' consumers
+__device__ __forceinline__ void row_lse_delta(const float* __restrict__ lse, const float* __restrict__ delta, int t, int Hq,
+                                              int h0, int r0, int r1, float (&ls)[2], float (&dl)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = h ? r1 : r0;
+        const bool ok = h0 + r < Hq;
+        const long long row = (long long)t * Hq + h0 + r;
+        ls[h] = ok ? lse[row] * 1.4426950408889634f : neg_inf();
+        dl[h] = ok ? delta[row] : 0.0f;
+    }
+}
+
+// One gathered key row into the 128-byte swizzle (the gathers of pds, sp and dqp): row j of a tile of
+// NCT column tiles of ct_bytes each, this lane's 16-byte chunk l8 of each tile's 128 bytes at slot
+// l8 ^ (j % 8). A quarter warp (l8 = 0..7) copies the row's 128 contiguous bytes per column tile, so
+// each 32-byte sector is one L2 request (the core-matrix layout took one per 16 bytes). row: the
+// row's first column (any valid address when !ok: zeros land instead)
+template <int NCT>
+__device__ __forceinline__ void gather_row_sw128(u32 tile, u32 ct_bytes, int j, int l8, const bf16_t* row, bool ok) {
+    const bf16_t* src = row + 8 * l8;
+    const u32 dst = tile + (u32)(j * 128 + ((l8 ^ (j & 7)) << 4));
+#pragma unroll
+    for (int i = 0; i < NCT; ++i) cp_async16_l2pf(dst + i * ct_bytes, src + (ok ? 64 * i : 0), ok);
+}
+
 // Four lanes q = 0..3 (lane bits 2, 3: lanes xor 4 and xor 8) hold x[j] = element q of item j; after,
 // lane q holds element j of item q in x[j] (two exchange stages, 4 shuffles)
 __device__ __forceinline__ void transpose4(float (&x)[4], int q) {
@@ -264,13 +291,10 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
                 // at 79 % of its peak, results/h200-2026-12-04-s12 run 6)
 #pragma unroll
                 for (int g = 0; g < GR; ++g) {
-                    const int j = qg + 16 * g;
                     const long long s = nx[g];
                     const bool ok = s >= 0 && s < L;
-                    const bf16_t* src = kv + (ok ? s * kv_stride : 0) + 8 * l8;
-                    const u32 dst = sk0 + (u32)(st * TILE_BYTES + j * 128 + ((l8 ^ (j & 7)) << 4));
-#pragma unroll
-                    for (int i = 0; i < DQK / 64; ++i) cp_async16_l2pf(dst + (u32)(i * CT_BYTES), src + (ok ? 64 * i : 0), ok);
+                    gather_row_sw128<DQK / 64>(sk0 + (u32)(st * TILE_BYTES), CT_BYTES, qg + 16 * g, l8,
+                                               kv + (ok ? s * kv_stride : 0), ok);
                 }
             } else {
                 const u32 dst = sk0 + (u32)(st * TILE_BYTES + r8 * 16);
@@ -344,14 +368,7 @@ __device__ __forceinline__ void attend_bwd_wgmma(const bf16_t* __restrict__ q, c
         cp_async_commit();
         for (int i = (int)threadIdx.x; i < ROWS / 8 * 256 / 4; i += 256) st_shared_u32(base + ZERO_OFF + 4 * i, 0u);
         float ls[2], dl[2];                           // lse * log2 e (-inf: P = 0) and delta of the two rows
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int r = h ? r1 : r0;
-            const bool ok = h0 + r < Hq;
-            const long long row = (long long)t * Hq + h0 + r;
-            ls[h] = ok ? lse[row] * 1.4426950408889634f : neg_inf();
-            dl[h] = ok ? delta[row] : 0.0f;
-        }
+        row_lse_delta(lse, delta, t, Hq, h0, r0, r1, ls, dl);
         cp_async_wait<0>();
         fence_proxy_async();
         bar_sync(BAR_Q, 256);
@@ -946,15 +963,12 @@ __device__ __forceinline__ void split_sp(const bf16_t* __restrict__ q, const bf1
             if (it >= NST) mbar_wait_or_trap(empty0 + 8 * st, (u32)(((it / NST) - 1) & 1));
 #pragma unroll
             for (int g = 0; g < NK / 16; ++g) {
-                const int j = qg + 16 * g;
                 const long long s = nx[g];
                 const bool ok = s >= 0 && s < L;
-                const bf16_t* src = kv + (ok ? s * kv_stride : 0) + 8 * l8;
-                const u32 dst = sk0 + (u32)(st * sp::TILE_BYTES + j * 128 + ((l8 ^ (j & 7)) << 4));
-#pragma unroll
-                for (int i = 0; i < DQK / 64; ++i) cp_async16_l2pf(dst + (u32)(i * sp::CT_BYTES), src + (ok ? 64 * i : 0), ok);
+                gather_row_sw128<DQK / 64>(sk0 + (u32)(st * sp::TILE_BYTES), sp::CT_BYTES, qg + 16 * g, l8,
+                                           kv + (ok ? s * kv_stride : 0), ok);
             }
-        if (tid < NK) skey[st * NK + tid] = (nm >= 0 && (long long)nm < L) ? nm : -1;
+            if (tid < NK) skey[st * NK + tid] = (nm >= 0 && (long long)nm < L) ? nm : -1;
             mbar_arrive(full0 + 8 * st);              // (release: the keys)
             cp_async_arrive_noinc(full0 + 8 * st);
             if (it + 1 < ntiles) load_slots(it + 1);
@@ -990,15 +1004,8 @@ __device__ __forceinline__ void split_sp(const bf16_t* __restrict__ q, const bf1
             a[ks][3] = ldg_u32(p1 + o + 8) & m1 & mi;
         }
     }
-    float ls[2], dl[2];                               // lse * log2 e (-inf: P = 0) and delta of the two rows
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int r = h ? r1 : r0;
-        const bool ok = h0 + r < Hq;
-        const long long row = (long long)t * Hq + h0 + r;
-        ls[h] = ok ? lse[row] * 1.4426950408889634f : neg_inf();
-        dl[h] = ok ? delta[row] : 0.0f;
-    }
+    float ls[2], dl[2];                           // lse * log2 e (-inf: P = 0) and delta of the two rows
+    row_lse_delta(lse, delta, t, Hq, h0, r0, r1, ls, dl);
     // P / dS of tile it (element i = 4 nb + 2 h + e: row h ? r1 : r0, key 8 nb + 2 tig + e) into the
     // query's block it, [P | dS] (c), as the first pass above lays them out: one warp store per core matrix
     auto put = [&](int it_, const float (&v)[32]) {
@@ -1143,13 +1150,9 @@ __device__ __forceinline__ void split_dq(const bf16_t* __restrict__ kv, long lon
             for (int i = 0; i < HPAD * KT / 8 / 128; ++i) cp_async16(sds + (u32)(16 * (tid + 128 * i)), ds + 8 * (tid + 128 * i), true);
 #pragma unroll
             for (int g = 0; g < KT / 16; ++g) {
-                const int j = qg + 16 * g;
                 const long long s_ = kx[g];
                 const bool ok = s_ >= 0 && s_ < L;
-                const bf16_t* src = kv + (ok ? s_ * kv_stride + col0 : 0) + 8 * l8;
-                const u32 dst = sk + (u32)(j * 128 + ((l8 ^ (j & 7)) << 4));
-#pragma unroll
-                for (int i = 0; i < COLS / 64; ++i) cp_async16_l2pf(dst + (u32)(i * dqp::CT_BYTES), src + (ok ? 64 * i : 0), ok);
+                gather_row_sw128<COLS / 64>(sk, dqp::CT_BYTES, qg + 16 * g, l8, kv + (ok ? s_ * kv_stride + col0 : 0), ok);
             }
             cp_async_arrive_noinc(full0 + 8 * s);    // published as the copies land
             if (T + 1 < nt) keys(T + 1);

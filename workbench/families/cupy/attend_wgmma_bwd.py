@@ -143,11 +143,10 @@ def _split(b, nhb, deterministic, scratch_bytes, do, lse, delta, dq, dk):
     chunk = max(1, min(b.n, scratch // (per_query + per_row), (2 ** 31 - 1) // (nhb * 3)))
     pds = cp.empty(chunk * per_query // 2, cp.uint16)
 
+    first_tail = tail[:-1] if dq_pass else tail     # the dq pass's first pass takes no dq (the third writes it)
+
     def launch(t0, c, out):
-        if dq_pass:               # the first pass's arguments less dq; dq from the third
-            first((c * nhb,), (threads,), head + (np.int32(t0),) + tail[:-1] + (pds,), shared_mem=smem)
-        else:
-            first((c * nhb,), (threads,), head + (np.int32(t0),) + tail + (pds,), shared_mem=smem)
+        first((c * nhb,), (threads,), head + (np.int32(t0),) + first_tail + (pds,), shared_mem=smem)
         second((c * 3,), (dkv_threads,), (b.q, do, pds, b.idx, np.int32(b.kk), np.int32(t0), np.int64(b.L),
                                       np.int32(b.Hq), out), shared_mem=dkv_smem)
         if dq_pass:
