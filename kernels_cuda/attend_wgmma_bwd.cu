@@ -749,17 +749,17 @@ static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= THREADS * (65536 / TH
 }  // namespace dkv
 
 // q [n, Hq, 576], dout [n, Hq, 512] bf16; pds: the first pass's blocks of queries t0 .. t0 + count - 1;
-// idx [n, kk]; grid count * 3: block b is query t0 + b / 3, columns 192 (b % 3) ... HPAD = nhb * 64.
+// idx [n, kk]; the block makes query t0 + tl's columns 192 part ... (hytopk_attend_bwd_dkv: tl = b / 3,
+// part = b % 3). HPAD = nhb * 64.
 template <bool ATOMIC, int HPAD, bool BULK>
-__device__ __forceinline__ void split_dkv(const bf16_t* __restrict__ q, const bf16_t* __restrict__ dout,
+__device__ __forceinline__ void split_dkv(int tl, int part, const bf16_t* __restrict__ q, const bf16_t* __restrict__ dout,
                                           const bf16_t* __restrict__ pds, const int* __restrict__ idx, int kk, int t0,
                                           long long L, int Hq, float* __restrict__ out) {
-    constexpr int KT = dkv::KT, COLS = dkv::COLS, PARTS = dkv::PARTS, RG = dkv::RG, TG = dkv::TG, TILE = dkv::TILE;
+    constexpr int KT = dkv::KT, COLS = dkv::COLS, RG = dkv::RG, TG = dkv::TG, TILE = dkv::TILE;
     using Lay = dkv::Layout<BULK>;
     constexpr int NST = Lay::NST, ST_OFF = dkv::ST_OFF, THREADS = dkv::THREADS;
     static_assert(HPAD == 64 || HPAD == 128, "split_dkv: one or two head blocks");
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    const int tl = (int)(blockIdx.x / (unsigned)PARTS), part = (int)(blockIdx.x % (unsigned)PARTS);
     const int t = t0 + tl, col0 = COLS * part;
     const u32 raw = smem_addr(smem_raw), base = (raw + 127u) & ~127u;
     const u32 sq = base + dkv::Q_OFF, sdo = base + dkv::DO_OFF, full0 = base + (u32)Lay::BAR_OFF, empty0 = full0 + 8 * NST;
@@ -910,15 +910,16 @@ constexpr int BAR_XFULL = 1, BAR_XFREE = 3;
 // the 32-bit word at p (two bf16), through the read-only path
 __device__ __forceinline__ u32 ldg_u32(const bf16_t* p) { return (u32)__ldg(reinterpret_cast<const int*>(p)); }
 
-// grid (queries t0 ..) x nhb head blocks, as the first pass above; pds as there (dq not written)
-__device__ __forceinline__ void split_sp(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv, long long kv_stride,
+// grid (queries t0 ..) x nhb head blocks, as the first pass above, block vb (hytopk_attend_bwd_sp:
+// blockIdx.x) = query t0 + vb / nhb's head block vb % nhb; pds as there (dq not written)
+__device__ __forceinline__ void split_sp(u32 vb, const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv, long long kv_stride,
                                          const int* __restrict__ idx, int kk, int n, int t0, long long L, int Hq,
                                          int nhb, float scale, float scale_log2, const bf16_t* __restrict__ dout,
                                          const float* __restrict__ lse, const float* __restrict__ delta,
                                          bf16_t* __restrict__ pds) {
     constexpr int NK = sp::NK, NST = sp::NST;
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    const int tl = (int)(blockIdx.x / (unsigned)nhb), hb = (int)(blockIdx.x % (unsigned)nhb);
+    const int tl = (int)(vb / (unsigned)nhb), hb = (int)(vb % (unsigned)nhb);
     const int t = t0 + tl, h0 = hb * ROWS;
     if (t >= n) return;
     const u32 raw = smem_addr(smem_raw), base = (raw + 1023u) & ~1023u;
@@ -1009,7 +1010,7 @@ __device__ __forceinline__ void split_sp(const bf16_t* __restrict__ q, const bf1
     // P / dS of tile it (element i = 4 nb + 2 h + e: row h ? r1 : r0, key 8 nb + 2 tig + e) into the
     // query's block it, [P | dS] (c), as the first pass above lays them out: one warp store per core matrix
     auto put = [&](int it_, const float (&v)[32]) {
-        const u32 bx = opaque_u32(blockIdx.x);
+        const u32 bx = opaque_u32(vb);
         const int tq = (int)(bx / (unsigned)nhb), hbq = (int)(bx % (unsigned)nhb);
         const long long tile = (long long)(nhb * ROWS) * 64;
         bf16_t* pb = pds + ((long long)tq * ((kk + 63) / 64) + it_) * 2 * tile + (opaque_u32((u32)c) ? tile : 0);
@@ -1099,17 +1100,17 @@ static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= THREADS * (65536 / TH
 }  // namespace dqp
 
 // kv rows at kv + s * kv_stride; pds: the first pass's blocks of queries t0 .. t0 + count - 1 (two head
-// blocks: 128 heads padded); grid count * 3: block b is query t0 + b / 3, columns 192 (b % 3) ..; dq
+// blocks: 128 heads padded); the block makes query t0 + tl's columns 192 part .. (hytopk_attend_bwd_dqp:
+// tl = b / 3, part = b % 3); dq
 // [n, Hq, 576] float (written). WG 0 gathers (cp.async, NST stages of the dS block and the 64 key rows'
 // third, published by cp.async.mbarrier.arrive as they land); consumer c (WGs 1, 2) accumulates the
 // third's dq of head block c (m64n192k16: A = dS K-major, B = the rows MN-major), its 16-key chunks in
 // the first pass's order (the same bits as hytopk_attend_bwd_pds's dq).
-__device__ __forceinline__ void split_dq(const bf16_t* __restrict__ kv, long long kv_stride, const bf16_t* __restrict__ pds,
+__device__ __forceinline__ void split_dq(int tl, int part, const bf16_t* __restrict__ kv, long long kv_stride, const bf16_t* __restrict__ pds,
                                          const int* __restrict__ idx, int kk, int t0, long long L, int Hq,
                                          float* __restrict__ dq) {
-    constexpr int KT = dqp::KT, COLS = dqp::COLS, PARTS = dqp::PARTS, TG = dqp::TG, NST = dqp::NST, HPAD = dqp::HMAX;
+    constexpr int KT = dqp::KT, COLS = dqp::COLS, TG = dqp::TG, NST = dqp::NST, HPAD = dqp::HMAX;
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    const int tl = (int)(blockIdx.x / (unsigned)PARTS), part = (int)(blockIdx.x % (unsigned)PARTS);
     const int t = t0 + tl, col0 = COLS * part;
     const u32 raw = smem_addr(smem_raw), base = (raw + 1023u) & ~1023u;
     const u32 full0 = base + (u32)dqp::BAR_OFF, empty0 = full0 + 8 * NST;
@@ -1229,7 +1230,8 @@ template <bool ATOMIC, int HPAD, bool BULK>
 __global__ void __launch_bounds__(dkv::THREADS, 1)
 hytopk_attend_bwd_dkv(const bf16_t* __restrict__ q, const bf16_t* __restrict__ dout, const bf16_t* __restrict__ pds,
                       const int* __restrict__ idx, int kk, int t0, long long L, int Hq, float* __restrict__ out) {
-    split_dkv<ATOMIC, HPAD, BULK>(q, dout, pds, idx, kk, t0, L, Hq, out);
+    split_dkv<ATOMIC, HPAD, BULK>((int)(blockIdx.x / (unsigned)dkv::PARTS), (int)(blockIdx.x % (unsigned)dkv::PARTS), q, dout,
+                                  pds, idx, kk, t0, L, Hq, out);
 }
 
 
@@ -1239,7 +1241,7 @@ hytopk_attend_bwd_sp(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv
                      const int* __restrict__ idx, int kk, int n, int t0, long long L, int Hq, int nhb, float scale,
                      float scale_log2, const bf16_t* __restrict__ dout, const float* __restrict__ lse,
                      const float* __restrict__ delta, bf16_t* __restrict__ pds) {
-    split_sp(q, kv, kv_stride, idx, kk, n, t0, L, Hq, nhb, scale, scale_log2, dout, lse, delta, pds);
+    split_sp(blockIdx.x, q, kv, kv_stride, idx, kk, n, t0, L, Hq, nhb, scale, scale_log2, dout, lse, delta, pds);
 }
 
 // SPLIT with a dq pass, third pass: dq [n, Hq, 576] float (written) = dS K per query and column third
@@ -1247,5 +1249,91 @@ hytopk_attend_bwd_sp(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv
 __global__ void __launch_bounds__(dqp::THREADS, 1)
 hytopk_attend_bwd_dqp(const bf16_t* __restrict__ kv, long long kv_stride, const bf16_t* __restrict__ pds,
                      const int* __restrict__ idx, int kk, int t0, long long L, int Hq, float* __restrict__ dq) {
-    split_dq(kv, kv_stride, pds, idx, kk, t0, L, Hq, dq);
+    split_dq((int)(blockIdx.x / (unsigned)dqp::PARTS), (int)(blockIdx.x % (unsigned)dqp::PARTS), kv, kv_stride, pds, idx, kk,
+             t0, L, Hq, dq);
+}
+
+// SPLIT with a dq pass: the second and third passes' blocks in other orders (the wrapper's DKV_DQ_ORDER,
+// an experiment). what: bit 0 dK / dV blocks (hytopk_attend_bwd_dkv<ATOMIC, 128, BULK>'s), bit 1 dq blocks
+// (hytopk_attend_bwd_dqp's), bit 2 part-major (every query's third 0, then third 1, ...: a third of dkv /
+// of the key rows live at a time) instead of query-major. With both kinds a query's dK/dV and dq blocks
+// of one third alternate (b & 1: dq), so the two run side by side on other SMs and share its dS reads.
+// grid: count * 3 per kind; dynamic shared memory: the larger of the kinds' (dkv's).
+template <bool ATOMIC, bool BULK>
+__global__ void __launch_bounds__(dkv::THREADS, 1)
+hytopk_attend_bwd_dkv_dq(const bf16_t* __restrict__ q, const bf16_t* __restrict__ dout, const bf16_t* __restrict__ kv,
+                         long long kv_stride, const bf16_t* __restrict__ pds, const int* __restrict__ idx, int kk, int t0,
+                         long long L, int Hq, float* __restrict__ out, float* __restrict__ dq, int what) {
+    static_assert(dkv::PARTS == dqp::PARTS && dkv::THREADS == dqp::THREADS, "attend_wgmma_bwd dkv_dq: one block shape");
+    const unsigned kinds = (what & 3) == 3 ? 2u : 1u, units = kinds * (unsigned)dkv::PARTS, b = blockIdx.x;
+    const unsigned count = gridDim.x / units;
+    unsigned tl, u;                                   // u: the unit of query tl (part-major: of the part)
+    if (what & 4) {
+        const unsigned per = count * kinds;           // blocks per third
+        tl = (b % per) / kinds;
+        u = (b / per) * kinds + b % kinds;
+    } else {
+        tl = b / units;
+        u = b % units;
+    }
+    const bool is_dq = kinds == 2 ? (u & 1u) != 0 : (what & 2) != 0;
+    const int part = (int)(u / kinds);
+    if (is_dq) split_dq((int)tl, part, kv, kv_stride, pds, idx, kk, t0, L, Hq, dq);
+    else split_dkv<ATOMIC, 128, BULK>((int)tl, part, q, dout, pds, idx, kk, t0, L, Hq, out);
+}
+
+// SPLIT with a dq pass, all three passes in one launch over a ring of P / dS slots (the wrapper's RING,
+// an experiment): the blocks take tickets (the order they started in) and ticket order is a step
+// sequence: step s runs the first pass of query s (split_sp, 2 blocks) and then the second and third
+// passes of query s - lag (split_dkv / split_dq per third, alternating: 6 blocks). Query t's P / dS live
+// in slot t % ring: its consumers wait until both first-pass blocks released it (ready[slot] reaches 2
+// per use), a first pass waits until the slot's previous query's 6 consumers released it (done[slot]).
+// A block waits only on blocks with earlier tickets, which have all started: no deadlock whatever the
+// hardware's block order (lag < ring). flags (zeroed before the launch): [0] the ticket counter,
+// [1 .. ring] ready, [1 + ring .. 2 ring] done. grid 8 * count; pds: ring slots of a query's blocks;
+// out: dkv (ATOMIC) or the part rows of queries t0 .. t0 + count - 1; lag <= count.
+template <bool ATOMIC, bool BULK>
+__global__ void __launch_bounds__(384, 1)
+hytopk_attend_bwd_ring(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv, long long kv_stride,
+                       const int* __restrict__ idx, int kk, int n, int t0, int count, long long L, int Hq, float scale,
+                       float scale_log2, const bf16_t* __restrict__ dout, const float* __restrict__ lse,
+                       const float* __restrict__ delta, bf16_t* __restrict__ pds, float* __restrict__ out,
+                       float* __restrict__ dq, int* __restrict__ flags, int lag, int ring) {
+    static_assert(sp::THREADS == 384 && dkv::THREADS == 384 && dqp::THREADS == 384, "attend_wgmma_bwd ring: one block shape");
+    __shared__ u32 s_ticket;
+    if (threadIdx.x == 0) s_ticket = ticket_take(reinterpret_cast<u32*>(flags));
+    __syncthreads();
+    const u32 i = s_ticket, D = (u32)lag, C = (u32)count;
+    bool first;                                       // a first-pass block (unit: its head block), else a consumer
+    u32 tq, unit;                                     // (unit: third unit >> 1, dq when odd)
+    if (i < 2 * D) {
+        first = true, tq = i >> 1, unit = i & 1;
+    } else if (i < 2 * D + 8 * (C - D)) {
+        const u32 j = i - 2 * D, r = j & 7;
+        first = r < 2, tq = D + (j >> 3) - (r < 2 ? 0 : D), unit = r < 2 ? r : r - 2;
+    } else {
+        const u32 j = i - 2 * D - 8 * (C - D);
+        first = false, tq = C - D + j / 6, unit = j % 6;
+    }
+    const int slot = (int)(tq % (u32)ring), gen = (int)(tq / (u32)ring);
+    const int te = t0 + (int)tq - slot;               // the passes' t0: query te + slot = t0 + tq, its P / dS in slot
+    int* ready = flags + 1 + slot;
+    int* done = flags + 1 + ring + slot;
+    if (first) {
+        if (threadIdx.x == 0 && gen > 0) flag_wait_or_trap(done, 6 * gen);
+        __syncthreads();
+        split_sp((u32)slot * 2u + unit, q, kv, kv_stride, idx, kk, n, te, L, Hq, 2, scale, scale_log2, dout, lse, delta, pds);
+        fence_gpu();                                  // this thread's P / dS stores, then the block's release
+        __syncthreads();
+        if (threadIdx.x == 0) flag_release_add(ready, 1);
+        return;
+    }
+    if (threadIdx.x == 0) flag_wait_or_trap(ready, 2 * (gen + 1));
+    __syncthreads();
+    fence_proxy_async_global();                       // the first pass's generic stores -> this block's TMA reads
+    if (unit & 1) split_dq(slot, (int)(unit >> 1), kv, kv_stride, pds, idx, kk, te, L, Hq, dq);
+    else split_dkv<ATOMIC, 128, BULK>(slot, (int)(unit >> 1), q, dout, pds, idx, kk, te, L, Hq,
+                                      ATOMIC ? out : out + (long long)((int)tq - slot) * kk * DQK);
+    __syncthreads();                                  // every read of the slot done (the stages all consumed)
+    if (threadIdx.x == 0) flag_release_add(done, 1);
 }

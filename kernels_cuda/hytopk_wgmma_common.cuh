@@ -138,6 +138,26 @@ __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.w
 template <int N>
 __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory"); }
 
+// ---- flags between the blocks of one launch (global ints, gpu scope): a ticket (the order the blocks
+// started in, whatever order the hardware picked), a release add, an acquire read; the fences a
+// block's generic stores need before its release (fence_gpu) and an acquirer's TMA reads after it
+// (fence_proxy_async_global)
+__device__ __forceinline__ u32 ticket_take(u32* p) {
+    u32 r;
+    asm volatile("atom.global.add.u32 %0, [%1], 1;\n" : "=r"(r) : "l"(p) : "memory");
+    return r;
+}
+__device__ __forceinline__ void flag_release_add(int* p, int v) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ int flag_acquire(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void fence_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
+
 // ---- 2-CTA clusters
 __device__ __forceinline__ u32 cluster_ctarank() {
     u32 r;
@@ -183,6 +203,16 @@ __device__ __forceinline__ void mbar_wait_or_trap(u32 bar, u32 parity) {
             else if (globaltimer_lo() - t0 > 2000000000u) device_trap();
         }
     } while (!done);
+}
+
+// until *p >= v (acquire at gpu scope), a trap (a launch error) instead of a hang after 2 s
+__device__ __forceinline__ void flag_wait_or_trap(const int* p, int v) {
+    u32 t0 = 0;
+    bool timed = false;
+    while (flag_acquire(p) < v) {
+        if (!timed) { t0 = globaltimer_lo(); timed = true; }
+        else if (globaltimer_lo() - t0 > 2000000000u) device_trap();
+    }
 }
 
 // o / l at three FMAs per quotient: div.rn.f32's fast path with the refined reciprocal made once per

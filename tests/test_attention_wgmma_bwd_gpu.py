@@ -421,3 +421,67 @@ def test_split_dq_pass_at_k_2048(CA, monkeypatch):
     np.testing.assert_array_equal(bits(at[0]), first[0])
     dk = first[1].view(np.float32)
     np.testing.assert_allclose(at[1], dk, rtol=1e-4, atol=1e-4 * float(abs(dk).max()))
+
+
+@pytest.mark.parametrize("knob", [("DKV_DQ", (3,)), ("DKV_DQ", (7,)), ("DKV_DQ", (5, 6)), ("DKV_DQ", (5, 2)),
+                                  ("DKV_DQ", (1, 6)), ("SIDE_STREAM", "same"), ("SIDE_STREAM", "high"),
+                                  ("RING", (0, 1)), ("RING", (2, 3)), ("RING", (48, 128))],
+                         ids=lambda x: f"{x[0]}={x[1]}" if isinstance(x, tuple) and isinstance(x[0], str) else str(x))
+@pytest.mark.parametrize("atomic", [False, True], ids=["det", "atomic"])
+@pytest.mark.parametrize("kind", ["random", "dups", "empty"])
+def test_split_dq_pass_orders_and_side_stream(CA, monkeypatch, knob, atomic, kind):
+    """The dq pass's experiments (DKV_DQ: hytopk_attend_bwd_dkv_dq's launches; SIDE_STREAM: the third
+    pass beside the second on another stream; RING: the three passes in one launch over ring slots of
+    P / dS): dq and the deterministic dk the same bits as the default
+    (the same floats, other block orders), the atomics' dk close; under chunks of one query (the next
+    chunk's first pass waits for both) too."""
+    from workbench.families.cupy import attend_wgmma_bwd as AWB
+    monkeypatch.setattr(AWB, "WRITES", "split")
+    monkeypatch.setattr(AWB, "DQ_PASS", True)
+    rng = np.random.default_rng(seed("wgmma-bwd-split-dkv-dq-gpu", knob[0], str(knob[1]), atomic, kind))
+    n, L, kk = 7, 400, 150
+    k, v, kh, vh, qd, qh, dod, doh, idx = case(rng, n, 128, L, kk, kind)
+    ic = cp.asarray(idx)
+    out, lse = CA.attend_forward(qd, k, v, ic, None, out_dtype="float32")
+
+    def run(sb=None):
+        return [cp.asnumpy(x) for x in CA.attend_backward(dod, qd, k, v, ic, out, lse, None, deterministic=not atomic,
+                                                          version=4, scratch_bytes=sb)[:2]]
+    base = run()
+    monkeypatch.setattr(AWB, knob[0], knob[1])
+    for got in (run(), run(sb=1)):
+        np.testing.assert_array_equal(bits(got[0]), bits(base[0]))
+        if atomic:
+            np.testing.assert_allclose(got[1], base[1], rtol=1e-4, atol=1e-4 * float(abs(base[1]).max()))
+        else:
+            np.testing.assert_array_equal(bits(got[1]), bits(base[1]))
+    rq, rk, rv = RA.attend_backward(doh, qh, kh, vh, idx)
+    _rel_close(got[0], rq)
+    _rel_close(got[1][:, 0], RA.mla_dkv(rk, rv))
+
+
+@pytest.mark.parametrize("ring", [(4, 8), (0, 1), (30, 31)])
+def test_split_ring_at_k_2048(CA, monkeypatch, ring):
+    """RING at 128 heads, k 2048, L 8192, 40 queries (each slot reused): the deterministic dq / dk the
+    same bits as the default's, 5 / 5 identical, under chunks of 7 queries too; the atomics' dq the same
+    bits, dk close."""
+    from workbench.families.cupy import attend_wgmma_bwd as AWB
+    monkeypatch.setattr(AWB, "WRITES", "split")
+    monkeypatch.setattr(AWB, "DQ_PASS", True)
+    rng = np.random.default_rng(seed("wgmma-bwd-split-ring-2048", *ring))
+    n, L, kk = 40, 8192, 2048
+    k, v, kh, vh, qd, qh, dod, doh, idx = case(rng, n, 128, L, kk, "shared")
+    ic = cp.asarray(idx)
+    out, lse = CA.attend_forward(qd, k, v, ic, None, out_dtype="float32")
+
+    def run(det=True, sb=None, knob=None):
+        monkeypatch.setattr(AWB, "RING", knob)
+        return [cp.asnumpy(x) for x in CA.attend_backward(dod, qd, k, v, ic, out, lse, None, deterministic=det,
+                                                          version=4, scratch_bytes=sb)[:2]]
+    base = [bits(x) for x in run()]
+    for got in [run(knob=ring) for _ in range(5)] + [run(knob=ring, sb=7 * kk * 576 * 4)]:
+        for a, b in zip(base, [bits(x) for x in got]):
+            np.testing.assert_array_equal(a, b)
+    at, at0 = run(det=False, knob=ring), run(det=False)
+    np.testing.assert_array_equal(bits(at[0]), base[0])
+    np.testing.assert_allclose(at[1], at0[1], rtol=1e-4, atol=1e-4 * float(abs(at0[1]).max()))

@@ -547,6 +547,78 @@ def test_backward_split_dq_pass_same_bits(driver, n, Hq, kk, kind, atomic):
         np.testing.assert_array_equal(bits(out), bits(out_s))
 
 
+DKV_DQ_CASES = [((3,), False, 2, "dups"), ((7,), True, 3, "random"), ((5, 6), False, 3, "empty"),
+                ((5, 2), True, 2, "disjoint"), ((1, 6), False, 2, "random")]
+
+
+@pytest.mark.parametrize("whats,atomic,n,kind", DKV_DQ_CASES)
+def test_backward_split_dkv_dq_orders_same_bits(driver, whats, atomic, n, kind):
+    """hytopk_attend_bwd_dkv_dq (the wrapper's DKV_DQ experiment): the dq pass's second and third
+    passes in one launch (a query's dK/dV and dq blocks alternating) or in part-major order make the
+    same floats as the two kernels: dq and the deterministic part rows the same bits, the atomics'
+    dkv within their order; a chunk writes its own dq rows only."""
+    rng = np.random.default_rng(seed("wgmma-bwd-split-dkv-dq", whats, atomic, n, kind))
+    L = 150
+    kv, qd, dod, idx, lse, delta, rq, rkv, valid = backward_case(rng, n, 128, 130, kind, L)
+    dq, out = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=atomic, writes="split", dq_pass=True, dkv_dq=whats)
+    dq_s, out_s = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=atomic, writes="split", dq_pass=True)
+    np.testing.assert_array_equal(bits(dq), bits(dq_s))
+    rel_close(dq, rq)
+    if atomic:
+        np.testing.assert_allclose(out, out_s, rtol=1e-5, atol=1e-6)
+        rel_close(out, rkv)
+    else:
+        np.testing.assert_array_equal(bits(out), bits(out_s))
+    if whats == (7,):                                  # a chunk (t0 1, one query) of the part-major launch
+        dq1, _ = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=atomic, writes="split", dq_pass=True,
+                            dkv_dq=whats, t0=1, count=1)
+        np.testing.assert_array_equal(bits(dq1[1]), bits(dq_s[1]))
+        assert np.isnan(dq1[[0, 2]]).all()
+
+
+RING_CASES = [((0, 1), False, 3, "dups"), ((1, 2), True, 4, "random"), ((2, 3), False, 5, "empty"),
+              ((3, 5), True, 3, "disjoint"), ((1, 3), False, 4, "shared")]
+
+
+@pytest.mark.parametrize("ring,atomic,n,kind", RING_CASES)
+def test_backward_split_ring_same_bits(driver, ring, atomic, n, kind):
+    """hytopk_attend_bwd_ring (the wrapper's RING): the three passes in one launch, blocks in ticket
+    order, query t's P / dS in ring slot t % slots (reused once its six consumers released it): dq and the
+    deterministic part rows the same bits as the three launches, the atomics' dkv within their order;
+    a chunk (t0 1) writes its own dq rows only."""
+    rng = np.random.default_rng(seed("wgmma-bwd-split-ring", ring, atomic, n, kind))
+    L = 150
+    kv, qd, dod, idx, lse, delta, rq, rkv, valid = backward_case(rng, n, 128, 130, kind, L)
+    dq, out = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=atomic, writes="split", dq_pass=True, ring=ring)
+    dq_s, out_s = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=atomic, writes="split", dq_pass=True)
+    np.testing.assert_array_equal(bits(dq), bits(dq_s))
+    rel_close(dq, rq)
+    if atomic:
+        np.testing.assert_allclose(out, out_s, rtol=1e-5, atol=1e-6)
+        rel_close(out, rkv)
+    else:
+        np.testing.assert_array_equal(bits(out), bits(out_s))
+    if ring == (1, 2):
+        dq1, _ = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=atomic, writes="split", dq_pass=True,
+                            ring=ring, t0=1, count=2)
+        np.testing.assert_array_equal(bits(dq1[1:3]), bits(dq_s[1:3]))
+        assert np.isnan(dq1[[0, 3]]).all()
+
+
+def test_backward_split_ring_missing_release_deadlocks(driver, tmp_path):
+    """A planted bug in the ring: consumers that never release their slot leave the first pass of the
+    slot's next query waiting; the watchdog reports it (on the GPU: the wait's trap)."""
+    rng = np.random.default_rng(seed("wgmma-bwd-split-ring-planted"))
+    kv, qd, dod, idx, lse, delta, *_ = backward_case(rng, 3, 128, 70, "random")
+    src = (E.KERNELS / "attend_wgmma_bwd.cu").read_text()
+    release = "if (threadIdx.x == 0) flag_release_add(done, 1);"
+    assert src.count(release) == 1
+    drv = E.build(tmp_path / "noring", sources={"attend_wgmma_bwd.cu": src.replace(release, "(void)0;")})
+    with pytest.raises(E.EmulationError, match="deadlock|trap"):
+        E.backward(drv, qd, kv, idx, dod, lse, delta, writes="split", dq_pass=True, ring=(1, 2),
+                   env={"HYTOPK_EMU_STALL_S": "3"})
+
+
 def test_backward_split_dq_pass_under_jitter_and_chunks(driver):
     """The dq pass under other interleavings (the P hand-over's two buffers, the third pass's four
     stages published as their copies land): the same bits; a chunk writes its own dq rows only."""

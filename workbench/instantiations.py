@@ -311,6 +311,20 @@ def attend_wgmma_bwd_dkv_name(atomic, hpad, bulk=None) -> str:
     return f"hytopk_attend_bwd_dkv<{_b(atomic)}, {int(hpad)}, {_b(bulk)}>"
 
 
+def attend_wgmma_bwd_dkv_dq_name(atomic, bulk=None) -> str:
+    """The split's second and third passes (two head blocks) in one launch or in other block orders
+    (hytopk_attend_bwd_dkv_dq's what; the wrapper's DKV_DQ_ORDER)."""
+    bulk = ATTEND_WGMMA_BWD_DKV_BULK if bulk is None else bulk
+    return f"hytopk_attend_bwd_dkv_dq<{_b(atomic)}, {_b(bulk)}>"
+
+
+def attend_wgmma_bwd_ring_name(atomic, bulk=None) -> str:
+    """The split's three passes (two head blocks) in one launch over a ring of P / dS slots
+    (hytopk_attend_bwd_ring; the wrapper's RING)."""
+    bulk = ATTEND_WGMMA_BWD_DKV_BULK if bulk is None else bulk
+    return f"hytopk_attend_bwd_ring<{_b(atomic)}, {_b(bulk)}>"
+
+
 def attend_wgmma_bwd_dkv_smem(bulk=None) -> int:
     """The second pass's dynamic shared memory for its write path (None: ATTEND_WGMMA_BWD_DKV_BULK)."""
     bulk = ATTEND_WGMMA_BWD_DKV_BULK if bulk is None else bulk
@@ -443,7 +457,9 @@ def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
                 attend_wgmma_bwd_name(False, writes="staged"), attend_wgmma_bwd_name(True, writes="staged"),
                 attend_wgmma_bwd_name(False, writes="split"),
                 *(attend_wgmma_bwd_dkv_name(a, h, u) for a in (False, True) for h in (64, 128) for u in (False, True)),
-                "hytopk_attend_bwd_sp", "hytopk_attend_bwd_dqp")
+                "hytopk_attend_bwd_sp", "hytopk_attend_bwd_dqp",
+                *(attend_wgmma_bwd_dkv_dq_name(a, u) for a in (False, True) for u in (False, True)),
+                *(attend_wgmma_bwd_ring_name(a) for a in (False, True)))
     for kernel, over in KERNELS[file]:
         if over == "plain":
             out.append(name(kernel))

@@ -595,6 +595,24 @@ template <int N>
 inline void wgmma_wait() { emu::wg::wait_groups((size_t)N); }
 // not modelled: a missing proxy fence (generic stores read by the TMA) shows only on the GPU
 inline void fence_proxy_async() {}
+inline void fence_proxy_async_global() {}
+inline void fence_gpu() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+// flags between blocks (the blocks run one after another here: a wait on a later block deadlocks)
+inline u32 ticket_take(u32* p) {
+    emu::wg::check_global(p, 4, "atom.global.add.u32");
+    return std::atomic_ref<u32>(*p).fetch_add(1u);
+}
+inline void flag_release_add(int* p, int v) {
+    emu::wg::check_global(p, 4, "red.release.gpu.global.add.s32");
+    emu::wg::jitter();
+    std::atomic_ref<int>(*p).fetch_add(v);
+    emu::wg::bump();
+}
+inline int flag_acquire(const int* p) {
+    emu::wg::check_global(p, 4, "ld.acquire.gpu.global.s32");
+    emu::wg::jitter();
+    return std::atomic_ref<int>(*const_cast<int*>(p)).load();
+}
 inline float rcp_approx(float x) { return 1.0f / x; }     // (the GPU's is approximate; the refined quotient is the same)
 inline void bar_sync(int id, int threads) { emu::wg::named_bar(id, threads, true); }
 inline void bar_arrive(int id, int threads) { emu::wg::named_bar(id, threads, false); }

@@ -67,6 +67,11 @@ WRITES = "auto"                    # how dK/dV leave: instantiations.ATTEND_WGMM
 AUTO_WRITES = {True: "split", False: "split"}    # deterministic -> the faster path on the H200 (results/h200-2026-12-04-s11)
 DKV_BULK: bool | None = None       # split's second pass through the TMA's bulk operations (None: instantiations)
 DQ_PASS: bool | None = None        # split with dq in a third pass, Q / dO in the first's registers (None: instantiations)
+# experiments on the dq pass's second and third passes (None: the two kernels one after the other):
+DKV_DQ: tuple | None = None        # launches of hytopk_attend_bwd_dkv_dq, each its `what` (bit 0 dK/dV, bit 1 dq, bit 2 part-major)
+SIDE_STREAM: str | None = None     # "same" / "high": the third pass on a second stream of that priority, beside the second
+_SIDE: dict = {}                   # (device, priority) -> the side stream
+RING: tuple | None = None          # (lag, ring): the three passes in one launch (hytopk_attend_bwd_ring) over ring P / dS slots
 _FITS: dict[int, object] = {}     # id -> function already checked (held, so ids are not reused)
 
 
@@ -131,6 +136,8 @@ def _split(b, nhb, deterministic, scratch_bytes, do, lse, delta, dq, dk):
                     smem=INST.ATTEND_WGMMA_BWD_DQ_SMEM, threads=INST.ATTEND_WGMMA_BWD_DKV_THREADS)
     else:
         first = _fn(INST.attend_wgmma_bwd_name(False, writes="split"), "split")
+    if dq_pass and RING:
+        return _ring(b, deterministic, scratch_bytes, do, lse, delta, dq, dk)
     dkv_smem = INST.attend_wgmma_bwd_dkv_smem(DKV_BULK)
     second = _fn(INST.attend_wgmma_bwd_dkv_name(not deterministic, hpad, DKV_BULK), roles=INST.ATTEND_WGMMA_BWD_DKV_ROLES,
                  smem=dkv_smem, threads=INST.ATTEND_WGMMA_BWD_DKV_THREADS)
@@ -145,19 +152,90 @@ def _split(b, nhb, deterministic, scratch_bytes, do, lse, delta, dq, dk):
 
     first_tail = tail[:-1] if dq_pass else tail     # the dq pass's first pass takes no dq (the third writes it)
 
+    combined = None
+    if dq_pass and DKV_DQ:
+        combined = _fn(INST.attend_wgmma_bwd_dkv_dq_name(not deterministic, DKV_BULK), roles=INST.ATTEND_WGMMA_BWD_DKV_ROLES,
+                       smem=dkv_smem, threads=dkv_threads)
+
     def launch(t0, c, out):
         first((c * nhb,), (threads,), head + (np.int32(t0),) + first_tail + (pds,), shared_mem=smem)
+        if combined is not None:
+            for what in DKV_DQ:
+                kinds = 2 if what & 3 == 3 else 1
+                combined((c * 3 * kinds,), (dkv_threads,), (b.q, do, b.k, np.int64(b.k_stride), pds, b.idx, np.int32(b.kk),
+                                                           np.int32(t0), np.int64(b.L), np.int32(b.Hq), out, dq, np.int32(what)),
+                         shared_mem=dkv_smem if what & 1 else INST.ATTEND_WGMMA_BWD_DQ_SMEM)
+            return
+        dq_args = (b.k, np.int64(b.k_stride), pds, b.idx, np.int32(b.kk), np.int32(t0), np.int64(b.L), np.int32(b.Hq), dq)
+        side = _side_stream() if dq_pass and SIDE_STREAM else None
+        if side is not None:                          # the third beside the second: both wait on the first only
+            main = cp.cuda.get_current_stream()
+            forked = cp.cuda.Event(disable_timing=True)
+            forked.record(main)
+            side.wait_event(forked)
+            with side:
+                third((c * 3,), (dkv_threads,), dq_args, shared_mem=INST.ATTEND_WGMMA_BWD_DQ_SMEM)
+            joined = cp.cuda.Event(disable_timing=True)
+            joined.record(side)
         second((c * 3,), (dkv_threads,), (b.q, do, pds, b.idx, np.int32(b.kk), np.int32(t0), np.int64(b.L),
                                       np.int32(b.Hq), out), shared_mem=dkv_smem)
-        if dq_pass:
-            third((c * 3,), (dkv_threads,), (b.k, np.int64(b.k_stride), pds, b.idx, np.int32(b.kk), np.int32(t0),
-                                             np.int64(b.L), np.int32(b.Hq), dq), shared_mem=INST.ATTEND_WGMMA_BWD_DQ_SMEM)
+        if side is not None:
+            main.wait_event(joined)                   # the next chunk's first pass overwrites pds
+        elif dq_pass:
+            third((c * 3,), (dkv_threads,), dq_args, shared_mem=INST.ATTEND_WGMMA_BWD_DQ_SMEM)
 
     if not deterministic:
         for t0 in range(0, b.n, chunk):
             launch(t0, min(chunk, b.n - t0), dk)
         return
     A.sum_part_rows(b, chunk, 1, W, True, dk, None, launch)
+
+
+def _ring(b, deterministic, scratch_bytes, do, lse, delta, dq, dk):
+    """RING = (lag, ring): the dq pass's three passes in one launch per query chunk (the atomics: one
+    chunk), the first pass of query t running beside the second and third of query t - lag, P / dS in
+    slot t % ring of a ring-slot scratch (hytopk_attend_bwd_ring)."""
+    lag, ring = (int(x) for x in RING)
+    if not 0 <= lag < ring:
+        raise ValueError(f"argument 'RING': lag {lag} must be >= 0 and below the ring's {ring} slots")
+    per_query = 128 * -(-b.kk // 64) * 64 * 2 * 2
+    smem = max(INST.ATTEND_WGMMA_BWD_SP_SMEM, INST.attend_wgmma_bwd_dkv_smem(DKV_BULK), INST.ATTEND_WGMMA_BWD_DQ_SMEM)
+    threads = INST.ATTEND_WGMMA_BWD_DKV_THREADS
+    fn = _fn(INST.attend_wgmma_bwd_ring_name(not deterministic, DKV_BULK), roles=INST.ATTEND_WGMMA_BWD_DKV_ROLES,
+             smem=smem, threads=threads)
+    ring = min(ring, b.n)
+    pds = cp.empty(ring * per_query // 2, cp.uint16)
+    flags = cp.zeros(1 + 2 * ring, cp.int32)
+
+    def launch(t0, c, out):
+        flags.fill(0)
+        fn((8 * c,), (threads,), (b.q, b.k, np.int64(b.k_stride), b.idx, np.int32(b.kk), np.int32(b.n), np.int32(t0),
+                                  np.int32(c), np.int64(b.L), np.int32(b.Hq), np.float32(b.scale), b.scale_log2, do, lse,
+                                  delta, pds, out, dq, flags, np.int32(min(lag, c, ring - 1)), np.int32(ring)),
+           shared_mem=smem)
+
+    most = (2 ** 31 - 1) // 8
+    if not deterministic:
+        for t0 in range(0, b.n, most):
+            launch(t0, min(most, b.n - t0), dk)
+        return
+    per_row = b.Hkv * b.kk * b.DQK * 4
+    chunk = max(1, min(b.n, (scratch_bytes or A._scratch_v2()) // per_row, most))
+    A.sum_part_rows(b, chunk, 1, b.DQK, True, dk, None, launch)
+
+
+def _side_stream():
+    """SIDE_STREAM's stream on the current device (created once): "high" at the device's greatest
+    priority (CUDA clamps -100 to it), "same" at the default one."""
+    dev = cp.cuda.Device().id
+    if (dev, SIDE_STREAM) not in _SIDE:
+        prio = -100 if SIDE_STREAM == "high" else 0
+        try:
+            _SIDE[dev, SIDE_STREAM] = cp.cuda.Stream(non_blocking=True, priority=prio)
+        except TypeError:                             # a CuPy without Stream(priority=): the runtime's (never destroyed)
+            _SIDE[dev, SIDE_STREAM] = cp.cuda.ExternalStream(cp.cuda.runtime.streamCreateWithPriority(
+                cp.cuda.runtime.streamNonBlocking, prio))
+    return _SIDE[dev, SIDE_STREAM]
 
 
 @register("attend_backward", "cupy.attend_backward.wgmma", gpu_only=True)
