@@ -1253,35 +1253,6 @@ hytopk_attend_bwd_dqp(const bf16_t* __restrict__ kv, long long kv_stride, const 
              t0, L, Hq, dq);
 }
 
-// SPLIT with a dq pass: the second and third passes' blocks in other orders (the wrapper's DKV_DQ_ORDER,
-// an experiment). what: bit 0 dK / dV blocks (hytopk_attend_bwd_dkv<ATOMIC, 128, BULK>'s), bit 1 dq blocks
-// (hytopk_attend_bwd_dqp's), bit 2 part-major (every query's third 0, then third 1, ...: a third of dkv /
-// of the key rows live at a time) instead of query-major. With both kinds a query's dK/dV and dq blocks
-// of one third alternate (b & 1: dq), so the two run side by side on other SMs and share its dS reads.
-// grid: count * 3 per kind; dynamic shared memory: the larger of the kinds' (dkv's).
-template <bool ATOMIC, bool BULK>
-__global__ void __launch_bounds__(dkv::THREADS, 1)
-hytopk_attend_bwd_dkv_dq(const bf16_t* __restrict__ q, const bf16_t* __restrict__ dout, const bf16_t* __restrict__ kv,
-                         long long kv_stride, const bf16_t* __restrict__ pds, const int* __restrict__ idx, int kk, int t0,
-                         long long L, int Hq, float* __restrict__ out, float* __restrict__ dq, int what) {
-    static_assert(dkv::PARTS == dqp::PARTS && dkv::THREADS == dqp::THREADS, "attend_wgmma_bwd dkv_dq: one block shape");
-    const unsigned kinds = (what & 3) == 3 ? 2u : 1u, units = kinds * (unsigned)dkv::PARTS, b = blockIdx.x;
-    const unsigned count = gridDim.x / units;
-    unsigned tl, u;                                   // u: the unit of query tl (part-major: of the part)
-    if (what & 4) {
-        const unsigned per = count * kinds;           // blocks per third
-        tl = (b % per) / kinds;
-        u = (b / per) * kinds + b % kinds;
-    } else {
-        tl = b / units;
-        u = b % units;
-    }
-    const bool is_dq = kinds == 2 ? (u & 1u) != 0 : (what & 2) != 0;
-    const int part = (int)(u / kinds);
-    if (is_dq) split_dq((int)tl, part, kv, kv_stride, pds, idx, kk, t0, L, Hq, dq);
-    else split_dkv<ATOMIC, 128, BULK>((int)tl, part, q, dout, pds, idx, kk, t0, L, Hq, out);
-}
-
 // SPLIT with a dq pass, all three passes in one launch over a ring of P / dS slots (the wrapper's RING,
 // an experiment): the blocks take tickets (the order they started in) and ticket order is a step
 // sequence: step s runs the first pass of query s (split_sp, 2 blocks) and then the second and third

@@ -266,17 +266,21 @@ def backward_rows(n, H, L, k, fwd_rate, op_rate=None):
                      ("wgmma_staged", dict(deterministic=True, version=4)),
                      ("wgmma_atomic_staged", dict(deterministic=False, version=4)),
                      ("wgmma_split", dict(deterministic=True, version=4)),
-                     ("wgmma_atomic_split", dict(deterministic=False, version=4))]
+                     ("wgmma_atomic_split", dict(deterministic=False, version=4)),
+                     ("wgmma_split3", dict(deterministic=True, version=4)),
+                     ("wgmma_atomic_split3", dict(deterministic=False, version=4))]
     writes_default = AWB.WRITES
     for name, kw in variants:
         AWB.VEC_WRITES = True if name == "wgmma_atomic_vec" else None
         # wgmma*: dK/dV written by the consumers (direct); *_staged: by the producer warpgroup; *_split: a
-        # second pass over all the heads (AWB.WRITES; the op's default, "auto": split deterministic, staged atomics)
-        AWB.WRITES = "staged" if name.endswith("_staged") else "split" if name.endswith("_split") else "direct"
+        # second pass over all the heads (AWB.WRITES; the op's default, "auto"), at two head blocks the dq
+        # pass's three passes in one launch over ring slots (AWB.RING); *_split3: the three launches
+        AWB.WRITES = "staged" if name.endswith("_staged") else "split" if name.endswith(("_split", "_split3")) else "direct"
+        AWB.RING = False if name.endswith("_split3") else None
         try:
             t = timed(lambda: CA.attend_backward(dout, q, kk, vv, idx, out, lse, None, **kw), reps=3)
         finally:
-            AWB.VEC_WRITES, AWB.WRITES = None, writes_default
+            AWB.VEC_WRITES, AWB.WRITES, AWB.RING = None, writes_default, None
         r = rate(bwd_flops(n, H, k), t)
         rows[name] = dict(t, tflops=r, vs_forward=r / fwd_rate if fwd_rate else None,
                           vs_op_forward=r / op_rate if op_rate else None)

@@ -547,35 +547,6 @@ def test_backward_split_dq_pass_same_bits(driver, n, Hq, kk, kind, atomic):
         np.testing.assert_array_equal(bits(out), bits(out_s))
 
 
-DKV_DQ_CASES = [((3,), False, 2, "dups"), ((7,), True, 3, "random"), ((5, 6), False, 3, "empty"),
-                ((5, 2), True, 2, "disjoint"), ((1, 6), False, 2, "random")]
-
-
-@pytest.mark.parametrize("whats,atomic,n,kind", DKV_DQ_CASES)
-def test_backward_split_dkv_dq_orders_same_bits(driver, whats, atomic, n, kind):
-    """hytopk_attend_bwd_dkv_dq (the wrapper's DKV_DQ experiment): the dq pass's second and third
-    passes in one launch (a query's dK/dV and dq blocks alternating) or in part-major order make the
-    same floats as the two kernels: dq and the deterministic part rows the same bits, the atomics'
-    dkv within their order; a chunk writes its own dq rows only."""
-    rng = np.random.default_rng(seed("wgmma-bwd-split-dkv-dq", whats, atomic, n, kind))
-    L = 150
-    kv, qd, dod, idx, lse, delta, rq, rkv, valid = backward_case(rng, n, 128, 130, kind, L)
-    dq, out = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=atomic, writes="split", dq_pass=True, dkv_dq=whats)
-    dq_s, out_s = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=atomic, writes="split", dq_pass=True)
-    np.testing.assert_array_equal(bits(dq), bits(dq_s))
-    rel_close(dq, rq)
-    if atomic:
-        np.testing.assert_allclose(out, out_s, rtol=1e-5, atol=1e-6)
-        rel_close(out, rkv)
-    else:
-        np.testing.assert_array_equal(bits(out), bits(out_s))
-    if whats == (7,):                                  # a chunk (t0 1, one query) of the part-major launch
-        dq1, _ = E.backward(driver, qd, kv, idx, dod, lse, delta, atomic=atomic, writes="split", dq_pass=True,
-                            dkv_dq=whats, t0=1, count=1)
-        np.testing.assert_array_equal(bits(dq1[1]), bits(dq_s[1]))
-        assert np.isnan(dq1[[0, 2]]).all()
-
-
 RING_CASES = [((0, 1), False, 3, "dups"), ((1, 2), True, 4, "random"), ((2, 3), False, 5, "empty"),
               ((3, 5), True, 3, "disjoint"), ((1, 3), False, 4, "shared")]
 

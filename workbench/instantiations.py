@@ -263,6 +263,11 @@ ATTEND_WGMMA_BWD_DQ_SMEM = 4 * (128 * 64 * 2 + 64 * 192 * 2) + 8 * 8 + 1024
 ATTEND_WGMMA_BWD_SP_ROLES = ((128, 56), (256, 224))   # the dq-pass first pass: its producer holds 8 slot keys
 ATTEND_WGMMA_BWD_DQ_PASS = True         # two head blocks: the dq pass (atomics 40.43 ms against 41.87, deterministic
                                         # 57.19 against 58.72, the same bits: results/h200-2026-12-04-s13 run 6)
+# the dq pass's three passes in one launch (hytopk_attend_bwd_ring), (lag, slots): query t's first pass
+# beside the second and third passes of query t - lag, P / dS in slot t % slots (128 MiB at k 2048, against
+# the three launches' 4 GiB scratch): atomics 36.66 ms against 40.36, deterministic 50.41 against 53.33,
+# the same bits (results/h200-2026-12-04-s14 run 2); None: the three launches
+ATTEND_WGMMA_BWD_RING = (32, 128)
 ATTEND_WGMMA_BWD_THREADS = 384
 ATTEND_WGMMA_BWD_ROLES = ((128, 40), (256, 232))   # (threads, setmaxnreg): the producer, the consumers
 ATTEND_WGMMA_BWD_ROLES_STAGED = ((128, 88), (256, 208))   # staged: the producer also writes dK/dV
@@ -309,13 +314,6 @@ def attend_wgmma_bwd_dkv_name(atomic, hpad, bulk=None) -> str:
         raise ValueError(f"argument 'hpad': {hpad} is not 64 or 128")
     bulk = ATTEND_WGMMA_BWD_DKV_BULK if bulk is None else bulk
     return f"hytopk_attend_bwd_dkv<{_b(atomic)}, {int(hpad)}, {_b(bulk)}>"
-
-
-def attend_wgmma_bwd_dkv_dq_name(atomic, bulk=None) -> str:
-    """The split's second and third passes (two head blocks) in one launch or in other block orders
-    (hytopk_attend_bwd_dkv_dq's what; the wrapper's DKV_DQ_ORDER)."""
-    bulk = ATTEND_WGMMA_BWD_DKV_BULK if bulk is None else bulk
-    return f"hytopk_attend_bwd_dkv_dq<{_b(atomic)}, {_b(bulk)}>"
 
 
 def attend_wgmma_bwd_ring_name(atomic, bulk=None) -> str:
@@ -458,7 +456,6 @@ def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
                 attend_wgmma_bwd_name(False, writes="split"),
                 *(attend_wgmma_bwd_dkv_name(a, h, u) for a in (False, True) for h in (64, 128) for u in (False, True)),
                 "hytopk_attend_bwd_sp", "hytopk_attend_bwd_dqp",
-                *(attend_wgmma_bwd_dkv_dq_name(a, u) for a in (False, True) for u in (False, True)),
                 *(attend_wgmma_bwd_ring_name(a) for a in (False, True)))
     for kernel, over in KERNELS[file]:
         if over == "plain":

@@ -9,6 +9,8 @@ Alternating rounds, 128 heads, n 8192, k 2048, the bench's selection, atomics un
   one chunk        the default with an 8 GiB scratch (all 8192 queries' P / dS at once; default 4 GiB)
 PROBE_RUN=2: the default, DKV_DQ (3,) and RING (lag, slots): the three passes in one launch of
 hytopk_attend_bwd_ring, P / dS in ring slots (no second + third only rows for the ring).
+PROBE_RUN=3 (the ring the default, DKV_DQ / SIDE_STREAM removed after run 2: commit 26f99d0 has them):
+the three launches against rings around the default 32 / 128, L 65536.
 each as the whole backward and as its second + third passes alone (the first pass skipped, pds as the
 last full run left it); the deterministic mode of the default and DKV_DQ (3,) / (5, 6); the forward;
 then at L 65536 every variant's deterministic dq / dk against the default's bits."""
@@ -36,6 +38,11 @@ else:                       # run 2: the ring (all three passes in one launch), 
     VARIANTS = {"default": {}, "fused": {"DKV_DQ": (3,)}, "ring 8/32": {"RING": (8, 32)}, "ring 16/64": {"RING": (16, 64)},
                 "ring 32/128": {"RING": (32, 128)}, "ring 64/192": {"RING": (64, 192)}, "ring 128/320": {"RING": (128, 320)}}
     DET = ("default", "fused", "ring 32/128")
+if RUN == 3:                # run 3 (the ring the default): lags and slots around 32 / 128, L 65536
+    VARIANTS = {"three launches": {"RING": False}, "ring 24/96": {"RING": (24, 96)}, "ring 32/64": {"RING": (32, 64)},
+                "ring 32/128 (default)": {}, "ring 48/128": {"RING": (48, 128)}, "ring 48/192": {"RING": (48, 192)},
+                "ring 96/256": {"RING": (96, 256)}}
+    DET = ("three launches", "ring 32/128 (default)")
 
 
 def bwd(c, det, knobs, skip_first=False):
@@ -59,7 +66,7 @@ def bwd(c, det, knobs, skip_first=False):
 res = {"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "torch": torch.__version__,
        "cupy": cp.__version__, "numpy": np.__version__, "n": n, "H": H, "k": k, "dq_pass": AWB.INST.ATTEND_WGMMA_BWD_DQ_PASS,
        "selection": "scripts/bench_attention.py:selection (adjacent queries share 90 %)", "runs": {}}
-for L in (65536, 131072):
+for L in ((65536,) if RUN == 3 else (65536, 131072)):
     q, kv, idx = mla_inputs(n, H, L, k, seed=1)
     kk, vv = kv[:, None, :], kv[:, None, :512]
     out, lse = CA.attend_forward(q, kk, vv, idx, None)
@@ -79,7 +86,7 @@ for L in (65536, 131072):
     for name, knobs in VARIANTS.items():
         fns[f"{name}"] = bwd(c, False, knobs)
     for name, knobs in VARIANTS.items():
-        if "RING" not in knobs:
+        if RUN < 3 and "RING" not in knobs:
             fns[f"{name}, second + third only"] = bwd(c, False, knobs, skip_first=True)
     for name in DET:
         fns[f"{name}, deterministic"] = bwd(c, True, VARIANTS[name])

@@ -192,6 +192,21 @@ class Fn:
                 s_ = idx[t, j]
                 if 0 <= s_ < L: acc += np.outer(D[:, j], Kr[s_])
             dq[t] = acc
+    def hytopk_attend_bwd_ring(self, tp, grid, a):
+        # the dq pass's three passes in one launch over ring slots of P / dS (attend_wgmma_bwd.cu): the
+        # same floats as sp, dkv and dqp one after the other; flags zeroed by the wrapper, lag < slots
+        (q, kv, ks, idx, kk, n, t0, count, L, Hq, scale, sl2, do, lse, delta, pds, out, dq, flags, lag, ring) = a
+        count, kk, ring, lag = int(count), int(kk), int(ring), int(lag)
+        nt = -(-kk // 64)
+        assert grid[0] == 8 * count and 0 <= lag < ring and lag <= count and int(t0) + count <= int(n)
+        assert flags.dtype == np.int32 and flags.size == 1 + 2 * ring and not flags.any(), "ring flags not zeroed"
+        assert pds.dtype == np.uint16 and pds.size >= ring * nt * 2 * 128 * 64
+        scratch = np.zeros(count * nt * 2 * 128 * 64, np.uint16)
+        Fn.ds_float.update(self._fill_pds((2 * count,), (q, kv, ks, idx, kk, n, t0, L, Hq, np.int32(2), scale, sl2, do,
+                                                        lse, delta, scratch)))
+        self.hytopk_attend_bwd_dkv([tp[0], "128", tp[1]], (3 * count,), (q, do, scratch, idx, kk, t0, L, Hq, out))
+        self.hytopk_attend_bwd_dqp([], (3 * count,), (kv, ks, scratch, idx, kk, t0, L, Hq, dq))
+        flags[0] = 8 * count                          # the tickets taken (the kernel leaves them)
     def _fill_pds(self, grid, a):
         # P and dS (bf16) into the scratch [tl][64-key block][P | dS][nhb * 64][64], 8 x 8 core matrices
         q, kv, ks, idx, kk, n, t0, L, Hq, nhb, scale, sl2, do, lse, delta, pds = a
@@ -360,11 +375,12 @@ for Hq, kind_ in ((80, "dups"), (8, "empty")):
     dob, doh = bf(rng.standard_normal((n, Hq, 512)))
     rq, rk, rv = RA.attend_backward(doh, qh, kvh[:, None, :], kvh[:, None, :512], idx)
     out, lse = CA.attend_forward(qb, k, v, idx, None, out_dtype="float32")
-    dq_pass = Hq > 64 and AWB.INST.ATTEND_WGMMA_BWD_DQ_PASS     # two head blocks: sp, dkv, dqp
+    dq_pass = Hq > 64 and AWB.INST.ATTEND_WGMMA_BWD_DQ_PASS     # two head blocks: sp, dkv, dqp (the ring: one launch)
+    ring = dq_pass and bool(AWB.INST.ATTEND_WGMMA_BWD_RING)
     for writes in ("staged", "split"):
         AWB.WRITES = writes
         before = {x: Fn.calls.get(x, 0) for x in ("hytopk_attend_bwd_wgmma", "hytopk_attend_bwd_pds", "hytopk_attend_bwd_dkv",
-                                                  "hytopk_attend_bwd_sp", "hytopk_attend_bwd_dqp")}
+                                                  "hytopk_attend_bwd_sp", "hytopk_attend_bwd_dqp", "hytopk_attend_bwd_ring")}
         for det, sb in ((True, None), (True, 1), (False, None)):
             dq, dk, dv = CA.attend_backward(dob, qb, k, v, idx, out, lse, None, deterministic=det, scratch_bytes=sb,
                                             version=4)
@@ -374,6 +390,7 @@ for Hq, kind_ in ((80, "dups"), (8, "empty")):
             close(dk[:, 0], RA.mla_dkv(rk, rv), 1e-4 if writes == "staged" else 2e-2)
         launched = {x: Fn.calls.get(x, 0) - c for x, c in before.items()}
         want = {"hytopk_attend_bwd_wgmma": 1 + n + 1} if writes == "staged" else \
+               {"hytopk_attend_bwd_ring": 1 + n + 1} if ring else \
                {"hytopk_attend_bwd_sp" if dq_pass else "hytopk_attend_bwd_pds": 1 + n + 1,
                 "hytopk_attend_bwd_dkv": 1 + n + 1} | ({"hytopk_attend_bwd_dqp": 1 + n + 1} if dq_pass else {})
         assert {x: c for x, c in launched.items() if c} == want, (writes, launched)

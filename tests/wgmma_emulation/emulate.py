@@ -130,23 +130,6 @@ void emu_attend_wgmma_bwd(int atomic, const bf16_t* q, const bf16_t* kv, long lo
     });
     // bit 4: the second pass through the TMA's bulk operations
     const bool bulk = atomic & 16;
-    // bits 8-11, 12-15: the dq pass's second and third passes as up to two launches of
-    // hytopk_attend_bwd_dkv_dq, each its what (0: none)
-    const int whats[2] = {(atomic >> 8) & 15, (atomic >> 12) & 15};
-    if (dqpass && whats[0]) {
-        for (int w : whats) {
-            if (!w) continue;
-            const unsigned kinds = (w & 3) == 3 ? 2u : 1u;
-            const int sm = (w & 1) ? (bulk ? dkv::LAUNCH_SMEM_BULK : dkv::LAUNCH_SMEM) : dqp::LAUNCH_SMEM;
-            emu::wg::launch((unsigned)count * 3u * kinds, dkv::THREADS, sm, [&] {
-#define HYTOPK_EMU_DKV_DQ(A, B) hytopk_attend_bwd_dkv_dq<A, B>(q, dout, kv, ks, pds, idx, kk, t0, L, Hq, out, dq, w)
-                if (atomic & 1) { if (bulk) HYTOPK_EMU_DKV_DQ(true, true); else HYTOPK_EMU_DKV_DQ(true, false); }
-                else { if (bulk) HYTOPK_EMU_DKV_DQ(false, true); else HYTOPK_EMU_DKV_DQ(false, false); }
-#undef HYTOPK_EMU_DKV_DQ
-            });
-        }
-        return;
-    }
     emu::wg::launch((unsigned)(count * dkv::PARTS), dkv::THREADS, bulk ? dkv::LAUNCH_SMEM_BULK : dkv::LAUNCH_SMEM, [&] {
 #define HYTOPK_EMU_DKV(A, H, B) hytopk_attend_bwd_dkv<A, H, B>(q, dout, pds, idx, kk, t0, L, Hq, out)
         const bool at = atomic & 1;
@@ -238,7 +221,7 @@ def forward(driver, q, kv, idx, scale=None, *, version="wgmma2", out_dtype="floa
 
 
 def backward(driver, q, kv, idx, dout, lse, delta, scale=None, *, atomic=False, vec=None, writes="direct", t0=0,
-             count=None, smem_off=0x410, timeout=900, env=None, bulk=None, dq_pass=None, dkv_dq=None, ring=None):
+             count=None, smem_off=0x410, timeout=900, env=None, bulk=None, dq_pass=None, ring=None):
     """(dq, out) of hytopk_attend_bwd_wgmma (attend_wgmma_bwd.cu) on the CPU for queries t0 .. t0 +
     count - 1: dq float32 [n, Hq, 576] (rows of other queries stay NaN), out = the dkv atomics
     (float32 [L, 576], from zeros) or the part rows (float32 [count, nhb, kk, 576]; rows of masked
@@ -247,9 +230,9 @@ def backward(driver, q, kv, idx, dout, lse, delta, scale=None, *, atomic=False, 
     writes: "staged", the consumers hand dK/dV to the producer warpgroup, which writes them (vec
     ignored); "direct", the consumers write them; "split", two passes (bulk: the second through the
     TMA's bulk operations; None: instantiations.ATTEND_WGMMA_BWD_DKV_BULK; dq_pass: the first pass without
-    dq, then dq from a third; None: instantiations.ATTEND_WGMMA_BWD_DQ_PASS; dkv_dq: with the dq pass, its
-    second and third passes as launches of hytopk_attend_bwd_dkv_dq, one per `what` in the tuple; ring:
-    (lag, slots), the three passes in one launch of hytopk_attend_bwd_ring, lag clamped to count)."""
+    dq, then dq from a third; None: instantiations.ATTEND_WGMMA_BWD_DQ_PASS; ring: with the dq pass,
+    (lag, slots): its three passes in one launch of hytopk_attend_bwd_ring, lag clamped to count; None:
+    the three launches, whatever instantiations.ATTEND_WGMMA_BWD_RING says)."""
     q = np.ascontiguousarray(q, np.uint16)
     kv = np.ascontiguousarray(kv, np.uint16)
     idx = np.ascontiguousarray(idx, np.int32)
@@ -268,9 +251,6 @@ def backward(driver, q, kv, idx, dout, lse, delta, scale=None, *, atomic=False, 
     mode |= 16 if writes == "split" and bulk else 0
     dq_pass = INST.ATTEND_WGMMA_BWD_DQ_PASS if dq_pass is None else dq_pass
     mode |= 32 if writes == "split" and dq_pass else 0
-    if dkv_dq:
-        assert writes == "split" and dq_pass and 1 <= len(dkv_dq) <= 2 and all(1 <= w <= 7 for w in dkv_dq), dkv_dq
-        mode |= sum(w << (8 + 4 * i) for i, w in enumerate(dkv_dq))
     if ring:
         lag, slots = ring
         assert writes == "split" and dq_pass and 0 <= lag < slots < 128, ring

@@ -8,8 +8,8 @@ within tolerance, and bitwise reproducible when deterministic.
   cupy.attend_backward.wgmma         per-(query, head block, slot) part rows summed per key in a
                                      fixed order (version 1's reduction): bitwise reproducible
   cupy.attend_backward.wgmma_atomic  dK/dV by float atomics into dkv: not reproducible
-dK/dV leave one of three ways (WRITES; "auto", the default: split in both modes up to 128 heads,
-the faster on the H200, staged above):
+dK/dV leave one of three ways (WRITES; "auto", the default: the faster on the H200 per mode and head
+blocks, AUTO_WRITES: split but for the atomics at one head block, staged above 128 heads):
   "split": two passes. The first is the one-pass kernel without its dK/dV MMAs: S, dP, dQ, and P / dS
     (bf16, the same operands) into a scratch; the second computes dKV = dS^T Q + P^T dO of all the
     query's heads at once (keys as the MMA's M, up to 128 heads as its K), so each (query, slot,
@@ -30,7 +30,14 @@ the faster on the H200, staged above):
     the split takes a dq pass (DQ_PASS): its first pass computes S / dP only, Q and dO held in
     registers, and a third pass makes dq = dS K. Both gather into the 128-byte swizzle. Atomics take
     40.4 ms against 41.9, deterministic 57.2 against 58.7; dq and the deterministic dk are the same
-    bits (results/h200-2026-12-04-s13 run 6). At most 128 heads (two head blocks): above, staged.
+    bits (results/h200-2026-12-04-s13 run 6). The dq pass's three passes then run as one launch (RING,
+    its default: hytopk_attend_bwd_ring): the blocks take tickets, and ticket order runs the first pass
+    of query t beside the second and third passes of query t - lag, query t's P / dS in slot t % slots
+    of a 128 MiB ring, handed over by release / acquire flags in global memory. The first pass (gather
+    and tensor bound), the second (L2 reductions) and the third then share the SMs: atomics 36.66 ms
+    against 40.36, deterministic 50.41 against 53.33, the same bits (results/h200-2026-12-04-s14 run 2);
+    in the bench 34.91 ms, 0.62 of the op's forward rate (run 3). At most 128 heads (two head blocks):
+    above, staged.
   "staged": each consumer hands its dK/dV to the producer warpgroup a 16-slot x
     64-column unit at a time through shared memory, and the producer writes them 16 bytes at a time
     (red.global.add.v4.f32 / st.global.v4.f32), so the consumers go on to their next MMAs instead of
@@ -64,14 +71,15 @@ from .wgmma import require_sm90
 FILE = "attend_wgmma_bwd.cu"
 VEC_WRITES: bool | None = None     # None: instantiations.ATTEND_WGMMA_BWD_VEC; True: 16-byte atomics too
 WRITES = "auto"                    # how dK/dV leave: instantiations.ATTEND_WGMMA_BWD_WRITES, or "auto" (AUTO_WRITES)
-AUTO_WRITES = {True: "split", False: "split"}    # deterministic -> the faster path on the H200 (results/h200-2026-12-04-s11)
+# (deterministic, head blocks) -> the faster path on the H200 (results/h200-2026-12-04-s14 run 7, n 8192, k 2048): at
+# one head block (16 / 32 / 64 heads) the atomics' staged 22.3-23.0 ms against split 28.5-29.7, deterministic split
+# 43.5-45.8 against staged 43.8-46.0; at two (100 / 128 heads) split (the ring) 33.2 / 34.8 against staged 43.4 / 44.7,
+# deterministic 52.9 / 54.3 against 89.1 / 90.7. Above two head blocks: staged.
+AUTO_WRITES = {(True, 1): "split", (False, 1): "staged", (True, 2): "split", (False, 2): "split"}
 DKV_BULK: bool | None = None       # split's second pass through the TMA's bulk operations (None: instantiations)
 DQ_PASS: bool | None = None        # split with dq in a third pass, Q / dO in the first's registers (None: instantiations)
-# experiments on the dq pass's second and third passes (None: the two kernels one after the other):
-DKV_DQ: tuple | None = None        # launches of hytopk_attend_bwd_dkv_dq, each its `what` (bit 0 dK/dV, bit 1 dq, bit 2 part-major)
-SIDE_STREAM: str | None = None     # "same" / "high": the third pass on a second stream of that priority, beside the second
-_SIDE: dict = {}                   # (device, priority) -> the side stream
-RING: tuple | None = None          # (lag, ring): the three passes in one launch (hytopk_attend_bwd_ring) over ring P / dS slots
+RING: tuple | bool | None = None   # the dq pass's passes in one launch over ring slots of P / dS, (lag, slots)
+                                   # (None: instantiations.ATTEND_WGMMA_BWD_RING; False: three launches)
 _FITS: dict[int, object] = {}     # id -> function already checked (held, so ids are not reused)
 
 
@@ -99,7 +107,7 @@ def backward(b, deterministic, scratch_bytes, do, lse, delta, dq, dk):
     """attend_backward's version 4 on a Bound b (checked by check_applies): dq written, dk (MLA's
     dkv [L, 1, 576]) summed from part rows per key in a fixed order, or by atomics."""
     nhb = -(-b.Hq // INST.ATTEND_WGMMA_HEADS)
-    writes = AUTO_WRITES[bool(deterministic)] if WRITES == "auto" else WRITES
+    writes = AUTO_WRITES.get((bool(deterministic), nhb), "staged") if WRITES == "auto" else WRITES
     if writes == "split" and b.Hq > INST.ATTEND_WGMMA_BWD_SPLIT_HEADS:
         writes = "staged"             # the second pass sums at most two head blocks
     if writes == "split":
@@ -129,6 +137,9 @@ def _split(b, nhb, deterministic, scratch_bytes, do, lse, delta, dq, dk):
     per_query = hpad * nt * 64 * 2 * 2
     smem, threads = INST.attend_wgmma_bwd_smem("split"), INST.ATTEND_WGMMA_BWD_THREADS
     dq_pass = (INST.ATTEND_WGMMA_BWD_DQ_PASS if DQ_PASS is None else DQ_PASS) and hpad == 128   # two head blocks
+    ring = INST.ATTEND_WGMMA_BWD_RING if RING is None else RING
+    if dq_pass and ring:
+        return _ring(b, ring, deterministic, scratch_bytes, do, lse, delta, dq, dk)
     if dq_pass:
         smem = INST.ATTEND_WGMMA_BWD_SP_SMEM
         first = _fn("hytopk_attend_bwd_sp", roles=INST.ATTEND_WGMMA_BWD_SP_ROLES, smem=smem, threads=threads)
@@ -136,8 +147,6 @@ def _split(b, nhb, deterministic, scratch_bytes, do, lse, delta, dq, dk):
                     smem=INST.ATTEND_WGMMA_BWD_DQ_SMEM, threads=INST.ATTEND_WGMMA_BWD_DKV_THREADS)
     else:
         first = _fn(INST.attend_wgmma_bwd_name(False, writes="split"), "split")
-    if dq_pass and RING:
-        return _ring(b, deterministic, scratch_bytes, do, lse, delta, dq, dk)
     dkv_smem = INST.attend_wgmma_bwd_dkv_smem(DKV_BULK)
     second = _fn(INST.attend_wgmma_bwd_dkv_name(not deterministic, hpad, DKV_BULK), roles=INST.ATTEND_WGMMA_BWD_DKV_ROLES,
                  smem=dkv_smem, threads=INST.ATTEND_WGMMA_BWD_DKV_THREADS)
@@ -152,37 +161,13 @@ def _split(b, nhb, deterministic, scratch_bytes, do, lse, delta, dq, dk):
 
     first_tail = tail[:-1] if dq_pass else tail     # the dq pass's first pass takes no dq (the third writes it)
 
-    combined = None
-    if dq_pass and DKV_DQ:
-        combined = _fn(INST.attend_wgmma_bwd_dkv_dq_name(not deterministic, DKV_BULK), roles=INST.ATTEND_WGMMA_BWD_DKV_ROLES,
-                       smem=dkv_smem, threads=dkv_threads)
-
     def launch(t0, c, out):
         first((c * nhb,), (threads,), head + (np.int32(t0),) + first_tail + (pds,), shared_mem=smem)
-        if combined is not None:
-            for what in DKV_DQ:
-                kinds = 2 if what & 3 == 3 else 1
-                combined((c * 3 * kinds,), (dkv_threads,), (b.q, do, b.k, np.int64(b.k_stride), pds, b.idx, np.int32(b.kk),
-                                                           np.int32(t0), np.int64(b.L), np.int32(b.Hq), out, dq, np.int32(what)),
-                         shared_mem=dkv_smem if what & 1 else INST.ATTEND_WGMMA_BWD_DQ_SMEM)
-            return
-        dq_args = (b.k, np.int64(b.k_stride), pds, b.idx, np.int32(b.kk), np.int32(t0), np.int64(b.L), np.int32(b.Hq), dq)
-        side = _side_stream() if dq_pass and SIDE_STREAM else None
-        if side is not None:                          # the third beside the second: both wait on the first only
-            main = cp.cuda.get_current_stream()
-            forked = cp.cuda.Event(disable_timing=True)
-            forked.record(main)
-            side.wait_event(forked)
-            with side:
-                third((c * 3,), (dkv_threads,), dq_args, shared_mem=INST.ATTEND_WGMMA_BWD_DQ_SMEM)
-            joined = cp.cuda.Event(disable_timing=True)
-            joined.record(side)
         second((c * 3,), (dkv_threads,), (b.q, do, pds, b.idx, np.int32(b.kk), np.int32(t0), np.int64(b.L),
                                       np.int32(b.Hq), out), shared_mem=dkv_smem)
-        if side is not None:
-            main.wait_event(joined)                   # the next chunk's first pass overwrites pds
-        elif dq_pass:
-            third((c * 3,), (dkv_threads,), dq_args, shared_mem=INST.ATTEND_WGMMA_BWD_DQ_SMEM)
+        if dq_pass:
+            third((c * 3,), (dkv_threads,), (b.k, np.int64(b.k_stride), pds, b.idx, np.int32(b.kk), np.int32(t0),
+                                             np.int64(b.L), np.int32(b.Hq), dq), shared_mem=INST.ATTEND_WGMMA_BWD_DQ_SMEM)
 
     if not deterministic:
         for t0 in range(0, b.n, chunk):
@@ -191,11 +176,11 @@ def _split(b, nhb, deterministic, scratch_bytes, do, lse, delta, dq, dk):
     A.sum_part_rows(b, chunk, 1, W, True, dk, None, launch)
 
 
-def _ring(b, deterministic, scratch_bytes, do, lse, delta, dq, dk):
-    """RING = (lag, ring): the dq pass's three passes in one launch per query chunk (the atomics: one
-    chunk), the first pass of query t running beside the second and third of query t - lag, P / dS in
-    slot t % ring of a ring-slot scratch (hytopk_attend_bwd_ring)."""
-    lag, ring = (int(x) for x in RING)
+def _ring(b, ring, deterministic, scratch_bytes, do, lse, delta, dq, dk):
+    """RING = (lag, slots): the dq pass's three passes in one launch per query chunk (the atomics: one
+    chunk; deterministic: as many queries as their part rows fit the scratch), the first pass of query
+    t beside the second and third of query t - lag, P / dS in slot t % slots (hytopk_attend_bwd_ring)."""
+    lag, ring = (int(x) for x in ring)
     if not 0 <= lag < ring:
         raise ValueError(f"argument 'RING': lag {lag} must be >= 0 and below the ring's {ring} slots")
     per_query = 128 * -(-b.kk // 64) * 64 * 2 * 2
@@ -222,20 +207,6 @@ def _ring(b, deterministic, scratch_bytes, do, lse, delta, dq, dk):
     per_row = b.Hkv * b.kk * b.DQK * 4
     chunk = max(1, min(b.n, (scratch_bytes or A._scratch_v2()) // per_row, most))
     A.sum_part_rows(b, chunk, 1, b.DQK, True, dk, None, launch)
-
-
-def _side_stream():
-    """SIDE_STREAM's stream on the current device (created once): "high" at the device's greatest
-    priority (CUDA clamps -100 to it), "same" at the default one."""
-    dev = cp.cuda.Device().id
-    if (dev, SIDE_STREAM) not in _SIDE:
-        prio = -100 if SIDE_STREAM == "high" else 0
-        try:
-            _SIDE[dev, SIDE_STREAM] = cp.cuda.Stream(non_blocking=True, priority=prio)
-        except TypeError:                             # a CuPy without Stream(priority=): the runtime's (never destroyed)
-            _SIDE[dev, SIDE_STREAM] = cp.cuda.ExternalStream(cp.cuda.runtime.streamCreateWithPriority(
-                cp.cuda.runtime.streamNonBlocking, prio))
-    return _SIDE[dev, SIDE_STREAM]
 
 
 @register("attend_backward", "cupy.attend_backward.wgmma", gpu_only=True)
