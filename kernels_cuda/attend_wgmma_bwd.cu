@@ -1260,7 +1260,8 @@ hytopk_attend_bwd_dqp(const bf16_t* __restrict__ kv, long long kv_stride, const 
 // in slot t % ring: its consumers wait until both first-pass blocks released it (ready[slot] reaches 2
 // per use), a first pass waits until the slot's previous query's 6 consumers released it (done[slot]).
 // A block waits only on blocks with earlier tickets, which have all started: no deadlock whatever the
-// hardware's block order (lag < ring). flags (zeroed before the launch): [0] the ticket counter,
+// hardware's block order (lag < ring). The waits trap after 2 s, as the mbarrier waits do (a context
+// time-sliced away that long would trip them too). flags (zeroed before the launch): [0] the ticket counter,
 // [1 .. ring] ready, [1 + ring .. 2 ring] done. grid 8 * count; pds: ring slots of a query's blocks;
 // out: dkv (ATOMIC) or the part rows of queries t0 .. t0 + count - 1; lag <= count.
 template <bool ATOMIC, bool BULK>

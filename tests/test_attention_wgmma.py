@@ -48,14 +48,19 @@ def test_backward_instantiations_and_launch_figures():
                                                                for u in ("false", "true")),
                                                              "hytopk_attend_bwd_sp", "hytopk_attend_bwd_dqp",
                                                              "hytopk_attend_bwd_ring<false, true>",
-                                                             "hytopk_attend_bwd_ring<true, true>"]
+                                                             "hytopk_attend_bwd_ring<false, false>",
+                                                             "hytopk_attend_bwd_ring<true, true>",
+                                                             "hytopk_attend_bwd_ring<true, false>"]
     # the ring (the dq pass's three passes in one launch): the dkv pass's write path, the largest role's
     # shared memory plus its 128 static bytes (the ticket) within the SM's 227 KiB
     assert INST.attend_wgmma_bwd_ring_name(True, False) == "hytopk_attend_bwd_ring<true, false>"
     lag, slots = INST.ATTEND_WGMMA_BWD_RING
     assert 0 <= lag < slots
-    assert max(INST.ATTEND_WGMMA_BWD_SP_SMEM, INST.ATTEND_WGMMA_BWD_DKV_SMEM_BULK, INST.ATTEND_WGMMA_BWD_DQ_SMEM) + 128 \
-        <= 227 * 1024
+    for dkv_smem in (INST.ATTEND_WGMMA_BWD_DKV_SMEM_BULK, INST.ATTEND_WGMMA_BWD_DKV_SMEM):
+        assert max(INST.ATTEND_WGMMA_BWD_SP_SMEM, dkv_smem, INST.ATTEND_WGMMA_BWD_DQ_SMEM) + 128 <= 227 * 1024
+    # both role sets fit the launch's registers (168 x 384)
+    assert sum(t * r for t, r in INST.ATTEND_WGMMA_BWD_SP_ROLES) <= 168 * 384
+    assert sum(t * r for t, r in INST.ATTEND_WGMMA_BWD_DKV_ROLES) <= 168 * 384
     # split: the first pass launches as the direct kernel; the second sums one or two head blocks
     assert INST.attend_wgmma_bwd_name(True, writes="split") == "hytopk_attend_bwd_pds"
     # (its key tiles in the 128-byte swizzle: the base rounded up to 1024 bytes, not 128)

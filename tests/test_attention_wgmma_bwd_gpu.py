@@ -442,7 +442,8 @@ def test_split_dq_pass_at_k_2048(CA, monkeypatch):
 def test_split_ring_matches_three_launches(CA, monkeypatch, ring, atomic, kind):
     """RING (the dq pass's three passes in one launch over ring slots of P / dS, blocks in ticket order):
     dq and the deterministic dk the same bits as the three launches (the same floats, other block
-    orders), the atomics' dk close; under chunks of one query too; against the reference."""
+    orders), the atomics' dk close; the deterministic mode under chunks of one query too (its part
+    rows; the atomics take one chunk whatever the scratch); against the reference."""
     from workbench.families.cupy import attend_wgmma_bwd as AWB
     monkeypatch.setattr(AWB, "WRITES", "split")
     monkeypatch.setattr(AWB, "DQ_PASS", True)

@@ -456,7 +456,7 @@ def _name_expressions(file: str, shapes: tuple, dtypes: tuple) -> tuple:
                 attend_wgmma_bwd_name(False, writes="split"),
                 *(attend_wgmma_bwd_dkv_name(a, h, u) for a in (False, True) for h in (64, 128) for u in (False, True)),
                 "hytopk_attend_bwd_sp", "hytopk_attend_bwd_dqp",
-                *(attend_wgmma_bwd_ring_name(a) for a in (False, True)))
+                *(attend_wgmma_bwd_ring_name(a, u) for a in (False, True) for u in (True, False)))
     for kernel, over in KERNELS[file]:
         if over == "plain":
             out.append(name(kernel))

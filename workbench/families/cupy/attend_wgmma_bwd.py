@@ -83,11 +83,13 @@ RING: tuple | bool | None = None   # the dq pass's passes in one launch over rin
 _FITS: dict[int, object] = {}     # id -> function already checked (held, so ids are not reused)
 
 
-def _fn(name: str, writes: str = "direct", roles=None, smem=None, threads=None):
+def _fn(name: str, writes: str = "direct", roles=None, smem=None, threads=None, more_roles=()):
+    """The kernel `name`, checked once: its launch fits (registers x threads, each role set's setmaxnreg
+    budgets: roles, and more_roles where blocks take other roles) and its dynamic shared memory is allowed."""
     fn = loader.module(FILE, (name,), options=INST.FILE_OPTIONS[FILE]).function(name)
     if id(fn) not in _FITS:           # a launch that cannot fit says why (registers x threads)
-        check_launch(fn.num_regs, fn.max_threads_per_block, threads or INST.ATTEND_WGMMA_BWD_THREADS, name,
-                     roles=roles or INST.attend_wgmma_bwd_roles(writes))
+        for rs in (roles or INST.attend_wgmma_bwd_roles(writes), *more_roles):
+            check_launch(fn.num_regs, fn.max_threads_per_block, threads or INST.ATTEND_WGMMA_BWD_THREADS, name, roles=rs)
         smem = smem or INST.attend_wgmma_bwd_smem(writes)
         if fn.max_dynamic_shared_size_bytes < smem:
             fn.max_dynamic_shared_size_bytes = smem
@@ -187,7 +189,7 @@ def _ring(b, ring, deterministic, scratch_bytes, do, lse, delta, dq, dk):
     smem = max(INST.ATTEND_WGMMA_BWD_SP_SMEM, INST.attend_wgmma_bwd_dkv_smem(DKV_BULK), INST.ATTEND_WGMMA_BWD_DQ_SMEM)
     threads = INST.ATTEND_WGMMA_BWD_DKV_THREADS
     fn = _fn(INST.attend_wgmma_bwd_ring_name(not deterministic, DKV_BULK), roles=INST.ATTEND_WGMMA_BWD_DKV_ROLES,
-             smem=smem, threads=threads)
+             smem=smem, threads=threads, more_roles=(INST.ATTEND_WGMMA_BWD_SP_ROLES,))   # its first-pass blocks: split_sp's
     ring = min(ring, b.n)
     pds = cp.empty(ring * per_query // 2, cp.uint16)
     flags = cp.zeros(1 + 2 * ring, cp.int32)
