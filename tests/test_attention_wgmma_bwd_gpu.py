@@ -405,21 +405,31 @@ def test_split_dq_pass_matches_reference(CA, monkeypatch, Hq, atomic, kind):
         np.testing.assert_array_equal(bits(dk), bits(two[1]))
 
 
-def test_split_dq_pass_at_k_2048(CA, monkeypatch):
-    """128 heads, k 2048, L 8192, DQ_PASS: the deterministic mode 20 / 20 identical and the same bits
-    under chunks of one query and as the two-pass split's; the atomics' dq the same bits, dk close."""
+def _split_k2048(CA, monkeypatch, name, n, knob):
+    """The split (WRITES = "split") at 128 heads, k 2048, L 8192, n queries of the "shared" case:
+    (run(det, scratch_bytes, value) -> [dq, dk] as numpy with AWB.<knob> = value, the reference's
+    inputs (kh, vh, qh, doh, idx))."""
     from workbench.families.cupy import attend_wgmma_bwd as AWB
     monkeypatch.setattr(AWB, "WRITES", "split")
-    rng = np.random.default_rng(seed("wgmma-bwd-split-dq-pass-2048"))
-    n, L, kk = 6, 8192, 2048
-    k, v, kh, vh, qd, qh, dod, doh, idx = case(rng, n, 128, L, kk, "shared")
+    rng = np.random.default_rng(seed(name))
+    k, v, kh, vh, qd, qh, dod, doh, idx = case(rng, n, 128, 8192, 2048, "shared")
     ic = cp.asarray(idx)
     out, lse = CA.attend_forward(qd, k, v, ic, None, out_dtype="float32")
 
-    def run(det=True, sb=None, dq_pass=True):
-        monkeypatch.setattr(AWB, "DQ_PASS", dq_pass)
+    def run(det, sb, value):
+        monkeypatch.setattr(AWB, knob, value)
         return [cp.asnumpy(x) for x in CA.attend_backward(dod, qd, k, v, ic, out, lse, None, deterministic=det,
                                                           version=4, scratch_bytes=sb)[:2]]
+    return run, (kh, vh, qh, doh, idx)
+
+
+def test_split_dq_pass_at_k_2048(CA, monkeypatch):
+    """128 heads, k 2048, L 8192, DQ_PASS: the deterministic mode 20 / 20 identical and the same bits
+    under chunks of one query and as the two-pass split's; the atomics' dq the same bits, dk close."""
+    runs, (kh, vh, qh, doh, idx) = _split_k2048(CA, monkeypatch, "wgmma-bwd-split-dq-pass-2048", 6, "DQ_PASS")
+
+    def run(det=True, sb=None, dq_pass=True):
+        return runs(det, sb, dq_pass)
     first = [bits(x) for x in run()]
     for _ in range(20):
         for a, b in zip(first, [bits(x) for x in run()]):
@@ -499,18 +509,12 @@ def test_split_ring_at_k_2048(CA, monkeypatch, ring):
     same bits as the default's, 5 / 5 identical, under chunks of 7 queries too; the atomics' dq the same
     bits, dk close."""
     from workbench.families.cupy import attend_wgmma_bwd as AWB
-    monkeypatch.setattr(AWB, "WRITES", "split")
     monkeypatch.setattr(AWB, "DQ_PASS", True)
-    rng = np.random.default_rng(seed("wgmma-bwd-split-ring-2048", *ring))
-    n, L, kk = 40, 8192, 2048
-    k, v, kh, vh, qd, qh, dod, doh, idx = case(rng, n, 128, L, kk, "shared")
-    ic = cp.asarray(idx)
-    out, lse = CA.attend_forward(qd, k, v, ic, None, out_dtype="float32")
+    runs, _ = _split_k2048(CA, monkeypatch, f"wgmma-bwd-split-ring-2048-{ring}", 40, "RING")
+    kk = 2048
 
     def run(det=True, sb=None, knob=False):
-        monkeypatch.setattr(AWB, "RING", knob)
-        return [cp.asnumpy(x) for x in CA.attend_backward(dod, qd, k, v, ic, out, lse, None, deterministic=det,
-                                                          version=4, scratch_bytes=sb)[:2]]
+        return runs(det, sb, knob)
     base = [bits(x) for x in run()]
     for got in [run(knob=ring) for _ in range(5)] + [run(knob=ring, sb=7 * kk * 576 * 4)]:
         for a, b in zip(base, [bits(x) for x in got]):

@@ -584,20 +584,6 @@ def test_backward_split_ring_same_bits(driver, ring, atomic, n, kind):
             np.testing.assert_array_equal(bits(out1), bits(out1_s))
 
 
-def test_backward_split_ring_missing_release_deadlocks(driver, tmp_path):
-    """A planted bug in the ring: consumers that never release their slot leave the first pass of the
-    slot's next query waiting; the watchdog reports it (on the GPU: the wait's trap)."""
-    rng = np.random.default_rng(seed("wgmma-bwd-split-ring-planted"))
-    kv, qd, dod, idx, lse, delta, *_ = backward_case(rng, 3, 128, 70, "random")
-    src = (E.KERNELS / "attend_wgmma_bwd.cu").read_text()
-    release = "if (threadIdx.x == 0) flag_release_add(done, 1);"
-    assert src.count(release) == 1
-    drv = E.build(tmp_path / "noring", sources={"attend_wgmma_bwd.cu": src.replace(release, "(void)0;")})
-    with pytest.raises(E.EmulationError, match="deadlock|trap"):
-        E.backward(drv, qd, kv, idx, dod, lse, delta, writes="split", dq_pass=True, ring=(1, 2),
-                   env={"HYTOPK_EMU_STALL_S": "3"})
-
-
 def test_backward_split_dq_pass_under_jitter_and_chunks(driver):
     """The dq pass under other interleavings (the P hand-over's two buffers, the third pass's four
     stages published as their copies land): the same bits; a chunk writes its own dq rows only."""
@@ -614,17 +600,27 @@ def test_backward_split_dq_pass_under_jitter_and_chunks(driver):
     np.testing.assert_array_equal(bits(part[0]), bits(calm[1][1]))
 
 
-def test_backward_split_dq_pass_missing_release_deadlocks(driver, tmp_path):
-    """A planted bug in the third pass is caught: its consumers never freeing a stage leaves the
-    producer waiting for one; the watchdog reports the deadlock (on the GPU: the kernel's trap)."""
-    rng = np.random.default_rng(seed("wgmma-bwd-split-dq-planted"))
-    kv, qd, dod, idx, lse, delta, *_ = backward_case(rng, 1, 128, 600, "random")
+RELEASES = {
+    # the third pass's consumers never free a stage: its producer waits for one
+    "dq pass stage": ("if (lane == 0) mbar_arrive(empty0 + 8 * ((T - 1) % NST));", 1, 600, None),
+    # the ring's consumers never release their slot: the slot's next query's first pass waits
+    "ring slot": ("if (threadIdx.x == 0) flag_release_add(done, 1);", 3, 70, (1, 2)),
+}
+
+
+@pytest.mark.parametrize("what", sorted(RELEASES))
+def test_backward_split_missing_release_deadlocks(driver, tmp_path, what):
+    """A planted missing release is caught: the watchdog reports the deadlock (on the GPU: the wait's
+    trap)."""
+    release, n, kk, ring = RELEASES[what]
+    rng = np.random.default_rng(seed("wgmma-bwd-split-planted", what))
+    kv, qd, dod, idx, lse, delta, *_ = backward_case(rng, n, 128, kk, "random")
     src = (E.KERNELS / "attend_wgmma_bwd.cu").read_text()
-    release = "if (lane == 0) mbar_arrive(empty0 + 8 * ((T - 1) % NST));"
     assert src.count(release) == 1
     drv = E.build(tmp_path / "norelease", sources={"attend_wgmma_bwd.cu": src.replace(release, "(void)0;")})
     with pytest.raises(E.EmulationError, match="deadlock|trap"):
-        E.backward(drv, qd, kv, idx, dod, lse, delta, writes="split", dq_pass=True, env={"HYTOPK_EMU_STALL_S": "3"})
+        E.backward(drv, qd, kv, idx, dod, lse, delta, writes="split", dq_pass=True, ring=ring,
+                   env={"HYTOPK_EMU_STALL_S": "3"})
 
 
 def test_backward_chunk_writes_only_its_queries(driver):
