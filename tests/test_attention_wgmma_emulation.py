@@ -480,18 +480,21 @@ def test_backward_split_matches_reference(driver, n, Hq, kk, kind, atomic, bulk)
     np.testing.assert_array_equal(bits(dq), bits(dq_d))
 
 
-@pytest.mark.parametrize("bulk", [False, True])
-def test_backward_split_under_jitter_and_chunks(driver, bulk):
-    """Other interleavings (random sleeps at every synchronisation) give the same bits, and a chunk
-    (queries 1 .. 1) writes its own part rows and dq rows only, with the same bits as the whole run."""
+@pytest.mark.parametrize("kw", [dict(bulk=False, dq_pass=False), dict(bulk=True, dq_pass=False), dict(dq_pass=True),
+                                dict(dq_pass=True, ring=(1, 2))], ids=["two-pass", "two-pass-bulk", "dq-pass", "ring"])
+def test_backward_split_under_jitter_and_chunks(driver, kw):
+    """Other interleavings (random sleeps at every synchronisation: the stages, the P hand-over's two
+    buffers, the third pass's stages published as their copies land) give the same bits, and a chunk
+    (queries 1 .. 1) writes its own part rows and dq rows only, with the same bits as the whole run;
+    the two-pass split (its first pass with dq), the dq pass's three launches and the ring."""
     rng = np.random.default_rng(seed("wgmma-bwd-split-jitter"))
     kv, qd, dod, idx, lse, delta, *_ = backward_case(rng, 3, 128, 300, "random")
-    calm = E.backward(driver, qd, kv, idx, dod, lse, delta, writes="split", bulk=bulk)
-    shaken = E.backward(driver, qd, kv, idx, dod, lse, delta, writes="split", bulk=bulk,
+    calm = E.backward(driver, qd, kv, idx, dod, lse, delta, writes="split", **kw)
+    shaken = E.backward(driver, qd, kv, idx, dod, lse, delta, writes="split", **kw,
                         env={"HYTOPK_EMU_JITTER": "0.02", "HYTOPK_EMU_SEED": "3"})
     for a, b in zip(calm, shaken):
         np.testing.assert_array_equal(bits(a), bits(b))
-    dq, part = E.backward(driver, qd, kv, idx, dod, lse, delta, writes="split", t0=1, count=1, bulk=bulk)
+    dq, part = E.backward(driver, qd, kv, idx, dod, lse, delta, writes="split", t0=1, count=1, **kw)
     np.testing.assert_array_equal(bits(dq[1]), bits(calm[0][1]))
     assert np.isnan(dq[[0, 2]]).all()
     np.testing.assert_array_equal(bits(part[0]), bits(calm[1][1]))
@@ -582,22 +585,6 @@ def test_backward_split_ring_same_bits(driver, ring, atomic, n, kind):
             np.testing.assert_allclose(out1, out1_s, rtol=1e-5, atol=1e-6)
         else:
             np.testing.assert_array_equal(bits(out1), bits(out1_s))
-
-
-def test_backward_split_dq_pass_under_jitter_and_chunks(driver):
-    """The dq pass under other interleavings (the P hand-over's two buffers, the third pass's four
-    stages published as their copies land): the same bits; a chunk writes its own dq rows only."""
-    rng = np.random.default_rng(seed("wgmma-bwd-split-dq-jitter"))
-    kv, qd, dod, idx, lse, delta, *_ = backward_case(rng, 3, 128, 400, "random")
-    calm = E.backward(driver, qd, kv, idx, dod, lse, delta, writes="split", dq_pass=True)
-    shaken = E.backward(driver, qd, kv, idx, dod, lse, delta, writes="split", dq_pass=True,
-                        env={"HYTOPK_EMU_JITTER": "0.02", "HYTOPK_EMU_SEED": "5"})
-    for a, b in zip(calm, shaken):
-        np.testing.assert_array_equal(bits(a), bits(b))
-    dq, part = E.backward(driver, qd, kv, idx, dod, lse, delta, writes="split", dq_pass=True, t0=1, count=1)
-    np.testing.assert_array_equal(bits(dq[1]), bits(calm[0][1]))
-    assert np.isnan(dq[[0, 2]]).all()
-    np.testing.assert_array_equal(bits(part[0]), bits(calm[1][1]))
 
 
 RELEASES = {

@@ -141,7 +141,7 @@ def _split(b, nhb, deterministic, scratch_bytes, do, lse, delta, dq, dk):
     dq_pass = (INST.ATTEND_WGMMA_BWD_DQ_PASS if DQ_PASS is None else DQ_PASS) and hpad == 128   # two head blocks
     ring = INST.ATTEND_WGMMA_BWD_RING if RING is None else RING
     if dq_pass and ring:
-        return _ring(b, ring, deterministic, scratch_bytes, do, lse, delta, dq, dk)
+        return _ring(b, ring, per_query, deterministic, scratch_bytes, do, lse, delta, dq, dk)
     if dq_pass:
         smem = INST.ATTEND_WGMMA_BWD_SP_SMEM
         first = _fn("hytopk_attend_bwd_sp", roles=INST.ATTEND_WGMMA_BWD_SP_ROLES, smem=smem, threads=threads)
@@ -178,14 +178,14 @@ def _split(b, nhb, deterministic, scratch_bytes, do, lse, delta, dq, dk):
     A.sum_part_rows(b, chunk, 1, W, True, dk, None, launch)
 
 
-def _ring(b, ring, deterministic, scratch_bytes, do, lse, delta, dq, dk):
+def _ring(b, ring, per_query, deterministic, scratch_bytes, do, lse, delta, dq, dk):
     """RING = (lag, slots): the dq pass's three passes in one launch per query chunk (the atomics: one
     chunk; deterministic: as many queries as their part rows fit the scratch), the first pass of query
-    t beside the second and third of query t - lag, P / dS in slot t % slots (hytopk_attend_bwd_ring)."""
+    t beside the second and third of query t - lag, P / dS (per_query bytes each) in slot t % slots
+    (hytopk_attend_bwd_ring)."""
     lag, ring = (int(x) for x in ring)
     if not 0 <= lag < ring:
         raise ValueError(f"argument 'RING': lag {lag} must be >= 0 and below the ring's {ring} slots")
-    per_query = 128 * -(-b.kk // 64) * 64 * 2 * 2
     smem = max(INST.ATTEND_WGMMA_BWD_SP_SMEM, INST.attend_wgmma_bwd_dkv_smem(DKV_BULK), INST.ATTEND_WGMMA_BWD_DQ_SMEM)
     threads = INST.ATTEND_WGMMA_BWD_DKV_THREADS
     fn = _fn(INST.attend_wgmma_bwd_ring_name(not deterministic, DKV_BULK), roles=INST.ATTEND_WGMMA_BWD_DKV_ROLES,
